@@ -1,0 +1,133 @@
+"""Operator commands on rows: requeue finished rows, prune old ones.
+
+Both work in batches of `batch_size` rows, each its own short transaction with `SKIP LOCKED`,
+so they never hold locks on a large table for long and never wait behind the dispatcher.
+Requeued rows move into `pending` (attempts 0), which fires the NOTIFY trigger: a running
+reactor dispatches them at once.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import psycopg
+
+from reactor.db import Connection, describe_error
+from reactor.errors import ConfigError, DatabaseError
+
+__all__ = ["PruneResult", "parse_duration", "prune", "requeue_failed", "requeue_photos"]
+
+DEFAULT_ADMIN_BATCH = 5000
+
+_REARM = "state = 'pending', attempts = 0, next_retry_at = NULL, last_error = NULL"
+
+_REQUEUE_FAILED = f"""
+UPDATE photo_jobs SET {_REARM}
+ WHERE ctid = ANY (ARRAY(
+         SELECT ctid FROM photo_jobs
+          WHERE state = 'failed' AND (%(type)s::text IS NULL OR type = %(type)s)
+          LIMIT %(limit)s
+            FOR UPDATE SKIP LOCKED))
+   AND state = 'failed'
+"""
+
+_REQUEUE_PHOTOS = f"""
+UPDATE photo_jobs SET {_REARM}
+ WHERE photo_id = ANY (%(photo_ids)s::text[])
+   AND (%(type)s::text IS NULL OR type = %(type)s)
+   AND state IN ('done', 'failed')
+"""
+
+_PRUNE = """
+DELETE FROM photo_jobs
+ WHERE ctid = ANY (ARRAY(
+         SELECT ctid FROM photo_jobs
+          WHERE state = %(state)s
+            AND updated_at < now() - make_interval(secs => %(age)s::float8)
+          ORDER BY updated_at
+          LIMIT %(limit)s
+            FOR UPDATE SKIP LOCKED))
+   AND state = %(state)s
+"""
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw]?)")
+_UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in `30s`, `15m`, `12h`, `7d`, `2w` or a plain number of seconds.
+
+    Raises:
+        ConfigError: not a duration.
+    """
+    match = _DURATION.fullmatch(text.strip().lower())
+    if not match:
+        raise ConfigError(f"bad duration {text!r}: use e.g. 30s, 15m, 12h, 7d")
+    return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+
+
+def _batched(conn: Connection, query: str, params: dict[str, object], limit: int) -> int:
+    total = 0
+    try:
+        while True:
+            with conn.transaction():
+                count = conn.execute(query, {**params, "limit": limit}).rowcount
+            total += count
+            if count < limit:
+                return total
+    except psycopg.Error as exc:
+        raise DatabaseError(f"batch failed after {total} rows: {describe_error(exc)}") from exc
+
+
+def requeue_failed(
+    conn: Connection, job_type: str | None = None, *, batch_size: int = DEFAULT_ADMIN_BATCH
+) -> int:
+    """Move every `failed` row (of `job_type`, if given) back to `pending`; rows moved."""
+    return _batched(conn, _REQUEUE_FAILED, {"type": job_type}, batch_size)
+
+
+def requeue_photos(
+    conn: Connection,
+    photo_ids: Sequence[str],
+    job_type: str | None = None,
+    *,
+    batch_size: int = DEFAULT_ADMIN_BATCH,
+) -> int:
+    """Move the `done`/`failed` rows of these photos back to `pending`; rows moved."""
+    total = 0
+    try:
+        for start in range(0, len(photo_ids), batch_size):
+            chunk = list(photo_ids[start : start + batch_size])
+            with conn.transaction():
+                total += conn.execute(
+                    _REQUEUE_PHOTOS, {"photo_ids": chunk, "type": job_type}
+                ).rowcount
+    except psycopg.Error as exc:
+        raise DatabaseError(f"requeue failed after {total} rows: {describe_error(exc)}") from exc
+    return total
+
+
+@dataclass(frozen=True)
+class PruneResult:
+    """Rows deleted by `prune`."""
+
+    done: int = 0
+    failed: int = 0
+
+
+def prune(
+    conn: Connection,
+    *,
+    done_older_than: float | None,
+    failed_older_than: float | None = None,
+    batch_size: int = DEFAULT_ADMIN_BATCH,
+) -> PruneResult:
+    """Delete `done` (and `failed`) rows last updated longer ago than the given seconds."""
+    done = failed = 0
+    if done_older_than is not None:
+        done = _batched(conn, _PRUNE, {"state": "done", "age": done_older_than}, batch_size)
+    if failed_older_than is not None:
+        failed = _batched(conn, _PRUNE, {"state": "failed", "age": failed_older_than}, batch_size)
+    return PruneResult(done, failed)

@@ -1,0 +1,277 @@
+"""The `reactor` command (also `python -m reactor`): migrate, run, sweep, status, requeue, prune.
+
+Every setting is a flag and an environment variable; the flag wins. Errors are one line on
+stderr with no password and no traceback (unless `--debug`); exit codes: 0 ok, 2 usage or
+configuration error, 1 runtime failure.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import asdict
+from typing import Any, TypeVar
+
+import click
+
+from reactor import __version__, admin, db
+from reactor.errors import ReactorError
+from reactor.logs import configure_logging
+from reactor.loop import Reactor
+from reactor.migrate import migrate as apply_migrations
+from reactor.redact import redact
+from reactor.routes import DEMO_ROUTE, Route, parse_routes
+from reactor.settings import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_REDIS_URL,
+    DEFAULT_STALE_AFTER_SECONDS,
+    DEFAULT_SWEEP_INTERVAL_SECONDS,
+    ReactorSettings,
+)
+from reactor.signals import Stopper
+from reactor.status import format_status, read_status
+
+__all__ = ["cli", "main"]
+
+logger = logging.getLogger(__name__)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class _Group(click.Group):
+    """Turns `ReactorError` (and any unexpected error) into one line and an exit code."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ReactorError as exc:
+            if ctx.meta.get("reactor.debug"):
+                raise
+            click.echo(f"reactor: error: {redact(str(exc))}", err=True)
+            ctx.exit(exc.exit_code)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
+        except Exception as exc:
+            if ctx.meta.get("reactor.debug"):
+                raise
+            click.echo(f"reactor: error: {type(exc).__name__}: {redact(str(exc))}", err=True)
+            ctx.exit(1)
+
+
+def _database_option(func: F) -> F:
+    return click.option(
+        "--database-url",
+        envvar="DATABASE_URL",
+        default="",
+        show_envvar=True,
+        help="Postgres URL (default: libpq defaults, PG* variables, local socket).",
+    )(func)
+
+
+def _routes_option(func: F) -> F:
+    return click.option(
+        "--route",
+        "routes",
+        multiple=True,
+        metavar="TYPE=DOTTED.PATH[@QUEUE]",
+        help=f"Route a job type (repeatable; env REACTOR_ROUTES, comma-separated; "
+        f"default {DEMO_ROUTE}).",
+    )(func)
+
+
+def _stale_option(func: F) -> F:
+    return click.option(
+        "--stale-after",
+        type=click.FloatRange(min=0, min_open=True),
+        envvar="REACTOR_STALE_AFTER",
+        default=DEFAULT_STALE_AFTER_SECONDS,
+        show_default=True,
+        show_envvar=True,
+        help="Seconds without heartbeat after which an active row is rescued.",
+    )(func)
+
+
+def _dispatch_options(func: F) -> F:
+    func = _stale_option(func)
+    func = click.option(
+        "--redis-url",
+        envvar="REDIS_URL",
+        default=DEFAULT_REDIS_URL,
+        show_default=True,
+        show_envvar=True,
+        help="Redis URL of the RQ queues.",
+    )(func)
+    func = click.option(
+        "--batch-size",
+        type=click.IntRange(1, 10_000),
+        envvar="REACTOR_BATCH_SIZE",
+        default=DEFAULT_BATCH_SIZE,
+        show_default=True,
+        show_envvar=True,
+        help="Rows claimed and enqueued per transaction.",
+    )(func)
+    func = click.option(
+        "--sweep-interval",
+        type=click.FloatRange(min=0, min_open=True),
+        envvar="REACTOR_SWEEP_INTERVAL",
+        default=DEFAULT_SWEEP_INTERVAL_SECONDS,
+        show_default=True,
+        show_envvar=True,
+        help="Seconds between fallback sweeps (± 10 % jitter).",
+    )(func)
+    func = click.option(
+        "--no-listen",
+        is_flag=True,
+        envvar="REACTOR_NO_LISTEN",
+        show_envvar=True,
+        help="Poll only (for PgBouncer in transaction mode): no LISTEN connection.",
+    )(func)
+    return _database_option(_routes_option(func))
+
+
+def resolve_routes(
+    flags: tuple[str, ...], env: Mapping[str, str] | None = None
+) -> dict[str, Route]:
+    """Routes from the flags, else from REACTOR_ROUTES, else the demo route."""
+    env = os.environ if env is None else env
+    texts = list(flags) or [env.get("REACTOR_ROUTES", "")]
+    if not any(t.strip() for t in texts):
+        texts = [DEMO_ROUTE]
+    return dict(parse_routes(texts))
+
+
+def _settings(options: dict[str, Any]) -> ReactorSettings:
+    return ReactorSettings(
+        database_url=options["database_url"],
+        redis_url=options["redis_url"],
+        routes=resolve_routes(options["routes"]),
+        batch_size=options["batch_size"],
+        sweep_interval_seconds=options["sweep_interval"],
+        stale_after_seconds=options["stale_after"],
+        listen=not options["no_listen"],
+    )
+
+
+@click.group(cls=_Group)
+@click.version_option(__version__, prog_name="photo-reactor")
+@click.option("--debug", is_flag=True, help="Show tracebacks.")
+@click.option(
+    "--log-level",
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    envvar="REACTOR_LOG_LEVEL",
+    default="INFO",
+    show_default=True,
+    show_envvar=True,
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    envvar="REACTOR_LOG_FORMAT",
+    default="text",
+    show_default=True,
+    show_envvar=True,
+)
+@click.pass_context
+def cli(ctx: click.Context, debug: bool, log_level: str, log_format: str) -> None:
+    """photo-reactor: dispatch photo_jobs rows from Postgres to RQ."""
+    ctx.meta["reactor.debug"] = debug
+    configure_logging(log_level, log_format)
+
+
+@cli.command()
+@_database_option
+def migrate(database_url: str) -> None:
+    """Apply the SQL migrations that are not applied yet."""
+    conn = db.connect(database_url, autocommit=True, purpose="migrate")
+    with conn:
+        result = apply_migrations(conn)
+    if result.applied:
+        for label in result.applied:
+            click.echo(f"applied {label}")
+        click.echo(f"database is at schema version {result.version}")
+    else:
+        click.echo(f"nothing to do: database is already at schema version {result.version}")
+
+
+@cli.command()
+@_dispatch_options
+def run(**options: Any) -> None:
+    """Run the reactor until SIGTERM/SIGINT (a second signal exits at once)."""
+    stopper = Stopper()
+    stopper.install()
+    reactor = Reactor(_settings(options), stopper=stopper)
+    reactor.start()
+    reactor.run()
+
+
+@cli.command()
+@_dispatch_options
+def sweep(**options: Any) -> None:
+    """Run one sweep round and print its result as JSON."""
+    reactor = Reactor(_settings(options))
+    reactor.start()
+    try:
+        result = reactor.sweep_once()
+    finally:
+        reactor.close()
+    click.echo(json.dumps(asdict(result)))
+
+
+@cli.command()
+@_database_option
+@_routes_option
+@_stale_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def status(database_url: str, routes: tuple[str, ...], stale_after: float, as_json: bool) -> None:
+    """Show counts by type and state, backlog age, retries, stale rows, unrouted types."""
+    routed = resolve_routes(routes)
+    conn = db.connect(database_url, purpose="status")
+    with conn:
+        db.check_schema(conn)
+        result = read_status(conn, routed, stale_after)
+    click.echo(json.dumps(result.as_dict()) if as_json else format_status(result))
+
+
+@cli.command()
+@_database_option
+@click.argument("photo_ids", nargs=-1)
+@click.option("--failed", "all_failed", is_flag=True, help="Requeue every failed row.")
+@click.option("--type", "job_type", default=None, help="Only rows of this type.")
+def requeue(
+    database_url: str, photo_ids: tuple[str, ...], all_failed: bool, job_type: str | None
+) -> None:
+    """Move done/failed rows back to pending (attempts 0): PHOTO_ID... or --failed."""
+    if bool(photo_ids) == all_failed:
+        raise click.UsageError("give PHOTO_IDs or --failed (one of them)")
+    conn = db.connect(database_url, purpose="requeue")
+    with conn:
+        db.check_schema(conn)
+        if all_failed:
+            moved = admin.requeue_failed(conn, job_type)
+        else:
+            moved = admin.requeue_photos(conn, photo_ids, job_type)
+    click.echo(json.dumps({"requeued": moved}))
+
+
+@cli.command()
+@_database_option
+@click.option("--done-older-than", required=True, metavar="DURATION", help="e.g. 7d, 12h.")
+@click.option("--failed-older-than", default=None, metavar="DURATION", help="e.g. 30d.")
+def prune(database_url: str, done_older_than: str, failed_older_than: str | None) -> None:
+    """Delete done (and failed) rows older than a duration, in batches."""
+    done_age = admin.parse_duration(done_older_than)
+    failed_age = None if failed_older_than is None else admin.parse_duration(failed_older_than)
+    conn = db.connect(database_url, purpose="prune")
+    with conn:
+        db.check_schema(conn)
+        result = admin.prune(conn, done_older_than=done_age, failed_older_than=failed_age)
+    click.echo(json.dumps({"deleted_done": result.done, "deleted_failed": result.failed}))
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli(prog_name="reactor")
+    sys.exit(0)

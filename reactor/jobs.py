@@ -1,0 +1,74 @@
+"""RQ job identity: deterministic, injective, RQ-valid job ids, and the job's metadata.
+
+An attempt's job id is a pure function of (type, photo_id, attempt), so the reactor can find
+the job of an attempt it may already have enqueued (a COMMIT lost after the enqueue) instead of
+enqueueing it twice. RQ accepts only `[A-Za-z0-9_-]+` in an id; photo ids are arbitrary text.
+Encoding: ASCII letters and digits stand for themselves; every other character becomes `_xx`
+for each byte of its UTF-8 form (so `_` itself is `_5f`); the three parts are joined with `-`,
+which the encoding never produces. Hence ids are valid, readable for ordinary photo ids, and
+distinct inputs give distinct ids (`parse_job_id` inverts `job_id`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+__all__ = ["ENTRY_POINT", "JobRef", "job_id", "parse_job_id"]
+
+#: The function every dispatched job runs: the worker-side lifecycle around the handler.
+ENTRY_POINT = "reactor.worker.perform"
+
+_PLAIN = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
+_ESCAPE = re.compile(r"_([0-9a-f]{2})")
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """The attempt an RQ job belongs to."""
+
+    type: str
+    photo_id: str
+    attempt: int
+
+    @property
+    def job_id(self) -> str:
+        return job_id(self.type, self.photo_id, self.attempt)
+
+    def meta(self) -> dict[str, object]:
+        """What `job.meta` carries, so tools can map a job back to its row."""
+        return {"type": self.type, "photo_id": self.photo_id, "attempt": self.attempt}
+
+
+def _encode(text: str) -> str:
+    return "".join(
+        ch if ch in _PLAIN else "".join(f"_{b:02x}" for b in ch.encode("utf-8")) for ch in text
+    )
+
+
+def _decode(text: str) -> str:
+    raw = bytearray()
+    pos = 0
+    for match in _ESCAPE.finditer(text):
+        raw += text[pos : match.start()].encode("ascii")
+        raw.append(int(match.group(1), 16))
+        pos = match.end()
+    raw += text[pos:].encode("ascii")
+    return raw.decode("utf-8")
+
+
+def job_id(job_type: str, photo_id: str, attempt: int) -> str:
+    """The RQ job id of one attempt of one row."""
+    return f"{_encode(job_type)}-{_encode(photo_id)}-{attempt}"
+
+
+def parse_job_id(value: str) -> JobRef:
+    """Invert `job_id`.
+
+    Raises:
+        ValueError: `value` is not a job id this module made.
+    """
+    parts = value.split("-")
+    if len(parts) != 3 or not parts[2].isdigit():
+        raise ValueError(f"not a photo-reactor job id: {value!r}")
+    return JobRef(_decode(parts[0]), _decode(parts[1]), int(parts[2]))

@@ -1,0 +1,252 @@
+"""The reactor process: wait for a reason to work, then drain; survive every failure.
+
+Loop: wait for the first of {a notification, the next sweep (interval ± 10 % jitter), the
+earliest future `next_retry_at` of a routed type, a stop request}; then drain what it calls
+for. Notifications are read *before* draining, so a row committed during a drain sends a
+notification that is still unread when the drain ends and causes one more drain: no lost
+wake-up. On start and on every reconnect the listener LISTENs first and the reactor drains
+at once, catching up on whatever was committed while nobody listened.
+
+Failure policy: at start-up a bad URL, an unreachable or unmigrated database, or a Redis that
+refuses our credentials is a `ConfigError` (exit 2). At runtime, Postgres failures reconnect
+with exponential backoff and jitter, forever; Redis failures roll the batch back (rows stay
+`pending`) and the drain is retried with backoff until Redis answers again.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Iterable
+
+import redis
+import tenacity
+
+from reactor import db
+from reactor.dispatch import Dispatcher
+from reactor.enqueue import Enqueuer, connect_redis
+from reactor.errors import ConfigError, DatabaseError, EnqueueError
+from reactor.listener import Listener
+from reactor.redact import redact
+from reactor.settings import ReactorSettings
+from reactor.signals import Stopper
+from reactor.sweep import Sweeper, SweepResult
+
+__all__ = ["Reactor"]
+
+logger = logging.getLogger(__name__)
+
+#: Backoff between reconnects and between retries of a drain that Redis refused.
+BACKOFF_MULTIPLIER_SECONDS = 0.1
+BACKOFF_MAX_SECONDS = 10.0
+#: Pause after a failed loop iteration before reconnecting.
+ERROR_PAUSE_SECONDS = 0.2
+
+
+def _jittered(seconds: float) -> float:
+    # ± 10 %, so reactors started together do not sweep in lockstep.
+    return seconds * random.uniform(0.9, 1.1)
+
+
+class Reactor:
+    """`reactor run`: owns the listener, the work connection, the dispatcher and the sweeper."""
+
+    def __init__(
+        self,
+        settings: ReactorSettings,
+        *,
+        stopper: Stopper | None = None,
+        before_commit: Callable[[], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.stopper = stopper or Stopper()
+        self._types = list(settings.routes)
+        self._redis = connect_redis(settings.redis_url)
+        self._enqueuer = Enqueuer(self._redis, settings.routes)
+        self._listener = Listener(settings.database_url) if settings.listen else None
+        self._dispatcher: Dispatcher | None = None
+        self._sweeper: Sweeper | None = None
+        self._before_commit = before_commit
+        self._warned_unknown: set[str] = set()
+
+    # -- connections -------------------------------------------------------------------------
+
+    def _open_work_connection(self) -> None:
+        conn = db.connect(self.settings.database_url, purpose="work")
+        if self._dispatcher is not None:
+            self._dispatcher.conn.close()
+            self._dispatcher.conn = conn
+            return
+        self._dispatcher = Dispatcher(
+            conn,
+            self._enqueuer,
+            self.settings.routes,
+            batch_size=self.settings.batch_size,
+            before_commit=self._before_commit,
+        )
+        self._sweeper = Sweeper(
+            self._dispatcher,
+            self._enqueuer,
+            self.settings.routes,
+            batch_size=self.settings.batch_size,
+            stale_after_seconds=self.settings.stale_after_seconds,
+        )
+
+    def _work_connection_ok(self) -> bool:
+        d = self._dispatcher
+        return d is not None and not d.conn.closed and not d.conn.broken
+
+    def _listener_ok(self) -> bool:
+        return self._listener is None or self._listener.connected
+
+    def start(self) -> None:
+        """Connect everything once, failing fast.
+
+        Raises:
+            ConfigError: bad URL, unreachable or unmigrated database, Redis credentials refused.
+        """
+        try:
+            self._open_work_connection()
+            assert self._dispatcher is not None
+            db.check_schema(self._dispatcher.conn)
+            if self._listener is not None:
+                self._listener.connect()
+        except DatabaseError as exc:
+            raise ConfigError(str(exc)) from exc
+        try:
+            self._redis.ping()
+        except (redis.AuthenticationError, redis.ResponseError) as exc:
+            raise ConfigError(f"Redis refused us: {redact(str(exc))}") from None
+        except redis.RedisError as exc:
+            # Not fatal: rows stay pending and drains retry until Redis answers.
+            logger.warning("redis_unavailable error=%s (will retry)", redact(str(exc)))
+        logger.info(
+            "reactor_started types=%s listen=%s batch_size=%d sweep_interval=%.1fs",
+            ",".join(self._types),
+            self._listener is not None,
+            self.settings.batch_size,
+            self.settings.sweep_interval_seconds,
+        )
+
+    def _reconnect(self) -> None:
+        def connect_missing() -> None:
+            if not self._work_connection_ok():
+                self._open_work_connection()
+            if self._listener is not None and not self._listener.connected:
+                self._listener.connect()
+
+        self._retrying(DatabaseError, "reconnect")(connect_missing)
+        logger.info("reconnected")
+
+    def _backoff_sleep(self, seconds: float) -> None:
+        self.stopper.sleep(seconds)
+
+    def _retrying(self, kind: type[Exception], what: str) -> tenacity.Retrying:
+        def log_retry(state: tenacity.RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome else None
+            logger.warning(
+                "%s_retry attempt=%d next_in=%.2fs error=%s",
+                what,
+                state.attempt_number,
+                state.upcoming_sleep,
+                exc,
+            )
+
+        return tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(kind),
+            wait=tenacity.wait_random_exponential(
+                multiplier=BACKOFF_MULTIPLIER_SECONDS, max=BACKOFF_MAX_SECONDS
+            ),
+            stop=lambda _state: self.stopper.requested,
+            sleep=self._backoff_sleep,
+            before_sleep=log_retry,
+            reraise=True,
+        )
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def _drain(self, types: Iterable[str]) -> float | None:
+        """Drain `types`, retrying while Redis refuses; return seconds to the next due row."""
+        assert self._dispatcher is not None
+        dispatcher = self._dispatcher
+        wanted = list(types)
+        self._retrying(EnqueueError, "drain")(
+            dispatcher.drain, wanted, lambda: self.stopper.requested
+        )
+        return dispatcher.seconds_until_next_due()
+
+    def sweep_once(self) -> SweepResult:
+        """One sweep round (`reactor sweep`); `start()` must have succeeded."""
+        assert self._sweeper is not None
+        return self._sweeper.run_once(lambda: self.stopper.requested)
+
+    def _sweep(self) -> float | None:
+        assert self._dispatcher is not None
+        self.sweep_once()
+        return self._dispatcher.seconds_until_next_due()
+
+    def _wait(self, timeout: float) -> list[str]:
+        if self._listener is None:
+            self.stopper.sleep(timeout)
+            return []
+        return self._listener.wait(timeout, self.stopper.fileno())
+
+    def _routed(self, payloads: list[str]) -> set[str]:
+        types = set()
+        for payload in payloads:
+            if payload in self.settings.routes:
+                types.add(payload)
+            elif payload not in self._warned_unknown and len(self._warned_unknown) < 1000:
+                # A hint for a type we do not route (or garbage on the channel): ignore it.
+                self._warned_unknown.add(payload)
+                logger.warning("notification_ignored payload=%r (no route)", payload[:200])
+        return types
+
+    def run(self) -> None:
+        """Run until a stop is requested. `start()` must have succeeded."""
+        interval = self.settings.sweep_interval_seconds
+        next_sweep = time.monotonic() + _jittered(interval)
+        next_due: float | None = None
+        catch_up = True
+        while not self.stopper.requested:
+            try:
+                if not (self._work_connection_ok() and self._listener_ok()):
+                    self._reconnect()
+                    catch_up = True
+                if catch_up:
+                    due_in = self._drain(self._types)
+                    catch_up = False
+                    next_due = None if due_in is None else time.monotonic() + due_in
+                now = time.monotonic()
+                deadline = next_sweep if next_due is None else min(next_sweep, next_due)
+                types = self._routed(self._wait(deadline - now))
+                if self.stopper.requested:
+                    break
+                now = time.monotonic()
+                if now >= next_sweep:
+                    due_in = self._sweep()
+                    next_sweep = now + _jittered(interval)
+                elif types or (next_due is not None and now >= next_due):
+                    due_in = self._drain(types or self._types)
+                else:
+                    continue
+                next_due = None if due_in is None else time.monotonic() + due_in
+            except DatabaseError as exc:
+                if self.stopper.requested:
+                    break
+                logger.warning("connection_lost error=%s", exc)
+                # A short pause, so an error that a reconnect cannot fix does not spin.
+                self.stopper.sleep(_jittered(ERROR_PAUSE_SECONDS))
+            except EnqueueError:
+                # Only reached when a stop interrupted the retries.
+                break
+        self.close()
+        logger.info("reactor_stopped")
+
+    def close(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
+        if self._dispatcher is not None:
+            self._dispatcher.conn.close()
+        self._redis.close()

@@ -1,0 +1,121 @@
+"""Apply the SQL migrations of `sql/` to a database, each in its own transaction.
+
+The files are the same ones a person runs with `psql -X -v ON_ERROR_STOP=1 -1 -f FILE`: each
+records its own version in `reactor_migrations` before changing anything, so `psql` and
+`reactor migrate` agree on what is applied and nothing is ever applied twice. `reactor migrate`
+additionally holds a session advisory lock, so concurrent runs wait for each other and the later
+ones find nothing left to do. The files ship inside the wheel (as `reactor/sql`), so this works
+from an installed package, not only from a checkout.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import psycopg
+
+from reactor.db import Connection, describe_error
+from reactor.errors import DatabaseError, MigrationError
+
+__all__ = ["MIGRATION_LOCK_KEY", "MigrateResult", "Migration", "load_migrations", "migrate"]
+
+#: Advisory lock held by `reactor migrate` while it applies files ("phmigr" in ASCII).
+MIGRATION_LOCK_KEY = 0x7068_6D69_6772
+
+_NAME = re.compile(r"(\d{4})_([a-z0-9_]+)\.sql")
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One file of `sql/`."""
+
+    version: int
+    name: str
+    sql: str
+
+
+@dataclass(frozen=True)
+class MigrateResult:
+    """What a `migrate` call did."""
+
+    applied: tuple[str, ...]
+    version: int
+
+
+def _sql_files() -> list[tuple[str, str]]:
+    """(name, text) of every file of the migrations folder."""
+    packaged = resources.files("reactor") / "sql"
+    if packaged.is_dir():
+        return [(entry.name, entry.read_text("utf-8")) for entry in packaged.iterdir()]
+    # A checkout or an editable install: the files live at the top of the repository.
+    checkout = Path(__file__).resolve().parent.parent / "sql"
+    if checkout.is_dir():
+        return [(entry.name, entry.read_text("utf-8")) for entry in checkout.iterdir()]
+    raise MigrationError("migration files not found (neither reactor/sql nor ./sql)")
+
+
+def load_migrations() -> list[Migration]:
+    """All migrations, in version order.
+
+    Raises:
+        MigrationError: the files are missing, misnamed, or their versions have a gap.
+    """
+    found: list[Migration] = []
+    for name, text in _sql_files():
+        if not name.endswith(".sql"):
+            continue
+        match = _NAME.fullmatch(name)
+        if not match:
+            raise MigrationError(f"migration file {name!r} is not named NNNN_verb_object.sql")
+        found.append(Migration(int(match.group(1)), match.group(2), text))
+    found.sort(key=lambda m: m.version)
+    if [m.version for m in found] != list(range(1, len(found) + 1)):
+        raise MigrationError("migration versions must run 1, 2, 3, ... without gaps")
+    if not found:
+        raise MigrationError("no migration files found")
+    return found
+
+
+def _applied_versions(conn: Connection) -> set[int]:
+    if conn.execute("SELECT to_regclass('reactor_migrations')").fetchone() == (None,):
+        return set()
+    return {row[0] for row in conn.execute("SELECT version FROM reactor_migrations")}
+
+
+def migrate(conn: Connection) -> MigrateResult:
+    """Apply every migration not yet applied; `conn` must be in autocommit mode.
+
+    Raises:
+        MigrationError: a migration failed (it was rolled back whole).
+        DatabaseError: the connection failed.
+    """
+    migrations = load_migrations()
+    applied: list[str] = []
+    try:
+        conn.execute("SELECT pg_advisory_lock(%s)", [MIGRATION_LOCK_KEY])
+        try:
+            done = _applied_versions(conn)
+            for migration in migrations:
+                if migration.version in done:
+                    continue
+                label = f"{migration.version:04d}_{migration.name}"
+                try:
+                    with conn.transaction():
+                        # No parameters: psycopg sends the file as one simple query, so it may
+                        # hold several statements, exactly as psql runs it.
+                        conn.execute(migration.sql.encode("utf-8"))
+                except psycopg.errors.DatabaseError as exc:
+                    raise MigrationError(
+                        f"migration {label} failed: {describe_error(exc)}"
+                    ) from exc
+                applied.append(label)
+            version = max(_applied_versions(conn), default=0)
+        finally:
+            if not conn.closed:
+                conn.execute("SELECT pg_advisory_unlock(%s)", [MIGRATION_LOCK_KEY])
+    except psycopg.OperationalError as exc:
+        raise DatabaseError(f"migration aborted: {describe_error(exc)}") from exc
+    return MigrateResult(tuple(applied), version)

@@ -1,0 +1,120 @@
+"""Every SQL statement the reactor runs at runtime, by name.
+
+Values are always bound parameters; nothing here is assembled from strings. The claim and rescue
+queries lock with `FOR UPDATE SKIP LOCKED` so any number of reactors can run at once, and they
+pick rows by `ctid = ANY(ARRAY(...))`: measured, that shape keeps its plan at every batch size
+and table shape, where `(key) IN (SELECT ...)` flips to a hash join over the whole table (NOTES).
+The pending index is on (type, coalesce(next_retry_at, created_at)); each pending query filters
+on one type and orders by that expression, so it is one index range scan.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CLAIM_DUE",
+    "LIST_ACTIVE",
+    "NEXT_DUE_IN",
+    "PENDING_TYPES",
+    "REDISPATCH",
+    "RESCUE_STALE",
+]
+
+#: Claim up to `limit` due pending rows of one type: a new attempt each, now `active`.
+CLAIM_DUE = """
+UPDATE photo_jobs AS j
+   SET state = 'active', attempts = j.attempts + 1
+ WHERE j.ctid = ANY (ARRAY(
+         SELECT p.ctid
+           FROM photo_jobs AS p
+          WHERE p.type = %(type)s
+            AND p.state = 'pending'
+            AND coalesce(p.next_retry_at, p.created_at) <= now()
+          ORDER BY coalesce(p.next_retry_at, p.created_at)
+          LIMIT %(limit)s
+            FOR UPDATE SKIP LOCKED))
+   AND j.state = 'pending'
+RETURNING j.type, j.photo_id, j.attempts, j.state
+"""
+
+#: Seconds until the earliest pending row of the given types becomes due (NULL if none).
+NEXT_DUE_IN = """
+SELECT extract(epoch FROM min(d.due) - now())::float8
+  FROM unnest(%(types)s::text[]) AS t(type)
+ CROSS JOIN LATERAL (
+        SELECT coalesce(p.next_retry_at, p.created_at) AS due
+          FROM photo_jobs AS p
+         WHERE p.type = t.type
+           AND p.state = 'pending'
+           AND coalesce(p.next_retry_at, p.created_at) > now()
+         ORDER BY coalesce(p.next_retry_at, p.created_at)
+         LIMIT 1) AS d
+"""
+
+#: Rescue stale active rows of the given types: a new attempt while attempts remain, else
+#: `failed`. (In an UPDATE every SET expression sees the old row, so the CASEs agree.)
+RESCUE_STALE = """
+UPDATE photo_jobs AS j
+   SET attempts = CASE WHEN j.attempts < j.max_attempts THEN j.attempts + 1 ELSE j.attempts END,
+       state = CASE WHEN j.attempts < j.max_attempts THEN 'active' ELSE 'failed' END,
+       last_error = CASE WHEN j.attempts < j.max_attempts THEN j.last_error
+                    ELSE format('worker lost: attempt %%s of %%s sent no heartbeat for %%s s',
+                                j.attempts, j.max_attempts, %(stale_after)s::float8) END
+ WHERE j.ctid = ANY (ARRAY(
+         SELECT a.ctid
+           FROM photo_jobs AS a
+          WHERE a.state = 'active'
+            AND a.updated_at < now() - make_interval(secs => %(stale_after)s::float8)
+            AND a.type = ANY (%(types)s::text[])
+          ORDER BY a.updated_at
+          LIMIT %(limit)s
+            FOR UPDATE SKIP LOCKED))
+   AND j.state = 'active'
+RETURNING j.type, j.photo_id, j.attempts, j.state
+"""
+
+#: One page of active rows of the given types, for the "is its job still in Redis?" check.
+#: Keyset-paged in (updated_at, type, photo_id) order up to `until` (the sweep's start), so
+#: rows re-dispatched during the sweep (their updated_at moves to now) are not visited twice.
+LIST_ACTIVE = """
+SELECT type, photo_id, attempts, updated_at
+  FROM photo_jobs
+ WHERE state = 'active'
+   AND type = ANY (%(types)s::text[])
+   AND updated_at <= %(until)s
+   AND (updated_at, type, photo_id) > (%(after_at)s, %(after_type)s, %(after_id)s)
+ ORDER BY updated_at, type, photo_id
+ LIMIT %(limit)s
+"""
+
+#: Re-dispatch active rows whose job vanished from Redis, if still at the attempt seen.
+REDISPATCH = """
+UPDATE photo_jobs AS j
+   SET attempts = CASE WHEN j.attempts < j.max_attempts THEN j.attempts + 1 ELSE j.attempts END,
+       state = CASE WHEN j.attempts < j.max_attempts THEN 'active' ELSE 'failed' END,
+       last_error = CASE WHEN j.attempts < j.max_attempts THEN j.last_error
+                    ELSE format('job lost: the RQ job of attempt %%s of %%s vanished from Redis',
+                                j.attempts, j.max_attempts) END
+ WHERE j.ctid = ANY (ARRAY(
+         SELECT a.ctid
+           FROM photo_jobs AS a
+           JOIN unnest(%(types)s::text[], %(photo_ids)s::text[], %(attempts)s::int[])
+                AS l(type, photo_id, attempts)
+             ON (a.type, a.photo_id, a.attempts) = (l.type, l.photo_id, l.attempts)
+          WHERE a.state = 'active'
+            FOR UPDATE SKIP LOCKED))
+   AND j.state = 'active'
+RETURNING j.type, j.photo_id, j.attempts, j.state
+"""
+
+#: The distinct types that have pending rows (a loose index scan: O(types), not O(rows)).
+PENDING_TYPES = """
+WITH RECURSIVE t(type) AS (
+    (SELECT type FROM photo_jobs WHERE state = 'pending' ORDER BY type LIMIT 1)
+    UNION ALL
+    SELECT (SELECT p.type FROM photo_jobs AS p
+             WHERE p.state = 'pending' AND p.type > t.type
+             ORDER BY p.type LIMIT 1)
+      FROM t WHERE t.type IS NOT NULL
+)
+SELECT type FROM t WHERE type IS NOT NULL
+"""

@@ -1,0 +1,104 @@
+"""Settings of the reactor and of the worker side, with their named defaults.
+
+Every reactor setting is a CLI flag and an environment variable (the CLI wires both, the flag
+wins); the worker-side settings are read from the environment of the `rq worker` process,
+because RQ starts our entry point, not our CLI. Values are validated here, once, so the rest of
+the code can trust them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from reactor.errors import ConfigError
+from reactor.routes import Route
+
+__all__ = [
+    "DEFAULT_BATCH_SIZE",
+    "DEFAULT_HEARTBEAT_SECONDS",
+    "DEFAULT_REDIS_URL",
+    "DEFAULT_RETRY_BASE_SECONDS",
+    "DEFAULT_RETRY_MAX_SECONDS",
+    "DEFAULT_STALE_AFTER_SECONDS",
+    "DEFAULT_SWEEP_INTERVAL_SECONDS",
+    "FAILED_JOB_TTL_SECONDS",
+    "ReactorSettings",
+    "WorkerSettings",
+]
+
+DEFAULT_REDIS_URL = "redis://localhost:6379/0"
+DEFAULT_BATCH_SIZE = 500
+DEFAULT_SWEEP_INTERVAL_SECONDS = 30.0
+DEFAULT_STALE_AFTER_SECONDS = 300.0
+DEFAULT_RETRY_BASE_SECONDS = 5.0
+DEFAULT_RETRY_MAX_SECONDS = 3600.0
+DEFAULT_HEARTBEAT_SECONDS = 60.0
+#: How long RQ keeps a failed job in its failed registry (the database row is the truth).
+FAILED_JOB_TTL_SECONDS = 7 * 24 * 3600
+
+
+@dataclass(frozen=True)
+class ReactorSettings:
+    """What `reactor run` and `reactor sweep` need."""
+
+    database_url: str
+    redis_url: str
+    routes: Mapping[str, Route]
+    batch_size: int = DEFAULT_BATCH_SIZE
+    sweep_interval_seconds: float = DEFAULT_SWEEP_INTERVAL_SECONDS
+    stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS
+    listen: bool = True
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.batch_size <= 10_000:
+            raise ConfigError(f"batch size must be 1..10000, not {self.batch_size}")
+        if self.sweep_interval_seconds <= 0:
+            raise ConfigError("sweep interval must be positive")
+        if self.stale_after_seconds <= 0:
+            raise ConfigError("stale-after must be positive")
+
+
+def _positive_float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number of seconds, not {raw!r}") from None
+    if value <= 0:
+        raise ConfigError(f"{name} must be positive, not {raw!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """What the worker entry point needs, read from the `rq worker` process environment."""
+
+    database_url: str
+    retry_base_seconds: float = DEFAULT_RETRY_BASE_SECONDS
+    retry_max_seconds: float = DEFAULT_RETRY_MAX_SECONDS
+    heartbeat_seconds: float = DEFAULT_HEARTBEAT_SECONDS
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> WorkerSettings:
+        """Read `DATABASE_URL` and the `REACTOR_RETRY_*`/`REACTOR_HEARTBEAT_SECONDS` variables.
+
+        Raises:
+            ConfigError: a value is not a positive number.
+        """
+        env = os.environ if env is None else env
+        return cls(
+            database_url=env.get("DATABASE_URL", ""),
+            retry_base_seconds=_positive_float(
+                env, "REACTOR_RETRY_BASE_SECONDS", DEFAULT_RETRY_BASE_SECONDS
+            ),
+            retry_max_seconds=_positive_float(
+                env, "REACTOR_RETRY_MAX_SECONDS", DEFAULT_RETRY_MAX_SECONDS
+            ),
+            heartbeat_seconds=_positive_float(
+                env, "REACTOR_HEARTBEAT_SECONDS", DEFAULT_HEARTBEAT_SECONDS
+            ),
+        )

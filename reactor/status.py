@@ -1,0 +1,124 @@
+"""`reactor status`: what the table holds, for people and (as JSON) for scripts.
+
+Counts by type and state, the age of the oldest due pending row, the next scheduled retry,
+stale `active` rows, and pending types that no route covers. The counts scan the table; the
+other figures use the partial indexes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from reactor import queries
+from reactor.db import Connection, describe_error
+from reactor.errors import DatabaseError
+
+__all__ = ["Status", "TypeStatus", "format_status", "read_status"]
+
+_STATES = ("pending", "active", "done", "failed")
+
+_COUNTS = "SELECT type, state, count(*) FROM photo_jobs GROUP BY type, state ORDER BY type"
+_PER_TYPE = """
+SELECT t.type,
+       (SELECT extract(epoch FROM now() - min(coalesce(p.next_retry_at, p.created_at)))::float8
+          FROM photo_jobs AS p
+         WHERE p.type = t.type AND p.state = 'pending'
+           AND coalesce(p.next_retry_at, p.created_at) <= now()),
+       (SELECT min(p.next_retry_at)
+          FROM photo_jobs AS p
+         WHERE p.type = t.type AND p.state = 'pending'
+           AND coalesce(p.next_retry_at, p.created_at) > now()),
+       (SELECT count(*)
+          FROM photo_jobs AS a
+         WHERE a.type = t.type AND a.state = 'active'
+           AND a.updated_at < now() - make_interval(secs => %(stale_after)s::float8))
+  FROM unnest(%(types)s::text[]) AS t(type)
+"""
+
+
+@dataclass(frozen=True)
+class TypeStatus:
+    """The figures of one job type."""
+
+    type: str
+    counts: dict[str, int]
+    oldest_due_age_seconds: float | None
+    next_retry_at: str | None
+    stale_active: int
+    routed: bool
+
+
+@dataclass(frozen=True)
+class Status:
+    """The whole table."""
+
+    types: list[TypeStatus] = field(default_factory=list)
+    unrouted_types: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "types": [vars(t) for t in self.types],
+            "unrouted_types": self.unrouted_types,
+        }
+
+
+def read_status(conn: Connection, routed: Collection[str], stale_after_seconds: float) -> Status:
+    """Read the figures (one short read-only transaction).
+
+    Raises:
+        DatabaseError: a query failed.
+    """
+    try:
+        with conn.transaction():
+            counts: dict[str, dict[str, int]] = {}
+            for job_type, state, count in conn.execute(_COUNTS):
+                counts.setdefault(job_type, dict.fromkeys(_STATES, 0))[state] = int(count)
+            pending_types = [row[0] for row in conn.execute(queries.PENDING_TYPES)]
+            all_types = sorted(set(counts) | set(routed))
+            rows = conn.execute(
+                _PER_TYPE, {"types": all_types, "stale_after": stale_after_seconds}
+            ).fetchall()
+    except psycopg.Error as exc:
+        raise DatabaseError(f"status query failed: {describe_error(exc)}") from exc
+    types = [
+        TypeStatus(
+            type=job_type,
+            counts=counts.get(job_type, dict.fromkeys(_STATES, 0)),
+            oldest_due_age_seconds=None if age is None else round(float(age), 3),
+            next_retry_at=None if next_at is None else next_at.isoformat(),
+            stale_active=int(stale),
+            routed=job_type in routed,
+        )
+        for job_type, age, next_at, stale in rows
+    ]
+    return Status(types, sorted(t for t in pending_types if t not in routed))
+
+
+def format_status(status: Status) -> str:
+    """A table for people."""
+    header = f"{'type':<24} {'pending':>9} {'active':>9} {'done':>9} {'failed':>9}  details"
+    lines = [header]
+    for t in status.types:
+        details = []
+        if t.oldest_due_age_seconds is not None:
+            details.append(f"oldest due {t.oldest_due_age_seconds:.1f}s ago")
+        if t.next_retry_at is not None:
+            details.append(f"next retry {t.next_retry_at}")
+        if t.stale_active:
+            details.append(f"{t.stale_active} stale active")
+        if not t.routed:
+            details.append("NO ROUTE")
+        c = t.counts
+        lines.append(
+            f"{t.type:<24} {c['pending']:>9} {c['active']:>9} {c['done']:>9} {c['failed']:>9}"
+            f"  {', '.join(details)}".rstrip()
+        )
+    if status.unrouted_types:
+        lines.append(
+            "unrouted types with pending rows (left alone): " + ", ".join(status.unrouted_types)
+        )
+    return "\n".join(lines)

@@ -1,0 +1,183 @@
+"""The fallback sweep: one round of everything the LISTEN path cannot guarantee alone.
+
+`Sweeper.run_once()` (every sweep interval inside `reactor run`, and `reactor sweep`):
+1. drains every routed type through the normal claim path (rows whose NOTIFY was missed);
+2. rescues stale `active` rows (no heartbeat for `stale_after`): a new attempt while attempts
+   remain, else `failed` with a `last_error` that says why;
+3. checks, in pipelined round trips, that every `active` row's job still exists in Redis and
+   re-dispatches the rows whose job vanished (Redis restarted without persistence, a failover
+   to a stale replica) as a new attempt, instead of waiting for `stale_after`;
+4. notes pending rows of types no route covers (left alone; warned about once per type).
+Each step is safe with any number of reactors: every write goes through `FOR UPDATE SKIP
+LOCKED` and re-checks the row's state and attempt under the lock.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import psycopg
+
+from reactor import queries
+from reactor.db import describe_error
+from reactor.dispatch import Dispatcher
+from reactor.enqueue import ALIVE_STATUSES, Enqueuer
+from reactor.errors import DatabaseError, EnqueueError
+from reactor.jobs import JobRef
+from reactor.routes import Route
+
+__all__ = ["SweepResult", "Sweeper"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """What one sweep round did (`reactor sweep` prints it as JSON)."""
+
+    claimed: int = 0
+    enqueued: int = 0
+    rescued: int = 0
+    rescue_failed: int = 0
+    lost: int = 0
+    enqueue_failures: int = 0
+    unrouted_types: tuple[str, ...] = field(default=())
+
+
+class Sweeper:
+    """One sweep round over a `Dispatcher`'s connection."""
+
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        enqueuer: Enqueuer,
+        routes: Mapping[str, Route],
+        *,
+        batch_size: int,
+        stale_after_seconds: float,
+    ) -> None:
+        self._dispatcher = dispatcher
+        self._enqueuer = enqueuer
+        self._routes = routes
+        self._types = list(routes)
+        self._batch_size = batch_size
+        self._stale_after = stale_after_seconds
+        self._warned_unrouted: set[str] = set()
+
+    def run_once(self, should_stop: Callable[[], bool] = lambda: False) -> SweepResult:
+        """Run the four steps; a Redis failure in one step is counted and the others go on.
+
+        Raises:
+            DatabaseError: Postgres failed (the caller reconnects).
+        """
+        claimed = enqueued = rescued = rescue_failed = lost = failures = 0
+        try:
+            drained = self._dispatcher.drain(self._types, should_stop)
+            claimed, enqueued = drained.claimed, drained.enqueued
+        except EnqueueError as exc:
+            failures += exc.rows
+            logger.warning("sweep_enqueue_failed step=drain error=%s", exc)
+        try:
+            rescued, rescue_failed = self._rescue_stale(should_stop)
+        except EnqueueError as exc:
+            failures += exc.rows
+            logger.warning("sweep_enqueue_failed step=rescue error=%s", exc)
+        try:
+            lost, lost_failed = self._redispatch_lost(should_stop)
+            rescue_failed += lost_failed
+        except EnqueueError as exc:
+            failures += exc.rows
+            logger.warning("sweep_enqueue_failed step=lost_jobs error=%s", exc)
+        unrouted = self._unrouted_types()
+        result = SweepResult(
+            claimed, enqueued, rescued, rescue_failed, lost, failures, tuple(unrouted)
+        )
+        if claimed or rescued or rescue_failed or lost or failures:
+            logger.info(
+                "sweep_done claimed=%d enqueued=%d rescued=%d rescue_failed=%d lost=%d "
+                "enqueue_failures=%d",
+                claimed,
+                enqueued,
+                rescued,
+                rescue_failed,
+                lost,
+                failures,
+            )
+        return result
+
+    def _rescue_stale(self, should_stop: Callable[[], bool]) -> tuple[int, int]:
+        rescued = failed = 0
+        params = {"types": self._types, "stale_after": self._stale_after, "limit": self._batch_size}
+        while not should_stop():
+            batch = self._dispatcher.dispatch(queries.RESCUE_STALE, params)
+            rescued += batch.claimed
+            failed += batch.failed
+            if batch.claimed + batch.failed < self._batch_size:
+                break
+        if rescued or failed:
+            logger.warning("stale_rescued rescued=%d failed=%d", rescued, failed)
+        return rescued, failed
+
+    def _redispatch_lost(self, should_stop: Callable[[], bool]) -> tuple[int, int]:
+        conn = self._dispatcher.conn
+        redispatched = failed = 0
+        try:
+            with conn.transaction():
+                row = conn.execute("SELECT now()").fetchone()
+            until: datetime = row[0] if row else datetime.max
+            after: tuple[object, str, str] = ("-infinity", "", "")
+            while not should_stop():
+                with conn.transaction():
+                    page = conn.execute(
+                        queries.LIST_ACTIVE,
+                        {
+                            "types": self._types,
+                            "until": until,
+                            "after_at": after[0],
+                            "after_type": after[1],
+                            "after_id": after[2],
+                            "limit": self._batch_size,
+                        },
+                    ).fetchall()
+                if not page:
+                    break
+                refs = [JobRef(t, p, a) for t, p, a, _ in page]
+                statuses = self._enqueuer.job_statuses(refs)
+                gone = [r for r, s in zip(refs, statuses, strict=True) if s not in ALIVE_STATUSES]
+                if gone:
+                    batch = self._dispatcher.dispatch(
+                        queries.REDISPATCH,
+                        {
+                            "types": [r.type for r in gone],
+                            "photo_ids": [r.photo_id for r in gone],
+                            "attempts": [r.attempt for r in gone],
+                        },
+                    )
+                    redispatched += batch.claimed
+                    failed += batch.failed
+                last = page[-1]
+                after = (last[3], last[0], last[1])
+                if len(page) < self._batch_size:
+                    break
+        except psycopg.Error as exc:
+            raise DatabaseError(f"lost-job check failed: {describe_error(exc)}") from exc
+        if redispatched or failed:
+            logger.warning("lost_jobs_redispatched redispatched=%d failed=%d", redispatched, failed)
+        return redispatched, failed
+
+    def _unrouted_types(self) -> list[str]:
+        conn = self._dispatcher.conn
+        try:
+            with conn.transaction():
+                types = [row[0] for row in conn.execute(queries.PENDING_TYPES)]
+        except psycopg.Error as exc:
+            raise DatabaseError(f"pending-types query failed: {describe_error(exc)}") from exc
+        unrouted = [t for t in types if t not in self._routes]
+        for job_type in unrouted:
+            if job_type not in self._warned_unrouted:
+                self._warned_unrouted.add(job_type)
+                logger.warning("unrouted_type type=%s (its pending rows are left alone)", job_type)
+        return unrouted
