@@ -1,0 +1,161 @@
+"""Migrations: psql and `reactor migrate` agree, nothing applies twice, the wheel carries them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import venv
+from collections.abc import Callable
+from pathlib import Path
+
+import psycopg
+
+from reactor.db import LATEST_SCHEMA_VERSION
+from reactor.migrate import load_migrations
+from tests.conftest import ROOT, Env
+from tests.servers import find_binary
+
+SQL_FILES = sorted((ROOT / "sql").glob("*.sql"))
+
+
+def psql_file(url: str, path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["psql", "-X", "-v", "ON_ERROR_STOP=1", "-1", "-q", "-d", url, "-f", str(path)],
+        capture_output=True,
+        text=True,
+    )
+
+
+def schema_dump(url: str) -> str:
+    pg_dump = find_binary("pg_dump")
+    assert pg_dump, "pg_dump is needed for the schema comparison"
+    out = subprocess.run(
+        [pg_dump, "--schema-only", "--no-owner", "--no-privileges", "-d", url],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    # Newer pg_dump brackets its output with \restrict lines holding a random key.
+    return "\n".join(
+        line for line in out.splitlines() if not line.startswith(("\\restrict", "\\unrestrict"))
+    )
+
+
+def ledger(url: str) -> list[tuple[int, str]]:
+    with psycopg.connect(url) as conn:
+        return [
+            tuple(r)
+            for r in conn.execute("SELECT version, name FROM reactor_migrations ORDER BY 1")
+        ]  # type: ignore[misc]
+
+
+def reactor_cli(*args: str, url: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "reactor", *args, "--database-url", url],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+    )
+
+
+def test_files_are_numbered_and_match_the_code() -> None:
+    migrations = load_migrations()
+    assert [m.version for m in migrations] == list(range(1, LATEST_SCHEMA_VERSION + 1))
+    assert [p.name for p in SQL_FILES] == [f"{m.version:04d}_{m.name}.sql" for m in migrations]
+    for path in SQL_FILES:
+        text = path.read_text()
+        assert "\\" not in text.replace("\\\\", ""), f"{path.name} holds a psql meta-command"
+        assert ":'" not in text and ':"' not in text, f"{path.name} uses psql variables"
+
+
+def test_psql_and_migrate_build_the_same_schema(
+    make_empty_database: Callable[[], str], env: Env
+) -> None:
+    by_psql = make_empty_database()
+    for path in SQL_FILES:
+        result = psql_file(by_psql, path)
+        assert result.returncode == 0, result.stderr
+    by_cli = env.database_url  # cloned from the template that reactor.migrate built
+    fresh = make_empty_database()
+    result = reactor_cli("migrate", url=fresh)
+    assert result.returncode == 0, result.stderr
+    assert "applied 0003_create_notify_triggers" in result.stdout
+    assert schema_dump(by_psql) == schema_dump(fresh) == schema_dump(by_cli)
+    assert ledger(by_psql) == ledger(fresh)
+
+
+def test_second_runs_are_refused_or_no_ops(empty_database: str) -> None:
+    url = empty_database
+    assert reactor_cli("migrate", url=url).returncode == 0
+    before = schema_dump(url)
+    again = reactor_cli("migrate", url=url)
+    assert again.returncode == 0
+    assert "nothing to do: database is already at schema version" in again.stdout
+    for path in SQL_FILES:
+        rerun = psql_file(url, path)
+        assert rerun.returncode != 0
+        assert "is already applied" in rerun.stderr
+    assert schema_dump(url) == before
+    assert len(ledger(url)) == LATEST_SCHEMA_VERSION
+
+
+def test_psql_refuses_a_migration_whose_predecessor_is_missing(empty_database: str) -> None:
+    result = psql_file(empty_database, SQL_FILES[1])
+    assert result.returncode != 0
+    # The ledger table does not even exist yet: 0002 cannot run first.
+    assert "reactor_migration_begin" in result.stderr or "needs migration" in result.stderr
+
+
+def test_psql_then_migrate_continues_where_psql_stopped(empty_database: str) -> None:
+    assert psql_file(empty_database, SQL_FILES[0]).returncode == 0
+    result = reactor_cli("migrate", url=empty_database)
+    assert result.returncode == 0, result.stderr
+    assert "applied 0001" not in result.stdout
+    assert "applied 0002_create_dispatch_indexes" in result.stdout
+    assert [v for v, _ in ledger(empty_database)] == list(range(1, LATEST_SCHEMA_VERSION + 1))
+
+
+def test_concurrent_migrates_apply_once(empty_database: str) -> None:
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "reactor", "migrate", "--database-url", empty_database],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
+        for _ in range(3)
+    ]
+    outputs = [p.communicate(timeout=60) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], outputs
+    applied = sum(out.count("applied 0") for out, _ in outputs)
+    assert applied == LATEST_SCHEMA_VERSION
+    assert len(ledger(empty_database)) == LATEST_SCHEMA_VERSION
+
+
+def test_wheel_installed_outside_the_checkout_migrates(empty_database: str, tmp_path: Path) -> None:
+    dist = tmp_path / "dist"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(ROOT)],
+        check=True,
+        capture_output=True,
+    )
+    wheel = next(dist.glob("photo_reactor-*.whl"))
+    target = tmp_path / "venv"
+    venv.create(target, with_pip=True)
+    python = target / "bin" / "python"
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", str(wheel)], check=True, capture_output=True
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    result = subprocess.run(
+        [str(target / "bin" / "reactor"), "migrate", "--database-url", empty_database],
+        capture_output=True,
+        text=True,
+        cwd=elsewhere,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"database is at schema version {LATEST_SCHEMA_VERSION}" in result.stdout
+    assert len(ledger(empty_database)) == LATEST_SCHEMA_VERSION

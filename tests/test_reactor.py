@@ -1,0 +1,331 @@
+"""The reactor (issue: LISTEN/NOTIFY dispatch, sweep, rescue, reconnects, shutdown).
+
+Integration tests on real Postgres and Redis; the reactor runs as a real subprocess wherever
+process behaviour (signals, reconnects, start-up errors) is what is tested.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta, timezone
+
+import psycopg
+import pytest
+
+from reactor.dispatch import Dispatcher
+from reactor.enqueue import Enqueuer, connect_redis
+from reactor.errors import DatabaseError
+from reactor.jobs import job_id
+from reactor.routes import parse_routes
+from tests.conftest import ROOT, Env, Process, start_reactor, wait_for
+from tests.helpers import insert_rows, jobs_missing, queue_ids, rows, states
+from tests.servers import PostgresServer, RedisServer
+
+ROUTES = parse_routes(["photo.process=reactor.demo.process_photo"])
+
+
+def test_committed_insert_is_queued_within_100ms(env: Env, spawn: Callable[..., Process]) -> None:
+    start_reactor(spawn)
+    conn, client = env.connect(), env.redis()
+    delays = []
+    for i in range(20):
+        conn.execute(
+            "INSERT INTO photo_jobs (photo_id, type) VALUES (%s, 'photo.process')", [f"p{i}"]
+        )
+        committed = time.monotonic()
+        wanted = job_id("photo.process", f"p{i}", 1)
+        wait_for(lambda: wanted in queue_ids(client), timeout=5, interval=0.0005, what=wanted)
+        delays.append(time.monotonic() - committed)
+    assert max(delays) < 0.100, f"dispatch delays (s): {sorted(delays)}"
+    assert states(conn) == {"active": 20}
+
+
+def test_redis_outage_keeps_rows_pending_then_delivers_each_once(
+    env: Env, spawn: Callable[..., Process], private_redis: RedisServer
+) -> None:
+    reactor = start_reactor(spawn, "--redis-url", private_redis.url)
+    conn = env.connect()
+    private_redis.stop()
+    insert_rows(conn, 50)
+    reactor.wait_for_line("drain_retry")
+    assert states(conn) == {"pending": 50}
+    assert reactor.proc.poll() is None
+    private_redis.start()
+    client = connect_redis(private_redis.url)
+    wait_for(lambda: len(queue_ids(client)) == 50, timeout=30, what="50 queued jobs")
+    ids = queue_ids(client)
+    assert len(set(ids)) == 50
+    assert set(ids) == {job_id("photo.process", f"p{i}", 1) for i in range(1, 51)}
+    assert states(conn) == {"active": 50}
+    assert reactor.proc.poll() is None
+
+
+def test_lost_commit_after_enqueue_never_enqueues_twice(env: Env) -> None:
+    conn, killer, client = env.connect(autocommit=False), env.connect(), env.redis()
+    insert_rows(killer, 3)
+
+    def terminate_own_backend() -> None:
+        killer.execute("SELECT pg_terminate_backend(%s)", [conn.info.backend_pid])
+
+    lossy = Dispatcher(
+        conn, Enqueuer(client, ROUTES), ROUTES, batch_size=10, before_commit=terminate_own_backend
+    )
+    with pytest.raises(DatabaseError):
+        lossy.claim_batch("photo.process")
+    assert states(killer) == {"pending": 3}  # the COMMIT never happened
+    assert len(queue_ids(client)) == 3  # but the jobs were enqueued
+
+    again = Dispatcher(
+        env.connect(autocommit=False), Enqueuer(client, ROUTES), ROUTES, batch_size=10
+    )
+    result = again.claim_batch("photo.process")
+    assert (result.claimed, result.enqueued, result.already_enqueued) == (3, 0, 3)
+    assert sorted(queue_ids(client)) == sorted(
+        job_id("photo.process", f"p{i}", 1) for i in range(1, 4)
+    )
+    assert {(state, attempts) for _, _, state, attempts in rows(killer)} == {("active", 1)}
+
+
+def test_three_reactors_and_four_writers_dispatch_each_row_once(
+    env: Env, spawn: Callable[..., Process]
+) -> None:
+    for n in range(3):
+        start_reactor(spawn, "--batch-size", "200", name=f"reactor{n}")
+    total, writers = 20_000, 4
+
+    def write(w: int) -> None:
+        with psycopg.connect(env.database_url, autocommit=True) as conn:
+            for start in range(0, total // writers, 10):
+                with conn.transaction():
+                    conn.execute(
+                        "INSERT INTO photo_jobs (photo_id, type) SELECT %s || '-' || i, 'photo.process'"
+                        " FROM generate_series(%s::int, %s::int) AS i",
+                        [f"w{w}", start, start + 9],
+                    )
+
+    with ThreadPoolExecutor(writers) as pool:
+        for future in [pool.submit(write, w) for w in range(writers)]:
+            future.result()
+    conn, client = env.connect(), env.redis()
+    wait_for(
+        lambda: states(conn) == {"active": total}, timeout=120, interval=0.2, what="all rows active"
+    )
+    ids = queue_ids(client)
+    assert len(ids) == total
+    assert len(set(ids)) == total
+    assert jobs_missing(conn, client) == []
+
+
+def listener_pid(conn: psycopg.Connection[object], database: str) -> int | None:
+    row = conn.execute(
+        "SELECT pid FROM pg_stat_activity WHERE datname = %s AND application_name = 'photo-reactor listener'",
+        [database],
+    ).fetchone()
+    return None if row is None else int(row[0])
+
+
+def test_notifications_missed_while_disconnected_are_caught_up(
+    env: Env, spawn: Callable[..., Process]
+) -> None:
+    reactor = start_reactor(spawn, "--sweep-interval", "600")
+    admin = env.connect()
+    old = listener_pid(admin, env.database_name)
+    assert old is not None
+    admin.execute("SELECT pg_terminate_backend(%s)", [old])
+    insert_rows(admin, 25)  # committed while the reactor is not listening
+    wait_for(lambda: states(admin) == {"active": 25}, timeout=10, what="catch-up after reconnect")
+    reactor.wait_for_line("reconnected")
+    new = listener_pid(admin, env.database_name)
+    assert new is not None and new != old
+
+
+def test_no_listen_polls_within_one_sweep_interval(env: Env, spawn: Callable[..., Process]) -> None:
+    start_reactor(spawn, "--no-listen", "--sweep-interval", "1")
+    admin = env.connect()
+    assert listener_pid(admin, env.database_name) is None
+    insert_rows(admin, 5)
+    started = time.monotonic()
+    wait_for(lambda: states(admin) == {"active": 5}, timeout=5, what="poll dispatch")
+    assert time.monotonic() - started < 1.1 + 0.5
+
+
+def test_future_retry_is_dispatched_on_time_without_a_notification(
+    env: Env, spawn: Callable[..., Process]
+) -> None:
+    start_reactor(spawn, "--sweep-interval", "60")
+    conn, client = env.connect(), env.redis()
+    due = conn.execute(
+        "INSERT INTO photo_jobs (photo_id, type, next_retry_at) VALUES ('later', 'photo.process', now() + interval '2 s')"
+        " RETURNING next_retry_at"
+    ).fetchone()[0]  # type: ignore[index]
+    wanted = job_id("photo.process", "later", 1)
+    wait_for(lambda: wanted in queue_ids(client), timeout=5, interval=0.002, what="timer dispatch")
+    arrived = datetime.now(timezone.utc)
+    assert due <= arrived <= due + timedelta(milliseconds=250), arrived - due
+
+
+def run_sweep(env: Env, *args: str) -> dict[str, object]:
+    result = subprocess.run(
+        [sys.executable, "-m", "reactor", "sweep", *args],
+        env=env.process_env(),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    return dict(json.loads(result.stdout))
+
+
+def make_stale(
+    conn: psycopg.Connection[object], photo_id: str, attempts: int, max_attempts: int = 5
+) -> None:
+    with conn.transaction():
+        # Bypass the updated_at trigger to plant a row whose worker went silent long ago.
+        conn.execute("SET LOCAL session_replication_role = replica")
+        conn.execute(
+            "INSERT INTO photo_jobs (photo_id, type, state, attempts, max_attempts, updated_at)"
+            " VALUES (%s, 'photo.process', 'active', %s, %s, now() - interval '1 hour')",
+            [photo_id, attempts, max_attempts],
+        )
+
+
+def test_stale_rows_are_rescued_as_new_attempts_or_failed(env: Env) -> None:
+    conn, client = env.connect(), env.redis()
+    make_stale(conn, "alive-left", 1)
+    make_stale(conn, "spent", 5, max_attempts=5)
+    result = run_sweep(env, "--stale-after", "60")
+    assert (result["rescued"], result["rescue_failed"]) == (1, 1)
+    assert rows(conn) == [
+        ("alive-left", "photo.process", "active", 2),
+        ("spent", "photo.process", "failed", 5),
+    ]
+    assert queue_ids(client) == [job_id("photo.process", "alive-left", 2)]
+    error = conn.execute("SELECT last_error FROM photo_jobs WHERE photo_id = 'spent'").fetchone()
+    assert error is not None and "worker lost: attempt 5 of 5" in error[0]
+
+
+def test_active_rows_whose_job_vanished_from_redis_are_redispatched(env: Env) -> None:
+    conn, client = env.connect(), env.redis()
+    insert_rows(conn, 4)
+    assert run_sweep(env)["claimed"] == 4
+    client.delete(*(f"rq:job:{job_id('photo.process', f'p{i}', 1)}" for i in (1, 2)))
+    client.delete("rq:queue:photo-process")
+    result = run_sweep(env)
+    assert result["lost"] == 2
+    assert [a for *_, a in rows(conn)] == [2, 2, 1, 1]
+    assert sorted(queue_ids(client)) == sorted(job_id("photo.process", f"p{i}", 2) for i in (1, 2))
+    assert jobs_missing(conn, client) == []
+
+
+def test_garbage_notifications_and_odd_photo_ids(env: Env, spawn: Callable[..., Process]) -> None:
+    reactor = start_reactor(spawn, "--sweep-interval", "600")
+    conn, client = env.connect(), env.redis()
+    rng = random.Random(7)
+    for _ in range(200):
+        payload = "".join(chr(rng.randint(32, 0x2FFF)) for _ in range(rng.randint(0, 40)))
+        conn.execute("SELECT pg_notify('photo_jobs', %s)", [payload])
+    conn.execute("SELECT pg_notify('photo_jobs', %s)", ["x" * 7999])
+    conn.execute("SELECT pg_notify('photo_jobs', 'photo.unknown')")
+    odd = ["a:b", "a.b", "with space", "ünïcødé", "写真", "x" * 500, "under_score", "-", "a-1-2"]
+    for photo_id in odd:
+        conn.execute(
+            "INSERT INTO photo_jobs (photo_id, type) VALUES (%s, 'photo.process')", [photo_id]
+        )
+    wanted = {job_id("photo.process", p, 1) for p in odd}
+    wait_for(lambda: set(queue_ids(client)) == wanted, timeout=10, what="odd ids queued")
+    assert reactor.proc.poll() is None
+    assert "notification_ignored" in reactor.output()
+
+
+def test_sigterm_during_a_large_drain_exits_cleanly(
+    env: Env, spawn: Callable[..., Process]
+) -> None:
+    conn, client = env.connect(), env.redis()
+    insert_rows(conn, 50_000)
+    reactor = spawn("-m", "reactor", "run", name="reactor")
+    wait_for(
+        lambda: states(conn).get("active", 0) > 0, timeout=20, interval=0.005, what="drain started"
+    )
+    sent = time.monotonic()
+    reactor.proc.send_signal(signal.SIGTERM)
+    code = reactor.proc.wait(timeout=10)
+    assert code == 0, reactor.output()
+    assert time.monotonic() - sent < 5
+    assert jobs_missing(conn, client) == []
+    counts = states(conn)
+    assert counts.get("pending", 0) > 0, "the stop came after the drain, not during it"
+    assert counts.get("active", 0) == len(queue_ids(client))
+    assert counts.get("active", 0) + counts.get("pending", 0) == 50_000
+
+
+def run_cli(args: list[str], env_vars: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "reactor", *args],
+        env={**env_vars, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+
+
+def assert_one_line_exit_2(
+    result: subprocess.CompletedProcess[str], *needles: str, secret: str = ""
+) -> None:
+    out = (result.stdout + result.stderr).strip()
+    assert result.returncode == 2, out
+    assert len(out.splitlines()) == 1, out
+    assert "Traceback" not in out
+    for needle in needles:
+        assert needle in out, out
+    if secret:
+        assert secret not in out, out
+
+
+def test_startup_errors_exit_2_with_one_line(env: Env, empty_database: str) -> None:
+    base = {"PATH": os.environ["PATH"], "REDIS_URL": env.redis_url}
+    unreachable = run_cli(["run"], {**base, "DATABASE_URL": "postgresql://u:hunter2@127.0.0.1:1/x"})
+    assert_one_line_exit_2(unreachable, "cannot connect to Postgres", secret="hunter2")
+    unmigrated = run_cli(["run"], {**base, "DATABASE_URL": empty_database})
+    assert_one_line_exit_2(unmigrated, "not migrated", "reactor migrate")
+    bad_url = run_cli(
+        ["run", "--database-url", "postgresql://u:hunter2@127.0.0.1:5432/x?sslmode=nonsense"], base
+    )
+    assert_one_line_exit_2(bad_url, secret="hunter2")
+    bad_route = run_cli(["run", "--route", "nope"], {**base, "DATABASE_URL": env.database_url})
+    assert_one_line_exit_2(bad_route, "bad route")
+
+
+def test_wrong_passwords_exit_2_without_showing_them(env: Env) -> None:
+    server = PostgresServer(password="right-horse")
+    try:
+        wrong = server.url.replace("right-horse", "wrong-staple")
+        result = run_cli(
+            ["run"], {"PATH": os.environ["PATH"], "DATABASE_URL": wrong, "REDIS_URL": env.redis_url}
+        )
+        assert_one_line_exit_2(result, "password authentication failed", secret="wrong-staple")
+    finally:
+        server.stop()
+    redis_server = RedisServer(password="right-battery")
+    try:
+        wrong_redis = redis_server.url.replace("right-battery", "wrong-battery")
+        result = run_cli(
+            ["run"],
+            {
+                "PATH": os.environ["PATH"],
+                "DATABASE_URL": env.database_url,
+                "REDIS_URL": wrong_redis,
+            },
+        )
+        assert_one_line_exit_2(result, "Redis refused us", secret="wrong-battery")
+    finally:
+        redis_server.close()

@@ -1,0 +1,260 @@
+"""The table, its triggers and indexes, and `submit()`, against a real Postgres."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import psycopg
+import pytest
+
+from reactor import queries, submit
+from tests.conftest import Env
+
+SENTINEL = "photo_jobs_test_sentinel"
+
+
+class Notifications:
+    """A LISTEN session that can tell exactly what a piece of writing sent."""
+
+    def __init__(self, env: Env) -> None:
+        self.listener = env.connect()
+        self.listener.execute("LISTEN photo_jobs")
+        self.listener.execute(f"LISTEN {SENTINEL}")
+        self.writer = env.connect()
+
+    def sent_by(self, write: Callable[[psycopg.Connection[Any]], None]) -> list[str]:
+        """Run `write`, then a sentinel NOTIFY in a later transaction; notifications arrive in
+        commit order, so everything `write` caused has arrived once the sentinel has."""
+        write(self.writer)
+        self.writer.execute(f"NOTIFY {SENTINEL}")
+        payloads: list[str] = []
+        deadline = time.monotonic() + 10
+        for note in self.listener.notifies(timeout=10):
+            if note.channel == SENTINEL:
+                return payloads
+            payloads.append(note.payload)
+            assert time.monotonic() < deadline
+        raise AssertionError("sentinel notification never arrived")
+
+
+@pytest.fixture
+def notes(env: Env) -> Notifications:
+    return Notifications(env)
+
+
+def in_tx(*statements: str, rollback: bool = False) -> Callable[[psycopg.Connection[Any]], None]:
+    def write(conn: psycopg.Connection[Any]) -> None:
+        with conn.transaction(force_rollback=rollback):
+            for statement in statements:
+                conn.execute(statement)  # type: ignore[arg-type]
+
+    return write
+
+
+def test_single_insert_notifies_once_with_the_type(notes: Notifications) -> None:
+    sent = notes.sent_by(
+        in_tx("INSERT INTO photo_jobs (photo_id, type) VALUES ('a', 'photo.process')")
+    )
+    assert sent == ["photo.process"]
+
+
+def test_bulk_insert_select_notifies_once(notes: Notifications) -> None:
+    sent = notes.sent_by(
+        in_tx(
+            "INSERT INTO photo_jobs (photo_id, type)"
+            " SELECT 'p' || i, 'photo.process' FROM generate_series(1, 1000) AS i"
+        )
+    )
+    assert sent == ["photo.process"]
+
+
+def test_copy_notifies_once(notes: Notifications) -> None:
+    def copy_rows(conn: psycopg.Connection[Any]) -> None:
+        with conn.transaction(), conn.cursor() as cur:
+            with cur.copy("COPY photo_jobs (photo_id, type) FROM STDIN") as copy:
+                for i in range(500):
+                    copy.write_row((f"c{i}", "photo.process"))
+        assert conn.execute("SELECT count(*) FROM photo_jobs").fetchone() == (500,)
+
+    assert notes.sent_by(copy_rows) == ["photo.process"]
+
+
+def test_two_inserts_in_one_transaction_notify_once_per_type(notes: Notifications) -> None:
+    sent = notes.sent_by(
+        in_tx(
+            "INSERT INTO photo_jobs (photo_id, type) VALUES ('a', 'photo.process')",
+            "INSERT INTO photo_jobs (photo_id, type) VALUES ('b', 'photo.process')",
+            "INSERT INTO photo_jobs (photo_id, type) VALUES ('a', 'photo.thumb')",
+        )
+    )
+    assert sorted(sent) == ["photo.process", "photo.thumb"]
+
+
+def test_no_notification_for_rollback_for_done_rows_or_empty_inserts(notes: Notifications) -> None:
+    assert (
+        notes.sent_by(
+            in_tx("INSERT INTO photo_jobs (photo_id, type) VALUES ('a', 't')", rollback=True)
+        )
+        == []
+    )
+    assert (
+        notes.sent_by(
+            in_tx("INSERT INTO photo_jobs (photo_id, type, state) VALUES ('d', 't', 'done')")
+        )
+        == []
+    )
+    assert (
+        notes.sent_by(in_tx("INSERT INTO photo_jobs (photo_id, type) SELECT 'x', 't' WHERE false"))
+        == []
+    )
+
+
+def test_updates_notify_only_when_moving_into_pending(notes: Notifications) -> None:
+    notes.sent_by(in_tx("INSERT INTO photo_jobs (photo_id, type) VALUES ('a', 'photo.process')"))
+    not_into_pending = [
+        "UPDATE photo_jobs SET state = 'active', attempts = 1",
+        "UPDATE photo_jobs SET updated_at = now()",
+        "UPDATE photo_jobs SET last_error = 'x'",
+        "UPDATE photo_jobs SET state = 'failed'",
+    ]
+    for statement in not_into_pending:
+        assert notes.sent_by(in_tx(statement)) == [], statement
+    assert notes.sent_by(in_tx("UPDATE photo_jobs SET state = 'pending', attempts = 0")) == [
+        "photo.process"
+    ]
+    # pending -> pending is not a move into pending
+    assert (
+        notes.sent_by(in_tx("UPDATE photo_jobs SET state = 'pending', next_retry_at = now()")) == []
+    )
+
+
+def test_updated_at_moves_on_every_update(env: Env) -> None:
+    conn = env.connect()
+    conn.execute("INSERT INTO photo_jobs (photo_id, type) VALUES ('a', 't')")
+    seen = [conn.execute("SELECT updated_at FROM photo_jobs").fetchone()]
+    for statement in [
+        "UPDATE photo_jobs SET last_error = 'x'",
+        "UPDATE photo_jobs SET attempts = 1",
+    ]:
+        conn.execute(statement)
+        seen.append(conn.execute("SELECT updated_at FROM photo_jobs").fetchone())
+    assert seen[0] < seen[1] < seen[2]  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(
+    ("statement", "constraint"),
+    [
+        (
+            "INSERT INTO photo_jobs (photo_id, type, state) VALUES ('a', 't', 'running')",
+            "photo_jobs_state_check",
+        ),
+        (
+            "INSERT INTO photo_jobs (photo_id, type, attempts) VALUES ('a', 't', -1)",
+            "photo_jobs_attempts_check",
+        ),
+        (
+            "INSERT INTO photo_jobs (photo_id, type) VALUES ('a', 'bad type')",
+            "photo_jobs_type_check",
+        ),
+        ("INSERT INTO photo_jobs (photo_id, type) VALUES ('', 't')", "photo_jobs_photo_id_check"),
+    ],
+)
+def test_checks_reject_bad_rows_clearly(env: Env, statement: str, constraint: str) -> None:
+    conn = env.connect()
+    with pytest.raises(psycopg.errors.CheckViolation) as info:
+        conn.execute(statement)  # type: ignore[arg-type]
+    assert info.value.diag.constraint_name == constraint
+    assert constraint in str(info.value)
+
+
+def test_submit_follows_the_callers_transaction(notes: Notifications, env: Env) -> None:
+    def rolled_back(conn: psycopg.Connection[Any]) -> None:
+        with conn.transaction(force_rollback=True):
+            assert submit(conn, "p1") is True
+
+    assert notes.sent_by(rolled_back) == []
+    conn = env.connect()
+    assert conn.execute("SELECT count(*) FROM photo_jobs").fetchone() == (0,)
+
+    def twice(conn: psycopg.Connection[Any]) -> None:
+        with conn.transaction():
+            assert submit(conn, "p1") is True
+            assert submit(conn, "p1") is False
+
+    assert notes.sent_by(twice) == ["photo.process"]
+    assert conn.execute("SELECT count(*) FROM photo_jobs").fetchone() == (1,)
+
+
+def test_submit_rearms_done_and_failed_rows_only(env: Env) -> None:
+    conn = env.connect()
+    submit(conn, "p1", max_attempts=3)
+    conn.execute("UPDATE photo_jobs SET state = 'active', attempts = 2")
+    assert submit(conn, "p1") is False  # active: left alone
+    assert conn.execute("SELECT state, attempts FROM photo_jobs").fetchone() == ("active", 2)
+    conn.execute("UPDATE photo_jobs SET state = 'done', attempts = 2, last_error = 'old'")
+    later = datetime.now(timezone.utc) + timedelta(hours=1)
+    assert submit(conn, "p1", run_at=later) is True
+    row = conn.execute(
+        "SELECT state, attempts, last_error, max_attempts, next_retry_at FROM photo_jobs"
+    ).fetchone()
+    assert row == ("pending", 0, None, 3, later)
+    conn.execute("UPDATE photo_jobs SET state = 'failed'")
+    assert submit(conn, "p1", max_attempts=9) is True
+    assert conn.execute("SELECT state, max_attempts FROM photo_jobs").fetchone() == ("pending", 9)
+
+
+def plan(conn: psycopg.Connection[Any], query: str, params: dict[str, Any]) -> str:
+    rows = conn.execute("EXPLAIN " + query, params).fetchall()  # type: ignore[operator]
+    return "\n".join(r[0] for r in rows)
+
+
+def test_dispatch_queries_use_the_partial_indexes_beside_a_million_done_rows(env: Env) -> None:
+    conn = env.connect()
+    conn.execute(
+        "INSERT INTO photo_jobs (photo_id, type, state, attempts, updated_at)"
+        " SELECT 'd' || i, 'photo.process', 'done', 1, now() - interval '1 day'"
+        " FROM generate_series(1, 1000000) AS i"
+    )
+    conn.execute(
+        "INSERT INTO photo_jobs (photo_id, type) SELECT 'p' || i, 'photo.process'"
+        " FROM generate_series(1, 1000) AS i"
+    )
+    conn.execute(
+        "INSERT INTO photo_jobs (photo_id, type, state, attempts)"
+        " SELECT 'a' || i, 'photo.process', 'active', 1 FROM generate_series(1, 1000) AS i"
+    )
+    conn.execute("ANALYZE photo_jobs")
+    types = ["photo.process"]
+    checks = {
+        "claim": (
+            queries.CLAIM_DUE,
+            {"type": "photo.process", "limit": 500},
+            "photo_jobs_pending_due_idx",
+        ),
+        "next due": (queries.NEXT_DUE_IN, {"types": types}, "photo_jobs_pending_due_idx"),
+        "rescue": (
+            queries.RESCUE_STALE,
+            {"types": types, "stale_after": 300.0, "limit": 500},
+            "photo_jobs_active_updated_idx",
+        ),
+        "active page": (
+            queries.LIST_ACTIVE,
+            {
+                "types": types,
+                "until": datetime.now(timezone.utc),
+                "after_at": "-infinity",
+                "after_type": "",
+                "after_id": "",
+                "limit": 500,
+            },
+            "photo_jobs_active_updated_idx",
+        ),
+        "pending types": (queries.PENDING_TYPES, {}, "photo_jobs_pending_due_idx"),
+    }
+    for name, (query, params, index) in checks.items():
+        text = plan(conn, query, params)
+        assert index in text, f"{name} does not use {index}:\n{text}"
+        assert "Seq Scan on photo_jobs" not in text, f"{name} scans the table:\n{text}"

@@ -1,0 +1,138 @@
+"""Pure functions: routes, job ids, redaction, durations, backoff, settings (no I/O)."""
+
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+
+from reactor.admin import parse_duration
+from reactor.errors import ConfigError
+from reactor.jobs import job_id, parse_job_id
+from reactor.redact import redact
+from reactor.routes import Route, parse_route, parse_routes
+from reactor.settings import ReactorSettings, WorkerSettings
+from reactor.worker import backoff_seconds
+
+RQ_ID = re.compile(r"[A-Za-z0-9_-]+")
+
+TRICKY_IDS = [
+    "plain",
+    "with:colon",
+    "with.dot",
+    "with space",
+    "under_score",
+    "dash-dash",
+    "_5f",
+    "-",
+    "ü",
+    "写真-1",
+    "emoji 📷",
+    "x" * 500,
+    "ü" * 500,
+    "a-1",
+    "a_2d1",
+    "\x00\n\t",
+    "%41",
+]
+
+
+@pytest.mark.parametrize("photo_id", TRICKY_IDS)
+def test_job_id_is_valid_for_rq_and_round_trips(photo_id: str) -> None:
+    value = job_id("photo.process", photo_id, 7)
+    assert RQ_ID.fullmatch(value)
+    ref = parse_job_id(value)
+    assert (ref.type, ref.photo_id, ref.attempt) == ("photo.process", photo_id, 7)
+
+
+def test_job_ids_are_injective_on_random_inputs() -> None:
+    rng = random.Random(1234)
+    alphabet = "ab_-.:/ 0ü写"
+    seen: dict[str, tuple[str, str, int]] = {}
+    for _ in range(20_000):
+        key = (
+            "".join(rng.choice("ab._-") for _ in range(rng.randint(1, 4))),
+            "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 6))),
+            rng.randint(1, 3),
+        )
+        value = job_id(*key)
+        assert seen.setdefault(value, key) == key, f"{key} and {seen[value]} share {value}"
+
+
+def test_parse_job_id_rejects_foreign_ids() -> None:
+    with pytest.raises(ValueError, match="not a photo-reactor job id"):
+        parse_job_id("some-random-uuid-here")
+
+
+def test_route_parsing() -> None:
+    assert parse_route("photo.process=app.jobs.process") == Route(
+        "photo.process", "app.jobs.process", "photo-process"
+    )
+    assert parse_route(" photo.thumb = app.jobs.thumb @ thumbs ").queue == "thumbs"
+    routes = parse_routes(["a.b=m.f,c=m.g@q", "d=m.h"])
+    assert list(routes) == ["a.b", "c", "d"]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("photo.process", "expected TYPE=DOTTED.PATH"),
+        ("photo.process=", "expected TYPE=DOTTED.PATH"),
+        ("bad type=m.f", "type must match"),
+        ("t=notdotted", "handler must be a dotted path"),
+        ("t=m.f@bad queue", "queue must match"),
+    ],
+)
+def test_bad_routes_are_one_clear_error(text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_route(text)
+
+
+def test_routes_twice_or_none() -> None:
+    with pytest.raises(ConfigError, match="routed twice"):
+        parse_routes(["a=m.f", "a=m.g"])
+    with pytest.raises(ConfigError, match="no route"):
+        parse_routes([" , "])
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("postgresql://user:s3cret@db:5432/x", "postgresql://user:***@db:5432/x"),
+        ("redis://:p%40ss@cache:6379/0", "redis://:***@cache:6379/0"),
+        ("host=db password=s3cret user=u", "host=db password=*** user=u"),
+        ("password='a b' x", "password=*** x"),
+        ("postgresql://user@db/x", "postgresql://user@db/x"),
+    ],
+)
+def test_redact(text: str, expected: str) -> None:
+    assert redact(text) == expected
+
+
+def test_parse_duration() -> None:
+    assert parse_duration("90") == 90
+    assert parse_duration("15m") == 900
+    assert parse_duration("7d") == 7 * 86400
+    assert parse_duration("1.5h") == 5400
+    with pytest.raises(ConfigError, match="bad duration"):
+        parse_duration("seven days")
+
+
+def test_backoff_grows_exponentially_with_bounded_jitter() -> None:
+    for attempt in range(1, 10):
+        step = min(3600.0, 5.0 * 2 ** (attempt - 1))
+        for _ in range(50):
+            delay = backoff_seconds(attempt, 5.0, 3600.0)
+            assert step / 2 <= delay <= step
+    assert backoff_seconds(10_000, 5.0, 60.0) <= 60.0
+
+
+def test_settings_validation() -> None:
+    routes = parse_routes(["a=m.f"])
+    with pytest.raises(ConfigError, match="batch size"):
+        ReactorSettings("", "redis://", routes, batch_size=0)
+    with pytest.raises(ConfigError, match="REACTOR_RETRY_BASE_SECONDS must be a number"):
+        WorkerSettings.from_env({"REACTOR_RETRY_BASE_SECONDS": "soon"})
+    settings = WorkerSettings.from_env({"DATABASE_URL": "x", "REACTOR_HEARTBEAT_SECONDS": "2"})
+    assert settings.heartbeat_seconds == 2.0
