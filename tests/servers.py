@@ -65,7 +65,9 @@ class PostgresServer:
             try:
                 account = pwd.getpwnam("postgres")
             except KeyError:
-                raise RuntimeError("running as root and no 'postgres' user to run postgres as")
+                raise RuntimeError(
+                    "running as root and no 'postgres' user to run postgres as"
+                ) from None
             os.chown(self._dir, account.pw_uid, account.pw_gid)
             prefix = ["runuser", "-u", "postgres", "--"]
         auth = ["-A", "trust"]

@@ -73,10 +73,13 @@ def test_bulk_insert_select_notifies_once(notes: Notifications) -> None:
 
 def test_copy_notifies_once(notes: Notifications) -> None:
     def copy_rows(conn: psycopg.Connection[Any]) -> None:
-        with conn.transaction(), conn.cursor() as cur:
-            with cur.copy("COPY photo_jobs (photo_id, type) FROM STDIN") as copy:
-                for i in range(500):
-                    copy.write_row((f"c{i}", "photo.process"))
+        with (
+            conn.transaction(),
+            conn.cursor() as cur,
+            cur.copy("COPY photo_jobs (photo_id, type) FROM STDIN") as copy,
+        ):
+            for i in range(500):
+                copy.write_row((f"c{i}", "photo.process"))
         assert conn.execute("SELECT count(*) FROM photo_jobs").fetchone() == (500,)
 
     assert notes.sent_by(copy_rows) == ["photo.process"]
