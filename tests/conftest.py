@@ -334,10 +334,16 @@ def start_reactor(
 
 
 def start_worker(
-    spawn: Callable[..., Process], env: Env, *queues: str, burst: bool = False, **extra_env: str
+    spawn: Callable[..., Process],
+    env: Env,
+    *queues: str,
+    burst: bool = False,
+    extra_args: tuple[str, ...] = (),
+    **extra_env: str,
 ) -> Process:
     """Start a plain `rq worker` on `queues` (default photo-process)."""
     args = ["-m", "rq.cli", "worker", *(queues or ("photo-process",)), "--url", env.redis_url]
+    args += extra_args
     if burst:
         args.append("--burst")
     return spawn(*args, name="worker", extra_env=extra_env)

@@ -1,0 +1,102 @@
+"""Handlers the worker tests route to. Each records its runs in `handler_runs` of the test's
+database (DATABASE_URL of the worker process), so tests can count executions per attempt."""
+
+from __future__ import annotations
+
+import os
+import time
+import zlib
+
+import psycopg
+from rq import get_current_job
+
+from reactor import PermanentError
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS handler_runs (
+    photo_id text NOT NULL,
+    attempt  int NOT NULL,
+    pid      int NOT NULL,
+    outcome  text NOT NULL,
+    at       timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE TABLE IF NOT EXISTS gates (name text PRIMARY KEY);
+CREATE TABLE IF NOT EXISTS transitions (
+    photo_id text, old_state text, new_state text, attempts int,
+    at timestamptz DEFAULT clock_timestamp()
+);
+CREATE OR REPLACE FUNCTION record_transition() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO transitions (photo_id, old_state, new_state, attempts)
+    VALUES (NEW.photo_id, OLD.state, NEW.state, NEW.attempts);
+    RETURN NULL;
+END $$;
+DROP TRIGGER IF EXISTS record_transition ON photo_jobs;
+CREATE TRIGGER record_transition AFTER UPDATE OF state ON photo_jobs
+    FOR EACH ROW WHEN (OLD.state IS DISTINCT FROM NEW.state) EXECUTE FUNCTION record_transition();
+"""
+
+
+def _attempt() -> int:
+    job = get_current_job()
+    assert job is not None
+    return int(job.meta["attempt"])
+
+
+def _record(photo_id: str, outcome: str) -> None:
+    with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO handler_runs (photo_id, attempt, pid, outcome) VALUES (%s, %s, %s, %s)",
+            [photo_id, _attempt(), os.getpid(), outcome],
+        )
+
+
+def _gate_open(name: str) -> bool:
+    with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as conn:
+        return conn.execute("SELECT 1 FROM gates WHERE name = %s", [name]).fetchone() is not None
+
+
+def ok(photo_id: str) -> None:
+    _record(photo_id, "ok")
+
+
+def flaky_twice(photo_id: str) -> None:
+    if _attempt() <= 2:
+        _record(photo_id, "error")
+        raise RuntimeError(f"transient failure {_attempt()}")
+    _record(photo_id, "ok")
+
+
+def always_fails(photo_id: str) -> None:
+    _record(photo_id, "error")
+    raise RuntimeError(f"boom {_attempt()}")
+
+
+def permanent(photo_id: str) -> None:
+    _record(photo_id, "error")
+    raise PermanentError("this photo is corrupt")
+
+
+def gated_first_attempt(photo_id: str) -> None:
+    """Attempt 1 waits until the test opens gate `photo_id`; later attempts finish at once."""
+    _record(photo_id, "started")
+    if _attempt() == 1:
+        deadline = time.monotonic() + 60
+        while not _gate_open(photo_id) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    _record(photo_id, "ok")
+
+
+def slow_first_attempt(photo_id: str) -> None:
+    """Attempt 1 works for REACTOR_TEST_WORK_SECONDS (simulated work); later ones at once."""
+    _record(photo_id, "started")
+    if _attempt() == 1:
+        time.sleep(float(os.environ.get("REACTOR_TEST_WORK_SECONDS", "1")))
+    _record(photo_id, "ok")
+
+
+def fails_a_fifth_of_first_attempts(photo_id: str) -> None:
+    if _attempt() == 1 and zlib.crc32(photo_id.encode()) % 5 == 0:
+        _record(photo_id, "error")
+        raise RuntimeError("first attempt of this photo fails")
+    _record(photo_id, "ok")

@@ -1,0 +1,298 @@
+"""The worker side: fenced lifecycle, heartbeats, retries, permanent failures; requeue/prune.
+
+Jobs run in real `rq worker` processes (burst or long-running), dispatched by the real reactor
+or by one sweep round.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+
+from reactor import submit
+from tests.conftest import ROOT, Env, Process, start_reactor, start_worker, wait_for
+from tests.handlers import SCHEMA
+from tests.helpers import insert_rows, queue_ids, rows, states
+
+
+def route(handler: str) -> str:
+    return f"photo.process=tests.handlers.{handler}"
+
+
+@pytest.fixture
+def conn(env: Env) -> psycopg.Connection[Any]:
+    connection = env.connect()
+    connection.execute(SCHEMA)
+    return connection
+
+
+def runs(conn: psycopg.Connection[Any], photo_id: str | None = None) -> list[tuple[str, int, str]]:
+    query = "SELECT photo_id, attempt, outcome FROM handler_runs"
+    if photo_id is None:
+        return [tuple(r) for r in conn.execute(query + " ORDER BY at")]  # type: ignore[misc]
+    return [
+        tuple(r)  # type: ignore[misc]
+        for r in conn.execute(query + " WHERE photo_id = %s ORDER BY at", [photo_id])
+    ]
+
+
+def sweep(env: Env, handler: str, *args: str) -> dict[str, Any]:
+    result = subprocess.run(
+        [sys.executable, "-m", "reactor", "sweep", "--route", route(handler), *args],
+        env=env.process_env(),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    return dict(json.loads(result.stdout))
+
+
+def burst(spawn: Callable[..., Process], env: Env, **extra: str) -> Process:
+    worker = start_worker(spawn, env, burst=True, **extra)
+    assert worker.proc.wait(timeout=60) == 0, worker.output()
+    return worker
+
+
+def row_of(conn: psycopg.Connection[Any], photo_id: str) -> tuple[Any, ...]:
+    row = conn.execute(
+        "SELECT state, attempts, last_error, next_retry_at FROM photo_jobs WHERE photo_id = %s",
+        [photo_id],
+    ).fetchone()
+    assert row is not None
+    return tuple(row)
+
+
+def test_success_marks_done_and_runs_the_handler_once(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
+) -> None:
+    submit(conn, "p1")
+    assert sweep(env, "ok")["enqueued"] == 1
+    burst(spawn, env)
+    assert row_of(conn, "p1") == ("done", 1, None, None)
+    assert runs(conn) == [("p1", 1, "ok")]
+
+
+def test_retries_follow_the_backoff_then_succeed(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
+) -> None:
+    start_reactor(spawn, "--route", route("flaky_twice"), "--sweep-interval", "60")
+    start_worker(spawn, env, REACTOR_RETRY_BASE_SECONDS="0.5")
+    submit(conn, "p1")
+    wait_for(lambda: row_of(conn, "p1")[0] == "done", timeout=30, interval=0.05, what="done")
+    assert row_of(conn, "p1") == ("done", 3, None, None)
+    assert [(a, o) for _, a, o in runs(conn)] == [(1, "error"), (2, "error"), (3, "ok")]
+    times = [
+        r[0]
+        for r in conn.execute("SELECT at FROM handler_runs WHERE photo_id = 'p1' ORDER BY at")
+    ]
+    gaps = [(b - a).total_seconds() for a, b in zip(times, times[1:])]
+    # backoff after attempt n: uniformly in [step/2, step], step = 0.5 * 2**(n-1);
+    # the upper bound allows for dispatch and worker start-up on a busy machine.
+    for n, gap in enumerate(gaps, start=1):
+        step = 0.5 * 2 ** (n - 1)
+        assert step / 2 <= gap <= step + 1.5, gaps
+
+
+def test_spent_attempts_and_permanent_errors_fail_the_row(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
+) -> None:
+    start_reactor(spawn, "--route", route("always_fails"), "--sweep-interval", "60")
+    start_worker(spawn, env, REACTOR_RETRY_BASE_SECONDS="0.05")
+    submit(conn, "p1", max_attempts=3)
+    wait_for(lambda: row_of(conn, "p1")[0] == "failed", timeout=30, interval=0.05, what="failed")
+    state, attempts, error, _ = row_of(conn, "p1")
+    assert (state, attempts) == ("failed", 3)
+    assert error == "RuntimeError: boom 3"
+    assert len(runs(conn, "p1")) == 3
+
+
+def test_permanent_error_fails_after_one_attempt(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
+) -> None:
+    submit(conn, "p1")
+    sweep(env, "permanent")
+    burst(spawn, env)
+    state, attempts, error, _ = row_of(conn, "p1")
+    assert (state, attempts, error) == ("failed", 1, "PermanentError: this photo is corrupt")
+    assert len(runs(conn, "p1")) == 1
+
+
+def test_missing_handler_is_a_retried_failure_not_a_stuck_row(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
+) -> None:
+    submit(conn, "p1")
+    sweep(env, "no_such_handler")
+    burst(spawn, env)
+    state, attempts, error, next_retry_at = row_of(conn, "p1")
+    assert (state, attempts) == ("pending", 1)
+    assert "no_such_handler" in error and next_retry_at is not None
+
+
+def test_superseded_attempt_changes_nothing(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
+) -> None:
+    submit(conn, "p1")
+    sweep(env, "gated_first_attempt")
+    first = start_worker(spawn, env, REACTOR_HEARTBEAT_SECONDS="3600")
+    wait_for(lambda: runs(conn, "p1") == [("p1", 1, "started")], timeout=20, what="attempt 1 running")
+    # attempt 1 sends no heartbeat for an hour: one sweep with stale_after 0.2 s rescues it
+    wait_for(
+        lambda: sweep(env, "gated_first_attempt", "--stale-after", "0.2")["rescued"] == 1,
+        timeout=10,
+        interval=0.1,
+        what="rescue of attempt 1",
+    )
+    assert row_of(conn, "p1")[:2] == ("active", 2)
+    second = start_worker(spawn, env)
+    wait_for(lambda: row_of(conn, "p1")[0] == "done", timeout=20, what="attempt 2 done")
+    conn.execute("INSERT INTO gates VALUES ('p1')")
+    wait_for(lambda: ("p1", 1, "ok") in runs(conn, "p1"), timeout=20, what="attempt 1 finishes")
+    first.wait_for_line("completion_superseded")
+    assert row_of(conn, "p1")[:2] == ("done", 2)
+    done = conn.execute("SELECT attempts FROM transitions WHERE new_state = 'done'").fetchall()
+    assert done == [(2,)]
+    second.stop()
+
+
+def test_heartbeat_keeps_a_long_handler_alive(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
+) -> None:
+    start_reactor(
+        spawn, "--route", route("slow_first_attempt"), "--stale-after", "1", "--sweep-interval", "0.3"
+    )
+    start_worker(
+        spawn, env, REACTOR_HEARTBEAT_SECONDS="0.2", REACTOR_TEST_WORK_SECONDS="3"
+    )  # the handler works 3x stale_after
+    submit(conn, "p1")
+    wait_for(lambda: row_of(conn, "p1")[0] == "done", timeout=30, interval=0.05, what="done")
+    assert row_of(conn, "p1")[:2] == ("done", 1)
+    assert runs(conn, "p1") == [("p1", 1, "started"), ("p1", 1, "ok")]
+
+
+def test_worker_killed_mid_handler_is_rescued_and_completed_elsewhere(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
+) -> None:
+    start_reactor(
+        spawn, "--route", route("slow_first_attempt"), "--stale-after", "1", "--sweep-interval", "0.3"
+    )
+    doomed = start_worker(
+        spawn, env, REACTOR_HEARTBEAT_SECONDS="0.2", REACTOR_TEST_WORK_SECONDS="60"
+    )
+    submit(conn, "p1")
+    wait_for(lambda: runs(conn, "p1") == [("p1", 1, "started")], timeout=20, what="attempt 1 running")
+    horse = conn.execute("SELECT pid FROM handler_runs WHERE photo_id = 'p1'").fetchone()
+    assert horse is not None
+    # RQ runs the job in a forked work horse in its own session: kill it and its parent.
+    os.kill(horse[0], signal.SIGKILL)
+    doomed.kill()
+    start_worker(spawn, env)
+    wait_for(lambda: row_of(conn, "p1")[0] == "done", timeout=30, interval=0.05, what="rescued and done")
+    assert row_of(conn, "p1")[:2] == ("done", 2)
+    assert runs(conn, "p1") == [("p1", 1, "started"), ("p1", 2, "started"), ("p1", 2, "ok")]
+
+
+def test_end_to_end_thousand_photos_with_failing_first_attempts(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
+) -> None:
+    start_reactor(spawn, "--route", route("fails_a_fifth_of_first_attempts"))
+    for _ in range(2):
+        start_worker(
+            spawn,
+            env,
+            REACTOR_RETRY_BASE_SECONDS="0.2",
+            extra_args=("--worker-class", "rq.worker.SimpleWorker"),
+        )
+    started = time.monotonic()
+    with conn.transaction():
+        for i in range(1000):
+            submit(conn, f"photo-{i}")
+    wait_for(
+        lambda: states(conn) == {"done": 1000}, timeout=240, interval=0.5, what="1000 photos done"
+    )
+    elapsed = time.monotonic() - started
+    successes = conn.execute(
+        "SELECT r.photo_id, r.attempt, j.attempts FROM handler_runs r"
+        " JOIN photo_jobs j USING (photo_id) WHERE r.outcome = 'ok'"
+    ).fetchall()
+    assert len(successes) == 1000
+    assert len({p for p, _, _ in successes}) == 1000
+    assert all(attempt == final for _, attempt, final in successes)
+    failed_first = conn.execute(
+        "SELECT count(*) FROM handler_runs WHERE outcome = 'error'"
+    ).fetchone()
+    assert failed_first is not None and 150 <= failed_first[0] <= 250
+    assert elapsed < 240
+
+
+def reactor_cli(env: Env, *args: str) -> dict[str, Any]:
+    result = subprocess.run(
+        [sys.executable, "-m", "reactor", *args],
+        env=env.process_env(),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    return dict(json.loads(result.stdout))
+
+
+def commits(conn: psycopg.Connection[Any], database: str) -> int:
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    row = conn.execute(
+        "SELECT xact_commit FROM pg_stat_database WHERE datname = %s", [database]
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_requeue_in_batches_and_dispatch_at_once(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
+) -> None:
+    insert_rows(conn, 100_000, state="failed", attempts=5, last_error="boom")
+    start_reactor(spawn, "--sweep-interval", "600")
+    before = commits(conn, env.database_name)
+    assert reactor_cli(env, "requeue", "--failed") == {"requeued": 100_000}
+    wait_for(
+        lambda: commits(conn, env.database_name) - before >= 20, timeout=5, what="batch commits"
+    )
+    wait_for(
+        lambda: states(conn) == {"active": 100_000},
+        timeout=60,
+        interval=0.2,
+        what="requeued rows dispatched by NOTIFY",
+    )
+    assert conn.execute("SELECT max(attempts), count(last_error) FROM photo_jobs").fetchone() == (
+        1,
+        0,
+    )
+    assert len(queue_ids(env.redis())) == 100_000
+
+
+def test_requeue_named_photos(env: Env, conn: psycopg.Connection[Any]) -> None:
+    insert_rows(conn, 3, state="done", attempts=1)
+    assert reactor_cli(env, "requeue", "p1", "p3", "absent") == {"requeued": 2}
+    assert [s for _, _, s, _ in rows(conn)] == ["pending", "done", "pending"]
+
+
+def test_prune_deletes_old_finished_rows_in_batches(env: Env, conn: psycopg.Connection[Any]) -> None:
+    with conn.transaction():
+        conn.execute("SET LOCAL session_replication_role = replica")  # keep our updated_at
+        insert_rows(conn, 100_000, prefix="old", state="done", updated_at="2020-01-01")
+        insert_rows(conn, 10, prefix="oldfail", state="failed", updated_at="2020-01-01")
+    insert_rows(conn, 10, prefix="new", state="done")
+    insert_rows(conn, 5, prefix="pend")
+    result = reactor_cli(env, "prune", "--done-older-than", "7d", "--failed-older-than", "30d")
+    assert result == {"deleted_done": 100_000, "deleted_failed": 10}
+    assert states(conn) == {"done": 10, "pending": 5}
