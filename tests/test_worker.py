@@ -6,6 +6,7 @@ or by one sweep round.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -93,10 +94,9 @@ def test_retries_follow_the_backoff_then_succeed(
     assert row_of(conn, "p1") == ("done", 3, None, None)
     assert [(a, o) for _, a, o in runs(conn)] == [(1, "error"), (2, "error"), (3, "ok")]
     times = [
-        r[0]
-        for r in conn.execute("SELECT at FROM handler_runs WHERE photo_id = 'p1' ORDER BY at")
+        r[0] for r in conn.execute("SELECT at FROM handler_runs WHERE photo_id = 'p1' ORDER BY at")
     ]
-    gaps = [(b - a).total_seconds() for a, b in zip(times, times[1:])]
+    gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(times)]
     # backoff after attempt n: uniformly in [step/2, step], step = 0.5 * 2**(n-1);
     # the upper bound allows for dispatch and worker start-up on a busy machine.
     for n, gap in enumerate(gaps, start=1):
@@ -145,7 +145,9 @@ def test_superseded_attempt_changes_nothing(
     submit(conn, "p1")
     sweep(env, "gated_first_attempt")
     first = start_worker(spawn, env, REACTOR_HEARTBEAT_SECONDS="3600")
-    wait_for(lambda: runs(conn, "p1") == [("p1", 1, "started")], timeout=20, what="attempt 1 running")
+    wait_for(
+        lambda: runs(conn, "p1") == [("p1", 1, "started")], timeout=20, what="attempt 1 running"
+    )
     # attempt 1 sends no heartbeat for an hour: one sweep with stale_after 0.2 s rescues it
     wait_for(
         lambda: sweep(env, "gated_first_attempt", "--stale-after", "0.2")["rescued"] == 1,
@@ -169,7 +171,13 @@ def test_heartbeat_keeps_a_long_handler_alive(
     env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
 ) -> None:
     start_reactor(
-        spawn, "--route", route("slow_first_attempt"), "--stale-after", "1", "--sweep-interval", "0.3"
+        spawn,
+        "--route",
+        route("slow_first_attempt"),
+        "--stale-after",
+        "1",
+        "--sweep-interval",
+        "0.3",
     )
     start_worker(
         spawn, env, REACTOR_HEARTBEAT_SECONDS="0.2", REACTOR_TEST_WORK_SECONDS="3"
@@ -184,20 +192,30 @@ def test_worker_killed_mid_handler_is_rescued_and_completed_elsewhere(
     env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
 ) -> None:
     start_reactor(
-        spawn, "--route", route("slow_first_attempt"), "--stale-after", "1", "--sweep-interval", "0.3"
+        spawn,
+        "--route",
+        route("slow_first_attempt"),
+        "--stale-after",
+        "1",
+        "--sweep-interval",
+        "0.3",
     )
     doomed = start_worker(
         spawn, env, REACTOR_HEARTBEAT_SECONDS="0.2", REACTOR_TEST_WORK_SECONDS="60"
     )
     submit(conn, "p1")
-    wait_for(lambda: runs(conn, "p1") == [("p1", 1, "started")], timeout=20, what="attempt 1 running")
+    wait_for(
+        lambda: runs(conn, "p1") == [("p1", 1, "started")], timeout=20, what="attempt 1 running"
+    )
     horse = conn.execute("SELECT pid FROM handler_runs WHERE photo_id = 'p1'").fetchone()
     assert horse is not None
     # RQ runs the job in a forked work horse in its own session: kill it and its parent.
     os.kill(horse[0], signal.SIGKILL)
     doomed.kill()
     start_worker(spawn, env)
-    wait_for(lambda: row_of(conn, "p1")[0] == "done", timeout=30, interval=0.05, what="rescued and done")
+    wait_for(
+        lambda: row_of(conn, "p1")[0] == "done", timeout=30, interval=0.05, what="rescued and done"
+    )
     assert row_of(conn, "p1")[:2] == ("done", 2)
     assert runs(conn, "p1") == [("p1", 1, "started"), ("p1", 2, "started"), ("p1", 2, "ok")]
 
@@ -286,7 +304,9 @@ def test_requeue_named_photos(env: Env, conn: psycopg.Connection[Any]) -> None:
     assert [s for _, _, s, _ in rows(conn)] == ["pending", "done", "pending"]
 
 
-def test_prune_deletes_old_finished_rows_in_batches(env: Env, conn: psycopg.Connection[Any]) -> None:
+def test_prune_deletes_old_finished_rows_in_batches(
+    env: Env, conn: psycopg.Connection[Any]
+) -> None:
     with conn.transaction():
         conn.execute("SET LOCAL session_replication_role = replica")  # keep our updated_at
         insert_rows(conn, 100_000, prefix="old", state="done", updated_at="2020-01-01")
