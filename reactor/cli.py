@@ -1,4 +1,5 @@
-"""The `reactor` command (also `python -m reactor`): migrate, run, sweep, status, requeue, prune.
+"""The `reactor` command (also `python -m reactor`): migrate, run, sweep, status, requeue, prune,
+submit.
 
 Every setting is a flag and an environment variable; the flag wins. Errors are one line on
 stderr with no password and no traceback (unless `--debug`); exit codes: 0 ok, 2 usage or
@@ -12,7 +13,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any, TypeVar
 
 import click
@@ -22,6 +23,7 @@ from reactor.errors import ReactorError
 from reactor.logs import configure_logging
 from reactor.loop import Reactor
 from reactor.migrate import migrate as apply_migrations
+from reactor.producer import DEFAULT_JOB_TYPE, submit
 from reactor.redact import redact
 from reactor.routes import DEMO_ROUTE, Route, parse_routes
 from reactor.settings import (
@@ -129,6 +131,22 @@ def _dispatch_options(func: F) -> F:
         show_envvar=True,
         help="Poll only (for PgBouncer in transaction mode): no LISTEN connection.",
     )(func)
+    func = click.option(
+        "--metrics-port",
+        type=click.IntRange(0, 65535),
+        envvar="REACTOR_METRICS_PORT",
+        default=None,
+        show_envvar=True,
+        help="Serve /metrics and /healthz on this port (run only; default: off).",
+    )(func)
+    func = click.option(
+        "--metrics-host",
+        envvar="REACTOR_METRICS_HOST",
+        default="0.0.0.0",
+        show_default=True,
+        show_envvar=True,
+        help="Address the metrics server binds.",
+    )(func)
     return _database_option(_routes_option(func))
 
 
@@ -152,6 +170,8 @@ def _settings(options: dict[str, Any]) -> ReactorSettings:
         sweep_interval_seconds=options["sweep_interval"],
         stale_after_seconds=options["stale_after"],
         listen=not options["no_listen"],
+        metrics_port=options["metrics_port"],
+        metrics_host=options["metrics_host"],
     )
 
 
@@ -211,7 +231,8 @@ def run(**options: Any) -> None:
 @_dispatch_options
 def sweep(**options: Any) -> None:
     """Run one sweep round and print its result as JSON."""
-    reactor = Reactor(_settings(options))
+    settings = replace(_settings(options), listen=False, metrics_port=None)
+    reactor = Reactor(settings)
     reactor.start()
     try:
         result = reactor.sweep_once()
@@ -269,6 +290,26 @@ def prune(database_url: str, done_older_than: str, failed_older_than: str | None
         db.check_schema(conn)
         result = admin.prune(conn, done_older_than=done_age, failed_older_than=failed_age)
     click.echo(json.dumps({"deleted_done": result.done, "deleted_failed": result.failed}))
+
+
+@cli.command("submit")
+@_database_option
+@click.argument("photo_ids", nargs=-1, required=True)
+@click.option("--type", "job_type", default=DEFAULT_JOB_TYPE, show_default=True)
+@click.option("--max-attempts", type=click.IntRange(min=1), default=None)
+def submit_command(
+    database_url: str, photo_ids: tuple[str, ...], job_type: str, max_attempts: int | None
+) -> None:
+    """Submit photos (one transaction): new rows, or done/failed rows re-armed."""
+    conn = db.connect(database_url, purpose="submit")
+    with conn:
+        db.check_schema(conn)
+        with conn.transaction():
+            submitted = sum(
+                submit(conn, photo_id, job_type, max_attempts=max_attempts)
+                for photo_id in photo_ids
+            )
+    click.echo(json.dumps({"submitted": submitted, "unchanged": len(photo_ids) - submitted}))
 
 
 def main() -> None:

@@ -22,8 +22,9 @@ import psycopg
 from reactor import queries
 from reactor.db import Connection, describe_error
 from reactor.enqueue import Enqueuer
-from reactor.errors import DatabaseError
+from reactor.errors import DatabaseError, EnqueueError
 from reactor.jobs import JobRef
+from reactor.metrics import Metrics
 from reactor.routes import Route
 
 __all__ = ["BatchResult", "Dispatcher", "DrainResult"]
@@ -70,8 +71,10 @@ class Dispatcher:
         *,
         batch_size: int,
         before_commit: Callable[[], None] | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.conn = conn
+        self.metrics = metrics or Metrics()
         self._enqueuer = enqueuer
         self._routes = routes
         self._batch_size = batch_size
@@ -86,15 +89,29 @@ class Dispatcher:
             EnqueueError: Redis failed (the claim was rolled back).
             DatabaseError: Postgres failed (the claim was rolled back or its COMMIT was lost).
         """
+        metrics = self.metrics
         try:
             with self.conn.transaction():
+                started = time.perf_counter()
                 rows = self.conn.execute(query, params).fetchall()
+                claimed = time.perf_counter()
+                metrics.claim_seconds.observe(claimed - started)
                 refs = [JobRef(t, p, a) for t, p, a, state in rows if state == "active"]
-                result = self._enqueuer.enqueue(refs)
+                try:
+                    result = self._enqueuer.enqueue(refs)
+                except EnqueueError:
+                    metrics.enqueue_failures.inc()
+                    raise
+                if refs:
+                    metrics.enqueue_seconds.observe(time.perf_counter() - claimed)
                 if self._before_commit is not None:
                     self._before_commit()
         except psycopg.Error as exc:
             raise DatabaseError(f"dispatch failed: {describe_error(exc)}") from exc
+        for job_type, count in result.by_type.items():
+            metrics.dispatched.labels(job_type).inc(count)
+        if result.already_enqueued:
+            metrics.already_enqueued.inc(result.already_enqueued)
         return BatchResult(
             claimed=len(refs),
             enqueued=result.enqueued,

@@ -12,9 +12,9 @@ of `Queue.enqueue_many`, so Redis takes all of it or none of it.
 from __future__ import annotations
 
 import contextlib
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import redis
 from rq import Queue
@@ -53,6 +53,8 @@ class EnqueueResult:
     enqueued: int = 0
     already_enqueued: int = 0
     replaced: int = 0
+    #: Enqueued jobs by type.
+    by_type: Mapping[str, int] = field(default_factory=dict)
 
 
 class Enqueuer:
@@ -123,6 +125,7 @@ class Enqueuer:
             enqueued=len(fresh),
             already_enqueued=len(refs) - len(fresh),
             replaced=len(leftovers),
+            by_type=Counter(ref.type for ref in fresh),
         )
 
     def _job_data(self, ref: JobRef) -> EnqueueData:

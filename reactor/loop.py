@@ -19,6 +19,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Iterable
+from http.server import ThreadingHTTPServer
 
 import redis
 import tenacity
@@ -28,6 +29,7 @@ from reactor.dispatch import Dispatcher
 from reactor.enqueue import Enqueuer, connect_redis
 from reactor.errors import ConfigError, DatabaseError, EnqueueError
 from reactor.listener import Listener
+from reactor.metrics import HealthCheck, Metrics, serve
 from reactor.redact import redact
 from reactor.settings import ReactorSettings
 from reactor.signals import Stopper
@@ -69,6 +71,10 @@ class Reactor:
         self._sweeper: Sweeper | None = None
         self._before_commit = before_commit
         self._warned_unknown: set[str] = set()
+        self.metrics = Metrics()
+        interval = settings.sweep_interval_seconds
+        self.health = HealthCheck(settings.listen, max(2 * interval, interval + 10))
+        self._http: ThreadingHTTPServer | None = None
 
     # -- connections -------------------------------------------------------------------------
 
@@ -84,6 +90,7 @@ class Reactor:
             self.settings.routes,
             batch_size=self.settings.batch_size,
             before_commit=self._before_commit,
+            metrics=self.metrics,
         )
         self._sweeper = Sweeper(
             self._dispatcher,
@@ -98,7 +105,10 @@ class Reactor:
         return d is not None and not d.conn.closed and not d.conn.broken
 
     def _listener_ok(self) -> bool:
-        return self._listener is None or self._listener.connected
+        connected = self._listener is not None and self._listener.connected
+        self.metrics.listener_connected.set(1 if connected else 0)
+        self.health.listener_connected = connected
+        return self._listener is None or connected
 
     def start(self) -> None:
         """Connect everything once, failing fast.
@@ -121,6 +131,19 @@ class Reactor:
         except redis.RedisError as exc:
             # Not fatal: rows stay pending and drains retry until Redis answers.
             logger.warning("redis_unavailable error=%s (will retry)", redact(str(exc)))
+        if self.settings.metrics_port is not None:
+            try:
+                self._http = serve(
+                    self.settings.metrics_port,
+                    self.metrics,
+                    self.health.problem,
+                    host=self.settings.metrics_host,
+                )
+            except OSError as exc:
+                raise ConfigError(
+                    f"cannot serve metrics on port {self.settings.metrics_port}: {exc}"
+                ) from None
+        self._listener_ok()
         logger.info(
             "reactor_started types=%s listen=%s batch_size=%d sweep_interval=%.1fs",
             ",".join(self._types),
@@ -137,6 +160,7 @@ class Reactor:
                 self._listener.connect()
 
         self._retrying(DatabaseError, "reconnect")(connect_missing)
+        self._listener_ok()
         logger.info("reconnected")
 
     def _backoff_sleep(self, seconds: float) -> None:
@@ -187,10 +211,15 @@ class Reactor:
         return self._dispatcher.seconds_until_next_due()
 
     def _wait(self, timeout: float) -> list[str]:
+        self.health.turned()
+        self.metrics.last_loop.set(time.time())
         if self._listener is None:
             self.stopper.sleep(timeout)
             return []
-        return self._listener.wait(timeout, self.stopper.fileno())
+        payloads = self._listener.wait(timeout, self.stopper.fileno())
+        if payloads:
+            self.metrics.notifications.inc(len(payloads))
+        return payloads
 
     def _routed(self, payloads: list[str]) -> set[str]:
         types = set()
@@ -235,6 +264,7 @@ class Reactor:
             except DatabaseError as exc:
                 if self.stopper.requested:
                     break
+                self._listener_ok()
                 logger.warning("connection_lost error=%s", exc)
                 # A short pause, so an error that a reconnect cannot fix does not spin.
                 self.stopper.sleep(_jittered(ERROR_PAUSE_SECONDS))
@@ -245,6 +275,9 @@ class Reactor:
         logger.info("reactor_stopped")
 
     def close(self) -> None:
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
         if self._listener is not None:
             self._listener.close()
         if self._dispatcher is not None:

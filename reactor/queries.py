@@ -11,9 +11,11 @@ on one type and orders by that expression, so it is one index range scan.
 from __future__ import annotations
 
 __all__ = [
+    "BACKLOG",
     "CLAIM_DUE",
     "LIST_ACTIVE",
     "NEXT_DUE_IN",
+    "OLDEST_DUE_AGE",
     "PENDING_TYPES",
     "REDISPATCH",
     "RESCUE_STALE",
@@ -117,4 +119,25 @@ WITH RECURSIVE t(type) AS (
       FROM t WHERE t.type IS NOT NULL
 )
 SELECT type FROM t WHERE type IS NOT NULL
+"""
+
+#: Pending and active rows by type: two halves, so each reads only its partial index.
+BACKLOG = """
+SELECT type, 'pending', count(*) FROM photo_jobs WHERE state = 'pending' GROUP BY type
+UNION ALL
+SELECT type, 'active', count(*) FROM photo_jobs WHERE state = 'active' GROUP BY type
+"""
+
+#: Seconds since the oldest due pending row of each given type became due (0 if none).
+OLDEST_DUE_AGE = """
+SELECT t.type, coalesce(extract(epoch FROM now() - d.due), 0)::float8
+  FROM unnest(%(types)s::text[]) AS t(type)
+  LEFT JOIN LATERAL (
+        SELECT coalesce(p.next_retry_at, p.created_at) AS due
+          FROM photo_jobs AS p
+         WHERE p.type = t.type
+           AND p.state = 'pending'
+           AND coalesce(p.next_retry_at, p.created_at) <= now()
+         ORDER BY coalesce(p.next_retry_at, p.created_at)
+         LIMIT 1) AS d ON true
 """

@@ -50,6 +50,8 @@ class ReactorSettings:
     sweep_interval_seconds: float = DEFAULT_SWEEP_INTERVAL_SECONDS
     stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS
     listen: bool = True
+    metrics_port: int | None = None
+    metrics_host: str = "0.0.0.0"
 
     def __post_init__(self) -> None:
         if not 1 <= self.batch_size <= 10_000:

@@ -66,6 +66,7 @@ class Sweeper:
         self._batch_size = batch_size
         self._stale_after = stale_after_seconds
         self._warned_unrouted: set[str] = set()
+        self._metrics = dispatcher.metrics
 
     def run_once(self, should_stop: Callable[[], bool] = lambda: False) -> SweepResult:
         """Run the four steps; a Redis failure in one step is counted and the others go on.
@@ -92,6 +93,12 @@ class Sweeper:
             failures += exc.rows
             logger.warning("sweep_enqueue_failed step=lost_jobs error=%s", exc)
         unrouted = self._unrouted_types()
+        self._observe_backlog()
+        metrics = self._metrics
+        metrics.sweeps.inc()
+        metrics.rescued.labels("stale").inc(rescued)
+        metrics.rescued.labels("lost").inc(lost)
+        metrics.rescue_failed.inc(rescue_failed)
         result = SweepResult(
             claimed, enqueued, rescued, rescue_failed, lost, failures, tuple(unrouted)
         )
@@ -167,6 +174,23 @@ class Sweeper:
         if redispatched or failed:
             logger.warning("lost_jobs_redispatched redispatched=%d failed=%d", redispatched, failed)
         return redispatched, failed
+
+    def _observe_backlog(self) -> None:
+        conn = self._dispatcher.conn
+        try:
+            with conn.transaction():
+                backlog = conn.execute(queries.BACKLOG).fetchall()
+                ages = conn.execute(queries.OLDEST_DUE_AGE, {"types": self._types}).fetchall()
+        except psycopg.Error as exc:
+            raise DatabaseError(f"backlog query failed: {describe_error(exc)}") from exc
+        self._metrics.backlog.clear()
+        for job_type in self._types:
+            for state in ("pending", "active"):
+                self._metrics.backlog.labels(job_type, state).set(0)
+        for job_type, state, count in backlog:
+            self._metrics.backlog.labels(job_type, state).set(count)
+        for job_type, age in ages:
+            self._metrics.oldest_due_age.labels(job_type).set(age)
 
     def _unrouted_types(self) -> list[str]:
         conn = self._dispatcher.conn

@@ -1,0 +1,144 @@
+"""Prometheus metrics and the health check of `reactor run`, served over HTTP.
+
+`Metrics` owns its own registry (so several reactors can live in one test process) and is
+passed to the dispatcher, the sweeper and the loop, which record into it. `serve()` starts a
+small threaded HTTP server: `/metrics` in the Prometheus text format, `/healthz` answering 200
+only while the listener is connected (or the reactor polls only) and the loop has turned
+recently, 503 with the reason otherwise.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import generate_latest
+
+__all__ = ["HealthCheck", "Metrics", "serve"]
+
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class Metrics:
+    """Every metric the reactor exports (names start with `reactor_`)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.dispatched = Counter(
+            "reactor_dispatched", "Jobs enqueued to RQ, by type.", ["type"], registry=r
+        )
+        self.already_enqueued = Counter(
+            "reactor_already_enqueued",
+            "Claimed attempts whose job was already alive in Redis (after a lost COMMIT).",
+            registry=r,
+        )
+        self.claim_seconds = Histogram(
+            "reactor_claim_seconds",
+            "Latency of one claim query.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.enqueue_seconds = Histogram(
+            "reactor_enqueue_seconds",
+            "Latency of enqueueing one batch to Redis (status check + pipeline).",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.enqueue_failures = Counter(
+            "reactor_enqueue_failures", "Batches rolled back because Redis failed.", registry=r
+        )
+        self.rescued = Counter(
+            "reactor_rescued",
+            "Active rows re-dispatched by the sweep, by reason (stale, lost).",
+            ["reason"],
+            registry=r,
+        )
+        self.rescue_failed = Counter(
+            "reactor_rescue_failed",
+            "Active rows failed by the sweep because their attempts were spent.",
+            registry=r,
+        )
+        self.notifications = Counter(
+            "reactor_notifications", "NOTIFY wake-ups received (any payload).", registry=r
+        )
+        self.sweeps = Counter("reactor_sweeps", "Sweep rounds completed.", registry=r)
+        self.backlog = Gauge(
+            "reactor_backlog",
+            "Rows pending or active, by type and state (updated every sweep).",
+            ["type", "state"],
+            registry=r,
+        )
+        self.oldest_due_age = Gauge(
+            "reactor_oldest_due_age_seconds",
+            "Age of the oldest due pending row, by type (0 if none; updated every sweep).",
+            ["type"],
+            registry=r,
+        )
+        self.listener_connected = Gauge(
+            "reactor_listener_connected", "1 while the LISTEN connection is up.", registry=r
+        )
+        self.last_loop = Gauge(
+            "reactor_loop_last_turn_timestamp_seconds",
+            "Unix time of the last turn of the main loop.",
+            registry=r,
+        )
+
+
+class HealthCheck:
+    """Decides what `/healthz` answers."""
+
+    def __init__(self, listening: bool, max_loop_age_seconds: float) -> None:
+        self._listening = listening
+        self._max_age = max_loop_age_seconds
+        self.listener_connected = False
+        self.last_turn = time.monotonic()
+
+    def turned(self) -> None:
+        self.last_turn = time.monotonic()
+
+    def problem(self) -> str | None:
+        """None when healthy, else the reason."""
+        if self._listening and not self.listener_connected:
+            return "listener disconnected"
+        age = time.monotonic() - self.last_turn
+        if age > self._max_age:
+            return f"main loop stalled for {age:.0f}s"
+        return None
+
+
+def serve(
+    port: int, metrics: Metrics, health: Callable[[], str | None], host: str = "0.0.0.0"
+) -> ThreadingHTTPServer:
+    """Serve `/metrics` and `/healthz` on `host:port` in a daemon thread; returns the server."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path == "/metrics":
+                self._send(200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST)
+            elif self.path == "/healthz":
+                problem = health()
+                if problem is None:
+                    self._send(200, b"ok\n", "text/plain")
+                else:
+                    self._send(503, f"unhealthy: {problem}\n".encode(), "text/plain")
+            else:
+                self._send(404, b"not found\n", "text/plain")
+
+        def _send(self, code: int, body: bytes, content_type: str) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+            pass  # scrapes every few seconds would drown the log
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="reactor-metrics", daemon=True).start()
+    return server

@@ -1,0 +1,188 @@
+"""Operations: metrics and health over real HTTP, no password in any output, compose wiring."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import yaml
+from click import Context
+
+from reactor.cli import cli
+from tests.conftest import ROOT, Env, Process, start_reactor, wait_for
+from tests.helpers import insert_rows, states
+from tests.servers import RedisServer, free_port
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def metric(text: str, name: str) -> float:
+    match = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.M)
+    return float(match.group(1)) if match else 0.0
+
+
+def test_metrics_and_health_over_http(env: Env, spawn: Callable[..., Process]) -> None:
+    port = free_port()
+    start_reactor(spawn, "--metrics-port", str(port), "--metrics-host", "127.0.0.1")
+    base = f"http://127.0.0.1:{port}"
+    assert get(base + "/healthz") == (200, "ok\n")
+    _, before = get(base + "/metrics")
+    conn = env.connect()
+    insert_rows(conn, 7)
+    wait_for(lambda: states(conn) == {"active": 7}, what="dispatch")
+
+    def moved() -> str | None:
+        _, text = get(base + "/metrics")
+        done = metric(text, 'reactor_dispatched_total{type="photo.process"}') == 7
+        return text if done else None
+
+    text = wait_for(moved, what="dispatched counter")
+    assert (
+        metric(text, "reactor_notifications_total")
+        >= 1
+        > metric(before, "reactor_notifications_total")
+    )
+    assert metric(text, "reactor_claim_seconds_count") >= 1
+    assert metric(text, "reactor_enqueue_seconds_count") >= 1
+    assert metric(text, "reactor_listener_connected") == 1
+
+    # Take the listener away and keep it away (no new connections to this database).
+    admin = psycopg.connect(env.pg_server_url, autocommit=True)
+    env.cleanups.append(admin.close)
+    admin.execute(f'ALTER DATABASE "{env.database_name}" ALLOW_CONNECTIONS false')
+    try:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = %s AND application_name = 'photo-reactor listener'",
+            [env.database_name],
+        )
+        _, body = wait_for(
+            lambda: (r := get(base + "/healthz"))[0] == 503 and r, what="503 while disconnected"
+        )
+        assert "listener disconnected" in body
+        assert metric(get(base + "/metrics")[1], "reactor_listener_connected") == 0
+    finally:
+        admin.execute(f'ALTER DATABASE "{env.database_name}" ALLOW_CONNECTIONS true')
+    wait_for(lambda: get(base + "/healthz")[0] == 200, timeout=20, what="200 after reconnect")
+
+
+def test_no_password_in_any_output(env: Env, spawn: Callable[..., Process]) -> None:
+    pg_secret, redis_secret = "pg-Secret-4417", "redis-Secret-9923"
+    admin = env.connect()
+    admin.execute(f"CREATE ROLE reactor_pw LOGIN SUPERUSER PASSWORD '{pg_secret}'")
+    env.cleanups.append(
+        lambda: psycopg.connect(env.pg_server_url, autocommit=True).execute(
+            "DROP ROLE IF EXISTS reactor_pw"
+        )
+    )
+    parts = urllib.parse.urlsplit(env.database_url)
+    netloc = f"reactor_pw:{pg_secret}@{parts.hostname}:{parts.port or 5432}"
+    database_url = urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+    secured = RedisServer(password=redis_secret)
+    env.cleanups.append(secured.close)
+    reactor = start_reactor(
+        spawn,
+        "--sweep-interval",
+        "0.5",
+        REACTOR_LOG_LEVEL="DEBUG",
+        DATABASE_URL=database_url,
+        REDIS_URL=secured.url,
+    )
+    insert_rows(admin, 3)
+    wait_for(lambda: states(admin) == {"active": 3}, what="dispatch with passwords")
+    # Failures of both connections, each of which logs its error.
+    admin.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = 'reactor_pw'"
+    )
+    reactor.wait_for_line("connection_lost")
+    secured.stop()
+    insert_rows(admin, 2, prefix="q")
+    reactor.wait_for_line("drain_retry")
+    secured.start()
+    wait_for(lambda: states(admin).get("pending", 0) == 0, timeout=30, what="recovery")
+    reactor.stop()
+    bad = subprocess.run(
+        [sys.executable, "-m", "reactor", "run"],
+        env=env.process_env(
+            DATABASE_URL=database_url.replace(f":{parts.port or 5432}/", ":1/"),
+            REDIS_URL=secured.url,
+        ),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert bad.returncode == 2
+    everything = reactor.output() + bad.stdout + bad.stderr
+    assert "connection_lost" in everything and "drain_retry" in everything
+    assert pg_secret not in everything
+    assert redis_secret not in everything
+
+
+def cli_env_vars() -> set[str]:
+    names: set[str] = set()
+    with Context(cli) as ctx:
+        for command in cli.commands.values():
+            for param in command.get_params(ctx):
+                envvar = getattr(param, "envvar", None)
+                if isinstance(envvar, str):
+                    names.add(envvar)
+        for param in cli.get_params(ctx):
+            if isinstance(getattr(param, "envvar", None), str):
+                names.add(param.envvar)  # type: ignore[arg-type]
+    # Read outside click: routes (comma-separated) and the worker-side settings.
+    return names | {
+        "REACTOR_ROUTES",
+        "REACTOR_RETRY_BASE_SECONDS",
+        "REACTOR_RETRY_MAX_SECONDS",
+        "REACTOR_HEARTBEAT_SECONDS",
+    }
+
+
+def test_compose_wiring() -> None:
+    compose: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    assert set(services) == {"postgres", "redis", "migrate", "reactor", "worker", "producer"}
+    for name in ("postgres", "redis"):
+        assert "image" in services[name] and "healthcheck" in services[name]
+    for name in ("migrate", "reactor", "worker", "producer"):
+        assert services[name]["build"] == "."
+    assert services["migrate"]["command"] == ["migrate"]
+    assert services["reactor"]["command"][0] == "run"
+    assert (
+        services["worker"]["entrypoint"] == ["rq"] and services["worker"]["command"][0] == "worker"
+    )
+    assert services["producer"]["command"][0] == "submit"
+    assert set(cli.commands) >= {"migrate", "run", "submit", "status", "sweep", "requeue", "prune"}
+    for name in ("migrate", "reactor"):
+        assert services[name]["depends_on"]["postgres"]["condition"] == "service_healthy"
+    assert services["reactor"]["depends_on"]["redis"]["condition"] == "service_healthy"
+    assert (
+        services["reactor"]["depends_on"]["migrate"]["condition"]
+        == "service_completed_successfully"
+    )
+    assert (
+        services["worker"]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+    )
+    known = cli_env_vars() | {"DATABASE_URL", "REDIS_URL"}
+    for name, service in services.items():
+        if service.get("build") != ".":
+            continue
+        for var in service.get("environment", {}):
+            assert var in known, f"{name} sets {var}, which nothing reads"
+    # The worker's queue is the default route's queue.
+    assert "photo-process" in services["worker"]["command"]
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert 'ENTRYPOINT ["reactor"]' in dockerfile and "COPY sql ./sql" in dockerfile
