@@ -1,0 +1,1 @@
+"""Benchmarks of photo-reactor against real Postgres and Redis (`python -m bench all`)."""

@@ -1,0 +1,157 @@
+"""What every benchmark shares: servers, fresh databases, processes, statistics, tables.
+
+Servers come from BENCH_DATABASE_URL (any database of the server; default the local
+127.0.0.1:5432) and BENCH_REDIS_URL (default redis://127.0.0.1:6379/14, flushed freely).
+Each benchmark gets a fresh migrated database, dropped at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import redis
+from psycopg import sql
+
+from reactor.migrate import migrate
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVER_URL = os.environ.get("BENCH_DATABASE_URL", "postgresql://127.0.0.1:5432/postgres")
+REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
+
+
+def with_database(url: str, name: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, ""))
+
+
+@contextmanager
+def fresh_database() -> Iterator[str]:
+    """A new migrated database; yields its URL, drops it afterwards."""
+    name = f"reactor_bench_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(SERVER_URL, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    url = with_database(SERVER_URL, name)
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            migrate(conn)
+        yield url
+    finally:
+        with psycopg.connect(SERVER_URL, autocommit=True) as admin:
+            admin.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+def redis_client(*, blocking: bool = False) -> redis.Redis:
+    # redis-py's default 5 s socket timeout would break a long BLPOP.
+    return redis.Redis.from_url(REDIS_URL, socket_timeout=None if blocking else 5)
+
+
+def reset(url: str) -> None:
+    """Empty the table and the benchmark's Redis database."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("TRUNCATE photo_jobs")
+    redis_client().flushdb()
+
+
+def insert_pending(url: str, count: int, prefix: str = "p", **columns: Any) -> None:
+    names = ", ".join(["photo_id", "type", *columns])
+    values = ", ".join(["%(prefix)s || i", "'photo.process'", *(f"%({c})s" for c in columns)])
+    query = f"INSERT INTO photo_jobs ({names}) SELECT {values} FROM generate_series(1, %(n)s) i"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(query, {"prefix": prefix, "n": count, **columns})  # type: ignore[arg-type]
+        conn.execute("VACUUM ANALYZE photo_jobs")
+
+
+class Reactor:
+    """`reactor run` as a subprocess; `started()` waits until it listens."""
+
+    def __init__(self, database_url: str, *args: str) -> None:
+        env = {**os.environ, "DATABASE_URL": database_url, "REDIS_URL": REDIS_URL}
+        env["PYTHONPATH"] = str(ROOT)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "reactor", "run", *args],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def started(self, timeout: float = 30) -> Reactor:
+        assert self.proc.stderr is not None
+        deadline = time.monotonic() + timeout
+        for line in self.proc.stderr:
+            if "reactor_started" in line:
+                # keep draining stderr so the reactor never blocks on a full pipe
+                import threading
+
+                threading.Thread(target=self.proc.stderr.read, daemon=True).start()
+                return self
+            if time.monotonic() > deadline:
+                break
+        raise RuntimeError("reactor did not start")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.01) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError("benchmark condition not reached")
+        time.sleep(interval)
+
+
+def count_state(url: str, state: str) -> int:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM photo_jobs WHERE state = %s", [state]).fetchone()
+    return int(row[0]) if row else 0
+
+
+@dataclass(frozen=True)
+class Stat:
+    """Median with min and max over repetitions."""
+
+    median: float
+    low: float
+    high: float
+    runs: int
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Stat:
+        return cls(statistics.median(values), min(values), max(values), len(values))
+
+    def fmt(self, unit: str = "", digits: int = 1) -> str:
+        return f"{self.median:,.{digits}f}{unit} ({self.low:,.{digits}f}–{self.high:,.{digits}f})"
+
+    def as_dict(self) -> dict[str, float]:
+        return {"median": self.median, "min": self.low, "max": self.high, "runs": self.runs}
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
