@@ -11,6 +11,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -95,8 +96,6 @@ class Reactor:
         for line in self.proc.stderr:
             if "reactor_started" in line:
                 # keep draining stderr so the reactor never blocks on a full pipe
-                import threading
-
                 threading.Thread(target=self.proc.stderr.read, daemon=True).start()
                 return self
             if time.monotonic() > deadline:

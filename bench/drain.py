@@ -31,10 +31,13 @@ def _ours(url: str, rows: int) -> float:
     insert_pending(url, rows)
     client = redis_client()
     with psycopg.connect(url) as conn:
-        dispatcher = Dispatcher(conn, Enqueuer(client, ROUTES), ROUTES, batch_size=BATCH)
+        dispatcher = Dispatcher(
+            conn, Enqueuer(client, ROUTES), ROUTES, batch_size=BATCH, database_url=url
+        )
         started = time.perf_counter()
         result = dispatcher.drain(["photo.process"])
         elapsed = time.perf_counter() - started
+        dispatcher.close()
     assert result.enqueued == rows, result
     return rows / elapsed
 

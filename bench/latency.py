@@ -18,13 +18,14 @@ from bench.common import Reactor, Stat, fresh_database, percentile, redis_client
 QUEUE = "rq:queue:photo-process"
 
 
-def _dispatch_round(url: str, inserts: int, pause: float) -> list[float]:
+def _dispatch_round(url: str, inserts: int, pause: float, tag: str) -> list[float]:
     client = redis_client(blocking=True)
     delays = []
     with psycopg.connect(url, autocommit=True) as conn:
         for i in range(inserts):
             conn.execute(
-                "INSERT INTO photo_jobs (photo_id, type) VALUES (%s, 'photo.process')", [f"l{i}"]
+                "INSERT INTO photo_jobs (photo_id, type) VALUES (%s, 'photo.process')",
+                [f"{tag}-{i}"],
             )
             committed = time.perf_counter()
             popped = client.blpop([QUEUE], timeout=10)
@@ -64,8 +65,8 @@ def run(quick: bool) -> dict[str, Any]:
         reset(url)
         reactor = Reactor(url, "--sweep-interval", "600").started()
         try:
-            _dispatch_round(url, 50, pause)  # warm-up
-            ours = [_dispatch_round(url, inserts, pause) for _ in range(reps)]
+            _dispatch_round(url, 50, pause, "warm")
+            ours = [_dispatch_round(url, inserts, pause, f"r{rep}") for rep in range(reps)]
         finally:
             reactor.stop()
         floor = [_notify_round(url, inserts, pause) for _ in range(reps)]

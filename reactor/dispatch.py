@@ -7,6 +7,12 @@ Guarantees (SPEC §1):
 - No double dispatch of one attempt: rows are claimed with `FOR UPDATE SKIP LOCKED`, and if the
   COMMIT is lost after the enqueue, the next claim of the same attempt finds the job alive in
   Redis and does not enqueue it again (see `reactor.enqueue`).
+
+Throughput: building RQ jobs is Python work and claiming is Postgres work, so a drain of a
+backlog overlaps them. While batch N is enqueued and committed on the work connection, a
+helper thread already claims batch N+1 on a second connection (opened only when a drain finds
+a full batch). Each batch is still its own claim → enqueue → COMMIT transaction; the two
+transactions never see each other's rows (`SKIP LOCKED`).
 """
 
 from __future__ import annotations
@@ -14,12 +20,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 
-from reactor import queries
+from reactor import db, queries
 from reactor.db import Connection, describe_error
 from reactor.enqueue import Enqueuer
 from reactor.errors import DatabaseError, EnqueueError
@@ -30,6 +37,8 @@ from reactor.routes import Route
 __all__ = ["BatchResult", "Dispatcher", "DrainResult"]
 
 logger = logging.getLogger(__name__)
+
+Row = tuple[str, str, int, str]
 
 
 @dataclass(frozen=True)
@@ -61,7 +70,7 @@ class DrainResult:
 
 
 class Dispatcher:
-    """Runs the claim → enqueue → COMMIT unit on one work connection."""
+    """Runs the claim → enqueue → COMMIT unit on the work connection(s)."""
 
     def __init__(
         self,
@@ -72,6 +81,7 @@ class Dispatcher:
         batch_size: int,
         before_commit: Callable[[], None] | None = None,
         metrics: Metrics | None = None,
+        database_url: str | None = None,
     ) -> None:
         self.conn = conn
         self.metrics = metrics or Metrics()
@@ -80,34 +90,47 @@ class Dispatcher:
         self._batch_size = batch_size
         # Test hook: runs after the enqueue, before COMMIT (to lose a COMMIT on purpose).
         self._before_commit = before_commit
+        # The prefetch connection of backlog drains; without a URL, drains do not overlap.
+        self._database_url = database_url
+        self._prefetch_conn: Connection | None = None
+        self._executor: ThreadPoolExecutor | None = None
 
-    def dispatch(self, query: str, params: Mapping[str, Any]) -> BatchResult:
-        """Run one claiming UPDATE (returning type, photo_id, attempts, state), enqueue the rows
-        it left `active`, and COMMIT; roll back everything if the enqueue fails.
+    # -- one transaction, in two halves ----------------------------------------------------
 
-        Raises:
-            EnqueueError: Redis failed (the claim was rolled back).
-            DatabaseError: Postgres failed (the claim was rolled back or its COMMIT was lost).
-        """
-        metrics = self.metrics
+    def _claim(self, conn: Connection, query: str, params: Mapping[str, Any]) -> list[Row]:
+        """Run the claiming UPDATE; its transaction stays open (locks held) until `_deliver`."""
+        started = time.perf_counter()
         try:
-            with self.conn.transaction():
-                started = time.perf_counter()
-                rows = self.conn.execute(query, params).fetchall()
-                claimed = time.perf_counter()
-                metrics.claim_seconds.observe(claimed - started)
-                refs = [JobRef(t, p, a) for t, p, a, state in rows if state == "active"]
-                try:
-                    result = self._enqueuer.enqueue(refs)
-                except EnqueueError:
-                    metrics.enqueue_failures.inc()
-                    raise
-                if refs:
-                    metrics.enqueue_seconds.observe(time.perf_counter() - claimed)
-                if self._before_commit is not None:
-                    self._before_commit()
+            rows = conn.execute(query, params).fetchall()
         except psycopg.Error as exc:
-            raise DatabaseError(f"dispatch failed: {describe_error(exc)}") from exc
+            _abandon(conn)
+            raise DatabaseError(f"claim failed: {describe_error(exc)}") from exc
+        self.metrics.claim_seconds.observe(time.perf_counter() - started)
+        return rows
+
+    def _deliver(self, conn: Connection, rows: list[Row]) -> BatchResult:
+        """Enqueue the claimed rows left `active`, then COMMIT; roll back if the enqueue fails."""
+        metrics = self.metrics
+        refs = [JobRef(t, p, a) for t, p, a, state in rows if state == "active"]
+        started = time.perf_counter()
+        try:
+            result = self._enqueuer.enqueue(refs)
+        except EnqueueError:
+            metrics.enqueue_failures.inc()
+            _abandon(conn)
+            raise
+        except BaseException:
+            _abandon(conn)
+            raise
+        if refs:
+            metrics.enqueue_seconds.observe(time.perf_counter() - started)
+        try:
+            if self._before_commit is not None:
+                self._before_commit()
+            conn.commit()
+        except psycopg.Error as exc:
+            _abandon(conn)
+            raise DatabaseError(f"COMMIT failed: {describe_error(exc)}") from exc
         for job_type, count in result.by_type.items():
             metrics.dispatched.labels(job_type).inc(count)
         if result.already_enqueued:
@@ -119,9 +142,24 @@ class Dispatcher:
             failed=len(rows) - len(refs),
         )
 
+    def dispatch(self, query: str, params: Mapping[str, Any]) -> BatchResult:
+        """Run one claiming UPDATE (returning type, photo_id, attempts, state), enqueue the rows
+        it left `active`, and COMMIT; roll back everything if the enqueue fails.
+
+        Raises:
+            EnqueueError: Redis failed (the claim was rolled back).
+            DatabaseError: Postgres failed (the claim was rolled back or its COMMIT was lost).
+        """
+        return self._deliver(self.conn, self._claim(self.conn, query, params))
+
     def claim_batch(self, job_type: str) -> BatchResult:
         """Claim and dispatch up to one batch of due pending rows of `job_type`."""
-        return self.dispatch(queries.CLAIM_DUE, {"type": job_type, "limit": self._batch_size})
+        return self.dispatch(queries.CLAIM_DUE, self._claim_params(job_type))
+
+    def _claim_params(self, job_type: str) -> dict[str, Any]:
+        return {"type": job_type, "limit": self._batch_size}
+
+    # -- draining ----------------------------------------------------------------------------
 
     def drain(
         self, types: Iterable[str], should_stop: Callable[[], bool] = lambda: False
@@ -131,13 +169,8 @@ class Dispatcher:
         total = DrainResult()
         started = time.monotonic()
         for job_type in types:
-            if job_type not in self._routes:
-                continue
-            while not should_stop():
-                batch = self.claim_batch(job_type)
-                total = total.add(batch)
-                if batch.claimed < self._batch_size:
-                    break
+            if job_type in self._routes and not should_stop():
+                total = self._drain_type(job_type, should_stop, total)
         if total.claimed:
             logger.info(
                 "batch_dispatched claimed=%d enqueued=%d already_enqueued=%d batches=%d "
@@ -150,6 +183,61 @@ class Dispatcher:
             )
         return total
 
+    def _drain_type(
+        self, job_type: str, should_stop: Callable[[], bool], total: DrainResult
+    ) -> DrainResult:
+        params = self._claim_params(job_type)
+        conn = self.conn
+        rows = self._claim(conn, queries.CLAIM_DUE, params)
+        while True:
+            ahead: Future[list[Row]] | None = None
+            other: Connection | None = None
+            if len(rows) == self._batch_size and not should_stop():
+                other = self._other_connection(conn)
+                if other is not None:
+                    ahead = self._pool().submit(self._claim, other, queries.CLAIM_DUE, params)
+            try:
+                batch = self._deliver(conn, rows)
+            except BaseException:
+                if ahead is not None and other is not None:
+                    # Let the claim ahead finish, then give its rows back.
+                    try:
+                        ahead.result()
+                    finally:
+                        _abandon(other)
+                raise
+            total = total.add(batch)
+            if ahead is not None and other is not None:
+                rows, conn = ahead.result(), other
+            elif len(rows) == self._batch_size and not should_stop():
+                rows = self._claim(conn, queries.CLAIM_DUE, params)
+            else:
+                return total
+
+    def _other_connection(self, current: Connection) -> Connection | None:
+        """The connection that is not `current` (opening the prefetch one if needed)."""
+        if self._database_url is None:
+            return None
+        if current is not self.conn:
+            return self.conn
+        if self._prefetch_conn is None or self._prefetch_conn.closed:
+            self._prefetch_conn = db.connect(self._database_url, purpose="work-prefetch")
+        return self._prefetch_conn
+
+    def _pool(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="reactor-prefetch")
+        return self._executor
+
+    def close(self) -> None:
+        """Close the prefetch connection and thread (the work connection is the caller's)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+        if self._prefetch_conn is not None:
+            self._prefetch_conn.close()
+            self._prefetch_conn = None
+
     def seconds_until_next_due(self) -> float | None:
         """Seconds until the earliest not-yet-due pending row of a routed type becomes due."""
         try:
@@ -160,3 +248,13 @@ class Dispatcher:
         except psycopg.Error as exc:
             raise DatabaseError(f"next-due query failed: {describe_error(exc)}") from exc
         return None if row is None or row[0] is None else max(0.0, float(row[0]))
+
+
+def _abandon(conn: Connection) -> None:
+    """Roll back the open transaction, if the connection still allows it."""
+    if conn.closed or conn.broken:
+        return
+    try:
+        conn.rollback()
+    except psycopg.Error:
+        conn.close()

@@ -87,6 +87,17 @@ class Enqueuer:
                 f"Redis status check failed: {redact(str(exc))}", rows=len(refs)
             ) from exc
 
+    def _statuses_if_any(self, refs: Sequence[JobRef]) -> list[bytes | None]:
+        # Fast path: one EXISTS over all keys (one reply) answers "none of them exists", which
+        # is almost always the case; only otherwise read each job's status.
+        try:
+            found = self._client.exists(*(Job.key_for(ref.job_id) for ref in refs))
+        except redis.RedisError as exc:
+            raise EnqueueError(
+                f"Redis status check failed: {redact(str(exc))}", rows=len(refs)
+            ) from exc
+        return self.job_statuses(refs) if found else [None] * len(refs)
+
     def enqueue(self, refs: Sequence[JobRef]) -> EnqueueResult:
         """Enqueue the jobs of `refs` that are not already alive in Redis.
 
@@ -96,7 +107,7 @@ class Enqueuer:
         """
         if not refs:
             return EnqueueResult()
-        statuses = self.job_statuses(refs)
+        statuses = self._statuses_if_any(refs)
         fresh = [
             ref for ref, status in zip(refs, statuses, strict=True) if status not in ALIVE_STATUSES
         ]

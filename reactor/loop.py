@@ -91,6 +91,7 @@ class Reactor:
             batch_size=self.settings.batch_size,
             before_commit=self._before_commit,
             metrics=self.metrics,
+            database_url=self.settings.database_url,
         )
         self._sweeper = Sweeper(
             self._dispatcher,
@@ -206,8 +207,10 @@ class Reactor:
         return self._sweeper.run_once(lambda: self.stopper.requested)
 
     def _sweep(self) -> float | None:
-        assert self._dispatcher is not None
+        assert self._dispatcher is not None and self._sweeper is not None
         self.sweep_once()
+        if self._http is not None:
+            self._sweeper.refresh_backlog_metrics()
         return self._dispatcher.seconds_until_next_due()
 
     def _wait(self, timeout: float) -> list[str]:
@@ -281,5 +284,6 @@ class Reactor:
         if self._listener is not None:
             self._listener.close()
         if self._dispatcher is not None:
+            self._dispatcher.close()
             self._dispatcher.conn.close()
         self._redis.close()

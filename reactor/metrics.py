@@ -68,13 +68,13 @@ class Metrics:
         self.sweeps = Counter("reactor_sweeps", "Sweep rounds completed.", registry=r)
         self.backlog = Gauge(
             "reactor_backlog",
-            "Rows pending or active, by type and state (updated every sweep).",
+            "Rows pending or active, by type and state (refreshed after every sweep).",
             ["type", "state"],
             registry=r,
         )
         self.oldest_due_age = Gauge(
             "reactor_oldest_due_age_seconds",
-            "Age of the oldest due pending row, by type (0 if none; updated every sweep).",
+            "Age of the oldest due pending row, by type (0 if none; refreshed after every sweep).",
             ["type"],
             registry=r,
         )

@@ -39,8 +39,9 @@ RETURNING j.type, j.photo_id, j.attempts, j.state
 """
 
 #: Seconds until the earliest pending row of the given types becomes due (NULL if none).
+#: Capped at a day, so a row parked at 'infinity' neither breaks the arithmetic nor matters.
 NEXT_DUE_IN = """
-SELECT extract(epoch FROM min(d.due) - now())::float8
+SELECT extract(epoch FROM least(min(d.due), now() + interval '1 day') - now())::float8
   FROM unnest(%(types)s::text[]) AS t(type)
  CROSS JOIN LATERAL (
         SELECT coalesce(p.next_retry_at, p.created_at) AS due
@@ -130,7 +131,8 @@ SELECT type, 'active', count(*) FROM photo_jobs WHERE state = 'active' GROUP BY 
 
 #: Seconds since the oldest due pending row of each given type became due (0 if none).
 OLDEST_DUE_AGE = """
-SELECT t.type, coalesce(extract(epoch FROM now() - d.due), 0)::float8
+SELECT t.type,
+       coalesce(extract(epoch FROM now() - greatest(d.due, '1970-01-01'::timestamptz)), 0)::float8
   FROM unnest(%(types)s::text[]) AS t(type)
   LEFT JOIN LATERAL (
         SELECT coalesce(p.next_retry_at, p.created_at) AS due

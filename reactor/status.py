@@ -24,11 +24,12 @@ _STATES = ("pending", "active", "done", "failed")
 _COUNTS = "SELECT type, state, count(*) FROM photo_jobs GROUP BY type, state ORDER BY type"
 _PER_TYPE = """
 SELECT t.type,
-       (SELECT extract(epoch FROM now() - min(coalesce(p.next_retry_at, p.created_at)))::float8
+       (SELECT extract(epoch FROM now() - greatest(min(coalesce(p.next_retry_at, p.created_at)),
+                                                   '1970-01-01'::timestamptz))::float8
           FROM photo_jobs AS p
          WHERE p.type = t.type AND p.state = 'pending'
            AND coalesce(p.next_retry_at, p.created_at) <= now()),
-       (SELECT min(p.next_retry_at)
+       (SELECT min(p.next_retry_at)::text  -- text: 'infinity' has no Python datetime
           FROM photo_jobs AS p
          WHERE p.type = t.type AND p.state = 'pending'
            AND coalesce(p.next_retry_at, p.created_at) > now()),
@@ -89,7 +90,7 @@ def read_status(conn: Connection, routed: Collection[str], stale_after_seconds: 
             type=job_type,
             counts=counts.get(job_type, dict.fromkeys(_STATES, 0)),
             oldest_due_age_seconds=None if age is None else round(float(age), 3),
-            next_retry_at=None if next_at is None else next_at.isoformat(),
+            next_retry_at=next_at,
             stale_active=int(stale),
             routed=job_type in routed,
         )

@@ -8,6 +8,8 @@
    re-dispatches the rows whose job vanished (Redis restarted without persistence, a failover
    to a stale replica) as a new attempt, instead of waiting for `stale_after`;
 4. notes pending rows of types no route covers (left alone; warned about once per type).
+`refresh_backlog_metrics()` (called after each sweep when metrics are served) counts the
+backlog for the gauges.
 Each step is safe with any number of reactors: every write goes through `FOR UPDATE SKIP
 LOCKED` and re-checks the row's state and attempt under the lock.
 """
@@ -93,7 +95,6 @@ class Sweeper:
             failures += exc.rows
             logger.warning("sweep_enqueue_failed step=lost_jobs error=%s", exc)
         unrouted = self._unrouted_types()
-        self._observe_backlog()
         metrics = self._metrics
         metrics.sweeps.inc()
         metrics.rescued.labels("stale").inc(rescued)
@@ -175,7 +176,9 @@ class Sweeper:
             logger.warning("lost_jobs_redispatched redispatched=%d failed=%d", redispatched, failed)
         return redispatched, failed
 
-    def _observe_backlog(self) -> None:
+    def refresh_backlog_metrics(self) -> None:
+        """Set the backlog and oldest-due gauges. Counting is O(pending + active rows), so the
+        loop does it after a sweep only when metrics are served, not as part of the sweep."""
         conn = self._dispatcher.conn
         try:
             with conn.transaction():

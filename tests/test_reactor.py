@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
@@ -27,7 +29,7 @@ from reactor.jobs import job_id
 from reactor.routes import parse_routes
 from tests.conftest import ROOT, Env, Process, start_reactor, wait_for
 from tests.helpers import insert_rows, jobs_missing, queue_ids, rows, states
-from tests.servers import PostgresServer, RedisServer
+from tests.servers import PostgresServer, RedisServer, free_port
 
 ROUTES = parse_routes(["photo.process=reactor.demo.process_photo"])
 
@@ -50,7 +52,8 @@ def test_committed_insert_is_queued_within_100ms(env: Env, spawn: Callable[..., 
         )
         delays.append(time.monotonic() - committed)
     assert max(delays) < 0.100, f"dispatch delays (s): {sorted(delays)}"
-    assert states(conn) == {"active": 20}
+    # The job is pushed just before the claim commits: wait for the last COMMIT.
+    wait_for(lambda: states(conn) == {"active": 20}, timeout=5, what="claims committed")
 
 
 def test_redis_outage_keeps_rows_pending_then_delivers_each_once(
@@ -334,3 +337,42 @@ def test_wrong_passwords_exit_2_without_showing_them(env: Env) -> None:
         assert_one_line_exit_2(result, "Redis refused us", secret="wrong-battery")
     finally:
         redis_server.close()
+
+
+def test_rows_parked_at_infinity_break_nothing(env: Env, spawn: Callable[..., Process]) -> None:
+    conn, client = env.connect(), env.redis()
+    conn.execute(
+        "INSERT INTO photo_jobs (photo_id, type, next_retry_at) VALUES"
+        " ('never', 'photo.process', 'infinity'), ('ancient', 'photo.process', '-infinity')"
+    )
+    port = free_port()
+    reactor = start_reactor(
+        spawn, "--sweep-interval", "0.2", "--metrics-port", str(port), "--metrics-host", "127.0.0.1"
+    )
+    wait_for(
+        lambda: queue_ids(client) == [job_id("photo.process", "ancient", 1)],
+        what="-infinity is due",
+    )
+
+    def sweeps() -> float:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+        match = re.search(r"^reactor_sweeps_total ([0-9.]+)$", text, re.M)
+        return float(match.group(1)) if match else 0.0
+
+    wait_for(lambda: sweeps() >= 3, what="three sweeps over the parked row")
+    assert rows(conn) == [
+        ("ancient", "photo.process", "active", 1),
+        ("never", "photo.process", "pending", 0),
+    ]
+    status = subprocess.run(
+        [sys.executable, "-m", "reactor", "status", "--json"],
+        env=env.process_env(),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert status.returncode == 0, status.stderr
+    assert reactor.proc.poll() is None
+    assert "connection_lost" not in reactor.output()

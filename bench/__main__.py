@@ -1,0 +1,60 @@
+"""`python -m bench [all|latency|drain|sweep|writers|memory|scaleout ...] [--quick]`.
+
+Runs the chosen benchmarks against real servers (see bench.common), prints each table, and
+writes bench/results/latest.json and bench/results/latest.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from collections.abc import Callable
+from typing import Any
+
+from bench import drain, latency, memory, scaleout, sweep_cost, writers
+from bench.common import ROOT
+
+SUITES: dict[str, tuple[str, Callable[[bool], dict[str, Any]]]] = {
+    "latency": ("Dispatch latency", latency.run),
+    "drain": ("Backlog drain", drain.run),
+    "sweep": ("Sweep cost vs history", sweep_cost.run),
+    "writers": ("Writer cost of the NOTIFY triggers", writers.run),
+    "memory": ("Reactor memory", memory.run),
+    "scaleout": ("Scale-out", scaleout.run),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("suites", nargs="*", default=["all"], choices=["all", *SUITES])
+    parser.add_argument("--quick", action="store_true", help="small sizes, ~1-2 minutes")
+    options = parser.parse_args()
+    chosen = list(SUITES) if "all" in options.suites else options.suites
+    results: dict[str, Any] = {
+        "when": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "quick": options.quick,
+        "machine": f"{platform.machine()}, {platform.python_version()}",
+    }
+    markdown = [
+        f"Command: `python -m bench {' '.join(options.suites)}"
+        f"{' --quick' if options.quick else ''}` ({results['when']})",
+        "",
+    ]
+    for name in chosen:
+        title, run = SUITES[name]
+        started = time.monotonic()
+        result = run(options.quick)
+        result["seconds"] = round(time.monotonic() - started, 1)
+        results[name] = result
+        block = f"### {title}\n\n{result['table']}\n"
+        print(block, flush=True)
+        markdown.append(block)
+    out = ROOT / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "latest.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+    (out / "latest.md").write_text("\n".join(markdown))
+
+
+main()
