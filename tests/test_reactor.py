@@ -72,7 +72,7 @@ def test_redis_outage_keeps_rows_pending_then_delivers_each_once(
     ids = queue_ids(client)
     assert len(set(ids)) == 50
     assert set(ids) == {job_id("photo.process", f"p{i}", 1) for i in range(1, 51)}
-    assert states(conn) == {"active": 50}
+    wait_for(lambda: states(conn) == {"active": 50}, timeout=5, what="claims committed")
     assert reactor.proc.poll() is None
 
 
