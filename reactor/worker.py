@@ -89,8 +89,17 @@ def _connection(settings: WorkerSettings) -> db.Connection:
     return _conn
 
 
-def _write(settings: WorkerSettings, query: str, params: dict[str, Any]) -> int:
-    """Run one fenced UPDATE, retrying briefly on connection failures; rows changed."""
+def _execute(
+    settings: WorkerSettings, query: str, params: dict[str, Any]
+) -> tuple[int, tuple[Any, ...] | None]:
+    """Run one statement, retrying briefly on connection failures; (rows changed, first row).
+
+    Retrying is safe: every statement here is fenced by the attempt number, so running it
+    twice (a connection lost after the server applied it) changes nothing more.
+
+    Raises:
+        DatabaseError: Postgres stayed unreachable through every retry.
+    """
 
     @tenacity.retry(
         retry=tenacity.retry_if_exception_type(DatabaseError),
@@ -98,15 +107,22 @@ def _write(settings: WorkerSettings, query: str, params: dict[str, Any]) -> int:
         stop=tenacity.stop_after_attempt(6),
         reraise=True,
     )
-    def attempt_write() -> int:
-        conn = _connection(settings)
+    def attempt() -> tuple[int, tuple[Any, ...] | None]:
         try:
-            return conn.execute(query, params).rowcount
+            conn = _connection(settings)
+            cursor = conn.execute(query, params)
+            return cursor.rowcount, cursor.fetchone() if cursor.description else None
         except psycopg.OperationalError as exc:
-            conn.close()
-            raise DatabaseError(f"worker update failed: {db.describe_error(exc)}") from exc
+            if _conn is not None:
+                _conn.close()
+            raise DatabaseError(f"worker query failed: {db.describe_error(exc)}") from exc
 
-    return attempt_write()
+    return attempt()
+
+
+def _write(settings: WorkerSettings, query: str, params: dict[str, Any]) -> int:
+    """Run one fenced UPDATE (retried like `_execute`); rows changed."""
+    return _execute(settings, query, params)[0]
 
 
 class _Heartbeat:
@@ -158,10 +174,9 @@ def perform(job_type: str, photo_id: str, attempt: int, *, handler: str) -> str:
     """
     settings = WorkerSettings.from_env()
     params: dict[str, Any] = {"type": job_type, "photo_id": photo_id, "attempt": attempt}
-    conn = _connection(settings)
-    row = conn.execute(_START, params).fetchone()
+    _, row = _execute(settings, _START, params)
     if row is None:
-        current = conn.execute(_WHY_NOT, params).fetchone()
+        _, current = _execute(settings, _WHY_NOT, params)
         why = "row missing" if current is None else f"row is {current[0]} at attempt {current[1]}"
         logger.info("attempt_skipped %s (%s)", _describe(params), why)
         return "skipped"

@@ -339,10 +339,12 @@ def start_worker(
     *queues: str,
     burst: bool = False,
     extra_args: tuple[str, ...] = (),
+    redis_url: str | None = None,
     **extra_env: str,
 ) -> Process:
     """Start a plain `rq worker` on `queues` (default photo-process)."""
-    args = ["-m", "rq.cli", "worker", *(queues or ("photo-process",)), "--url", env.redis_url]
+    url = redis_url or env.redis_url
+    args = ["-m", "rq.cli", "worker", *(queues or ("photo-process",)), "--url", url]
     args += extra_args
     if burst:
         args.append("--burst")

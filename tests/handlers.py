@@ -100,3 +100,22 @@ def fails_a_fifth_of_first_attempts(photo_id: str) -> None:
         _record(photo_id, "error")
         raise RuntimeError("first attempt of this photo fails")
     _record(photo_id, "ok")
+
+
+def chaos(photo_id: str) -> None:
+    """The chaos suite's handler: a little work; every tenth photo fails its first attempt,
+    every fiftieth is told to fail for good."""
+    bucket = zlib.crc32(photo_id.encode()) % 50
+    _record(photo_id, "started")
+    time.sleep(0.002)
+    if bucket == 1:
+        _record(photo_id, "permanent")
+        raise PermanentError("told to fail")
+    if bucket % 10 == 0 and _attempt() == 1:
+        _record(photo_id, "error")
+        raise RuntimeError("first attempt fails")
+    _record(photo_id, "ok")
+
+
+def chaos_told_to_fail(photo_id: str) -> bool:
+    return zlib.crc32(photo_id.encode()) % 50 == 1

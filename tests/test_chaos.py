@@ -1,0 +1,249 @@
+"""Chaos: break real servers and processes while jobs flow; prove nothing is lost or doubled.
+
+Three `reactor run` and two `rq worker` processes serve a Redis of the test's own and the test's
+database while four writers insert photos. Meanwhile, on a seeded random schedule, the test
+restarts Redis (losing its data), terminates the reactors' and workers' Postgres backends,
+SIGKILLs and restarts a reactor and a worker (mid-job), and sends bursts of garbage
+notifications. Then the faults stop, the test waits for quiescence (with a deadline) and checks
+the guarantees. The seed and schedule are printed, so a failure can be replayed:
+
+    REACTOR_CHAOS_SEED=1234 scripts/test -m chaos -s
+
+Size: REACTOR_CHAOS_PHOTOS (default 5000) and REACTOR_CHAOS_SECONDS of faults (default 45);
+the long form is REACTOR_CHAOS_PHOTOS=20000 REACTOR_CHAOS_SECONDS=600.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+import pytest
+import redis
+
+from tests.conftest import Env, Process, start_worker, wait_for
+from tests.handlers import SCHEMA, chaos_told_to_fail
+from tests.helpers import queue_ids
+from tests.servers import RedisServer
+
+pytestmark = pytest.mark.chaos
+
+PHOTOS = int(os.environ.get("REACTOR_CHAOS_PHOTOS", "5000"))
+FAULT_SECONDS = float(os.environ.get("REACTOR_CHAOS_SECONDS", "45"))
+SEED = int(os.environ.get("REACTOR_CHAOS_SEED", str(random.SystemRandom().randrange(10**6))))
+FAULTS = ("redis_restart", "pg_terminate", "kill_reactor", "kill_worker", "garbage")
+
+
+def schedule(rng: random.Random, seconds: float) -> list[tuple[float, str]]:
+    """Faults every 0.5-2.5 s; at least two of each kind, the rest drawn at random."""
+    times: list[float] = []
+    t = rng.uniform(1, 2)
+    while t < seconds:
+        times.append(round(t, 2))
+        t += rng.uniform(0.5, 2.5)
+    kinds = [k for k in FAULTS for _ in range(2)]
+    kinds += [rng.choice(FAULTS) for _ in range(max(0, len(times) - len(kinds)))]
+    rng.shuffle(kinds)
+    return list(zip(times, kinds[: len(times)], strict=True))
+
+
+@dataclass
+class Cluster:
+    """The processes under test, restartable by role."""
+
+    spawn: Callable[..., Process]
+    env: Env
+    redis: RedisServer
+    reactors: list[Process] = field(default_factory=list)
+    workers: list[Process] = field(default_factory=list)
+    crashes: Counter[str] = field(default_factory=Counter)
+
+    def start_reactor(self) -> Process:
+        return self.spawn(
+            "-m",
+            "reactor",
+            "run",
+            "--route",
+            "photo.process=tests.handlers.chaos",
+            "--sweep-interval",
+            "2",
+            "--stale-after",
+            "6",
+            "--batch-size",
+            "100",
+            name="reactor",
+            extra_env={"REDIS_URL": self.redis.url},
+        )
+
+    def start_worker(self) -> Process:
+        return start_worker(
+            self.spawn,
+            self.env,
+            extra_args=("--worker-class", "rq.worker.SimpleWorker"),
+            redis_url=self.redis.url,
+            REACTOR_HEARTBEAT_SECONDS="1",
+            REACTOR_RETRY_BASE_SECONDS="0.2",
+            REACTOR_RETRY_MAX_SECONDS="2",
+            REDIS_URL=self.redis.url,
+        )
+
+    def supervise(self) -> None:
+        """Restart any process that exited on its own (a process manager would)."""
+        for group, start, role in (
+            (self.reactors, self.start_reactor, "reactor"),
+            (self.workers, self.start_worker, "worker"),
+        ):
+            for i, proc in enumerate(group):
+                if proc.proc.poll() is not None:
+                    self.crashes[role] += 1
+                    print(f"chaos: a {role} exited by itself:\n{proc.output()[-2000:]}")
+                    group[i] = start()
+
+
+def inject(kind: str, cluster: Cluster, rng: random.Random, admin: psycopg.Connection[Any]) -> None:
+    if kind == "redis_restart":
+        cluster.redis.stop()
+        time.sleep(rng.uniform(0.2, 1.5))  # the outage itself: a duration, not a synchronisation
+        cluster.redis.start()
+    elif kind == "pg_terminate":
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND application_name LIKE 'photo-reactor %'"
+        )
+    elif kind == "kill_reactor":
+        i = rng.randrange(len(cluster.reactors))
+        cluster.reactors[i].kill()
+        cluster.reactors[i] = cluster.start_reactor()
+    elif kind == "kill_worker":
+        i = rng.randrange(len(cluster.workers))
+        cluster.workers[i].kill()
+        cluster.workers[i] = cluster.start_worker()
+    elif kind == "garbage":
+        for _ in range(200):
+            payload = "".join(chr(rng.randint(32, 0x2FFF)) for _ in range(rng.randint(0, 60)))
+            admin.execute("SELECT pg_notify('photo_jobs', %s)", [payload])
+
+
+def test_nothing_lost_or_doubled_under_faults(env: Env, spawn: Callable[..., Process]) -> None:
+    rng = random.Random(SEED)
+    plan = schedule(rng, FAULT_SECONDS)
+    print(f"\nchaos: seed={SEED} photos={PHOTOS} fault_seconds={FAULT_SECONDS}")
+    print(f"chaos: schedule={plan}")
+    admin = env.connect()
+    admin.execute(SCHEMA)
+    redis_server = RedisServer()
+    env.cleanups.append(redis_server.close)
+    cluster = Cluster(spawn, env, redis_server)
+    cluster.reactors = [cluster.start_reactor() for _ in range(3)]
+    cluster.workers = [cluster.start_worker() for _ in range(2)]
+    for proc in cluster.reactors:
+        proc.wait_for_line("reactor_started")
+
+    queue_client = redis.Redis.from_url(redis_server.url, socket_timeout=5)
+    env.cleanups.append(queue_client.close)
+    errors: list[BaseException] = []
+
+    def writer(w: int) -> None:
+        try:
+            wrng = random.Random(SEED * 10 + w)
+            per_writer = PHOTOS // 4
+            pace = FAULT_SECONDS * 0.8 / max(1, per_writer)
+            with psycopg.connect(env.database_url, autocommit=True) as conn:
+                done = 0
+                while done < per_writer:
+                    size = min(per_writer - done, wrng.randint(1, 20))
+                    with conn.transaction():
+                        for i in range(done, done + size):
+                            # max_attempts counts dispatches, rescues included: every Redis
+                            # restart re-dispatches the rows whose jobs it lost, so give the
+                            # infrastructure churn of this test room before a row fails.
+                            conn.execute(
+                                "INSERT INTO photo_jobs (photo_id, type, max_attempts)"
+                                " VALUES (%s, 'photo.process', 50)",
+                                [f"w{w}-{i}"],
+                            )
+                    done += size
+                    time.sleep(pace * size)  # pacing the load over the fault period
+        except BaseException as exc:
+            errors.append(exc)
+
+    writers = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
+    for t in writers:
+        t.start()
+    started = time.monotonic()
+    injected: Counter[str] = Counter()
+    for at, kind in plan:
+        while time.monotonic() - started < at:
+            cluster.supervise()
+            time.sleep(0.05)
+        inject(kind, cluster, rng, admin)
+        injected[kind] += 1
+    for t in writers:
+        t.join()
+    assert not errors, errors
+    total = (PHOTOS // 4) * 4
+
+    def quiet() -> bool:
+        cluster.supervise()
+        row = admin.execute(
+            "SELECT count(*) FILTER (WHERE state IN ('pending', 'active')), count(*) FROM photo_jobs"
+        ).fetchone()
+        assert row is not None
+        return row[0] == 0 and row[1] == total and not queue_ids(queue_client)
+
+    try:
+        wait_for(quiet, timeout=240, interval=0.5, what="quiescence")
+    except AssertionError:
+        print(admin.execute("SELECT state, count(*) FROM photo_jobs GROUP BY 1").fetchall())
+        print(f"chaos: seed={SEED} (replay with REACTOR_CHAOS_SEED={SEED})")
+        raise
+    settle_seconds = time.monotonic() - started
+
+    # 1. Every row done, or failed exactly where the handler was told to fail.
+    rows = admin.execute("SELECT photo_id, state, attempts FROM photo_jobs").fetchall()
+    wrong = [(p, s) for p, s, _ in rows if s != ("failed" if chaos_told_to_fail(p) else "done")]
+    assert not wrong, f"seed={SEED}: rows in the wrong final state: {wrong[:20]}"
+    final = {p: a for p, _, a in rows}
+    # 2. Exactly one successful execution recorded for each done photo's final attempt.
+    oks = admin.execute(
+        "SELECT photo_id, attempt FROM handler_runs WHERE outcome = 'ok'"
+    ).fetchall()
+    ok_final = Counter(p for p, a in oks if final[p] == a)
+    done_photos = [p for p, s, _ in rows if s == "done"]
+    missing = [p for p in done_photos if ok_final[p] != 1]
+    assert not missing, f"seed={SEED}: photos without exactly one final success: {missing[:20]}"
+    # 3. No completion from a superseded attempt changed a row.
+    finals = admin.execute(
+        "SELECT t.photo_id, t.attempts, j.attempts FROM transitions t JOIN photo_jobs j USING (photo_id)"
+        " WHERE t.new_state IN ('done', 'failed')"
+    ).fetchall()
+    superseded = [f for f in finals if f[1] != f[2]]
+    assert not superseded, f"seed={SEED}: superseded completions: {superseded[:20]}"
+    assert len(finals) == total, f"seed={SEED}: {len(finals)} final transitions for {total} rows"
+
+    executions = admin.execute(
+        "SELECT count(*) FROM handler_runs WHERE outcome = 'started'"
+    ).fetchone()
+    doubled = sum(1 for p, a in oks if final[p] != a)
+    delay = admin.execute(
+        "SELECT max(d) FROM (SELECT min(t.at) - j.created_at AS d FROM transitions t"
+        " JOIN photo_jobs j USING (photo_id) WHERE t.new_state = 'active'"
+        " GROUP BY t.photo_id, j.created_at) s"
+    ).fetchone()
+    assert executions is not None and delay is not None
+    print(
+        f"chaos: summary seed={SEED} jobs={total} faults={dict(injected)} "
+        f"executions={executions[0]} side_effects_doubled_by_kills={doubled} "
+        f"crashes={dict(cluster.crashes)} max_dispatch_delay={delay[0]} "
+        f"quiescent_after={settle_seconds:.0f}s"
+    )
+    for proc in cluster.reactors + cluster.workers:
+        proc.proc.send_signal(signal.SIGTERM)
