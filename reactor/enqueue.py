@@ -28,8 +28,12 @@ from reactor.redact import redact
 from reactor.routes import Route
 from reactor.settings import FAILED_JOB_TTL_SECONDS
 
-__all__ = ["ALIVE_STATUSES", "EnqueueResult", "Enqueuer", "connect_redis"]
+__all__ = ["ALIVE_STATUSES", "STARTED", "EnqueueResult", "Enqueuer", "connect_redis"]
 
+#: RQ status of a job a worker has taken.
+STARTED = b"started"
+#: RQ status of a job waiting in its queue.
+QUEUED = b"queued"
 #: RQ statuses of a job that will still run or is running.
 ALIVE_STATUSES = frozenset({b"queued", b"started", b"scheduled", b"deferred", b"rate_limited"})
 
@@ -86,6 +90,31 @@ class Enqueuer:
             raise EnqueueError(
                 f"Redis status check failed: {redact(str(exc))}", rows=len(refs)
             ) from exc
+
+    def orphaned(self, refs: Sequence[JobRef]) -> list[bool]:
+        """For each ref: is its job `queued` yet in neither its queue nor RQ's intermediate
+        queue (a worker took it and died before starting it)? Read atomically (MULTI/EXEC), so
+        a job moving between the lists is never missed.
+
+        Raises:
+            EnqueueError: Redis failed.
+        """
+        if not refs:
+            return []
+        try:
+            with self._client.pipeline(transaction=True) as pipe:
+                for ref in refs:
+                    queue = self._queue(self._routes[ref.type].queue)
+                    pipe.hget(Job.key_for(ref.job_id), "status")
+                    pipe.lpos(queue.key, ref.job_id)
+                    pipe.lpos(queue.intermediate_queue_key, ref.job_id)
+                replies = pipe.execute()
+        except redis.RedisError as exc:
+            raise EnqueueError(f"Redis queue check failed: {redact(str(exc))}") from exc
+        return [
+            replies[i] == QUEUED and replies[i + 1] is None and replies[i + 2] is None
+            for i in range(0, len(replies), 3)
+        ]
 
     def _statuses_if_any(self, refs: Sequence[JobRef]) -> list[bytes | None]:
         # Fast path: one EXISTS over all keys (one reply) answers "none of them exists", which

@@ -1,7 +1,8 @@
 """Every SQL statement the reactor runs at runtime, by name.
 
-Values are always bound parameters; nothing here is assembled from strings. The claim and rescue
-queries lock with `FOR UPDATE SKIP LOCKED` so any number of reactors can run at once, and they
+Values are always bound parameters; nothing here is assembled from strings. The claim and
+re-dispatch queries lock with `FOR UPDATE SKIP LOCKED` so any number of reactors can run at
+once, and they
 pick rows by `ctid = ANY(ARRAY(...))`: measured, that shape keeps its plan at every batch size
 and table shape, where `(key) IN (SELECT ...)` flips to a hash join over the whole table (NOTES).
 The pending index is on (type, coalesce(next_retry_at, created_at)); each pending query filters
@@ -18,7 +19,6 @@ __all__ = [
     "OLDEST_DUE_AGE",
     "PENDING_TYPES",
     "REDISPATCH",
-    "RESCUE_STALE",
 ]
 
 #: Claim up to `limit` due pending rows of one type: a new attempt each, now `active`.
@@ -53,33 +53,13 @@ SELECT extract(epoch FROM least(min(d.due), now() + interval '1 day') - now())::
          LIMIT 1) AS d
 """
 
-#: Rescue stale active rows of the given types: a new attempt while attempts remain, else
-#: `failed`. (In an UPDATE every SET expression sees the old row, so the CASEs agree.)
-RESCUE_STALE = """
-UPDATE photo_jobs AS j
-   SET attempts = CASE WHEN j.attempts < j.max_attempts THEN j.attempts + 1 ELSE j.attempts END,
-       state = CASE WHEN j.attempts < j.max_attempts THEN 'active' ELSE 'failed' END,
-       last_error = CASE WHEN j.attempts < j.max_attempts THEN j.last_error
-                    ELSE format('worker lost: attempt %%s of %%s sent no heartbeat for %%s s',
-                                j.attempts, j.max_attempts, %(stale_after)s::float8) END
- WHERE j.ctid = ANY (ARRAY(
-         SELECT a.ctid
-           FROM photo_jobs AS a
-          WHERE a.state = 'active'
-            AND a.updated_at < now() - make_interval(secs => %(stale_after)s::float8)
-            AND a.type = ANY (%(types)s::text[])
-          ORDER BY a.updated_at
-          LIMIT %(limit)s
-            FOR UPDATE SKIP LOCKED))
-   AND j.state = 'active'
-RETURNING j.type, j.photo_id, j.attempts, j.state
-"""
-
-#: One page of active rows of the given types, for the "is its job still in Redis?" check.
-#: Keyset-paged in (updated_at, type, photo_id) order up to `until` (the sweep's start), so
-#: rows re-dispatched during the sweep (their updated_at moves to now) are not visited twice.
+#: One page of active rows of the given types, for the rescue pass, with whether each is
+#: stale (no heartbeat for `stale_after` seconds). Keyset-paged in (updated_at, type,
+#: photo_id) order up to `until` (the sweep's start), so rows re-dispatched during the sweep
+#: (their updated_at moves to now) are not visited twice.
 LIST_ACTIVE = """
-SELECT type, photo_id, attempts, updated_at
+SELECT type, photo_id, attempts, updated_at,
+       updated_at < now() - make_interval(secs => %(stale_after)s::float8) AS stale
   FROM photo_jobs
  WHERE state = 'active'
    AND type = ANY (%(types)s::text[])
@@ -89,13 +69,15 @@ SELECT type, photo_id, attempts, updated_at
  LIMIT %(limit)s
 """
 
-#: Re-dispatch active rows whose job vanished from Redis, if still at the attempt seen.
+#: Re-dispatch the listed active rows as a new attempt (or fail them when their attempts are
+#: spent, with `%(why)s` in last_error), if they are still at the attempt seen and, when
+#: `stale_after` is given, still without a heartbeat for that long (re-checked under the lock).
 REDISPATCH = """
 UPDATE photo_jobs AS j
    SET attempts = CASE WHEN j.attempts < j.max_attempts THEN j.attempts + 1 ELSE j.attempts END,
        state = CASE WHEN j.attempts < j.max_attempts THEN 'active' ELSE 'failed' END,
        last_error = CASE WHEN j.attempts < j.max_attempts THEN j.last_error
-                    ELSE format('job lost: the RQ job of attempt %%s of %%s vanished from Redis',
+                    ELSE format('%%s: attempt %%s of %%s', %(why)s::text,
                                 j.attempts, j.max_attempts) END
  WHERE j.ctid = ANY (ARRAY(
          SELECT a.ctid
@@ -104,6 +86,8 @@ UPDATE photo_jobs AS j
                 AS l(type, photo_id, attempts)
              ON (a.type, a.photo_id, a.attempts) = (l.type, l.photo_id, l.attempts)
           WHERE a.state = 'active'
+            AND (%(stale_after)s::float8 IS NULL
+                 OR a.updated_at < now() - make_interval(secs => %(stale_after)s::float8))
             FOR UPDATE SKIP LOCKED))
    AND j.state = 'active'
 RETURNING j.type, j.photo_id, j.attempts, j.state

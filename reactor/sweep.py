@@ -2,12 +2,15 @@
 
 `Sweeper.run_once()` (every sweep interval inside `reactor run`, and `reactor sweep`):
 1. drains every routed type through the normal claim path (rows whose NOTIFY was missed);
-2. rescues stale `active` rows (no heartbeat for `stale_after`): a new attempt while attempts
-   remain, else `failed` with a `last_error` that says why;
-3. checks, in pipelined round trips, that every `active` row's job still exists in Redis and
-   re-dispatches the rows whose job vanished (Redis restarted without persistence, a failover
-   to a stale replica) as a new attempt, instead of waiting for `stale_after`;
-4. notes pending rows of types no route covers (left alone; warned about once per type).
+2. passes over the `active` rows, reading their jobs' RQ statuses in pipelined round trips,
+   and re-dispatches as a new attempt (or fails, with a `last_error` that says why, when
+   attempts are spent) the rows whose job vanished from Redis (Redis restarted without
+   persistence, a failover to a stale replica) and the rows whose job was started but sent no
+   heartbeat for `stale_after` (the worker died). Rows whose job is still queued are waiting
+   for a worker, not lost, and are left alone (rescuing them would only lengthen a queue that
+   is already behind), unless the job sits in no queue at all (a worker took it and died
+   before starting it): that one is lost too;
+3. notes pending rows of types no route covers (left alone; warned about once per type).
 `refresh_backlog_metrics()` (called after each sweep when metrics are served) counts the
 backlog for the gauges.
 Each step is safe with any number of reactors: every write goes through `FOR UPDATE SKIP
@@ -25,8 +28,8 @@ import psycopg
 
 from reactor import queries
 from reactor.db import describe_error
-from reactor.dispatch import Dispatcher
-from reactor.enqueue import ALIVE_STATUSES, Enqueuer
+from reactor.dispatch import BatchResult, Dispatcher
+from reactor.enqueue import ALIVE_STATUSES, QUEUED, STARTED, Enqueuer
 from reactor.errors import DatabaseError, EnqueueError
 from reactor.jobs import JobRef
 from reactor.routes import Route
@@ -84,16 +87,10 @@ class Sweeper:
             failures += exc.rows
             logger.warning("sweep_enqueue_failed step=drain error=%s", exc)
         try:
-            rescued, rescue_failed = self._rescue_stale(should_stop)
+            rescued, lost, rescue_failed = self._rescue(should_stop)
         except EnqueueError as exc:
             failures += exc.rows
             logger.warning("sweep_enqueue_failed step=rescue error=%s", exc)
-        try:
-            lost, lost_failed = self._redispatch_lost(should_stop)
-            rescue_failed += lost_failed
-        except EnqueueError as exc:
-            failures += exc.rows
-            logger.warning("sweep_enqueue_failed step=lost_jobs error=%s", exc)
         unrouted = self._unrouted_types()
         metrics = self._metrics
         metrics.sweeps.inc()
@@ -116,22 +113,18 @@ class Sweeper:
             )
         return result
 
-    def _rescue_stale(self, should_stop: Callable[[], bool]) -> tuple[int, int]:
-        rescued = failed = 0
-        params = {"types": self._types, "stale_after": self._stale_after, "limit": self._batch_size}
-        while not should_stop():
-            batch = self._dispatcher.dispatch(queries.RESCUE_STALE, params)
-            rescued += batch.claimed
-            failed += batch.failed
-            if batch.claimed + batch.failed < self._batch_size:
-                break
-        if rescued or failed:
-            logger.warning("stale_rescued rescued=%d failed=%d", rescued, failed)
-        return rescued, failed
+    def _rescue(self, should_stop: Callable[[], bool]) -> tuple[int, int, int]:
+        """One pass over the active rows, a page at a time, reading each page's job statuses
+        in one pipelined round trip. A row is re-dispatched when its job is gone from Redis
+        (missing, or finished/failed while the row is still active), or when its job was
+        started but the row has had no heartbeat for `stale_after` (the worker died). A row
+        whose job is still queued is only waiting for a worker, however long: rescuing it
+        would add work to a queue that is already behind.
 
-    def _redispatch_lost(self, should_stop: Callable[[], bool]) -> tuple[int, int]:
+        Returns (rescued, lost, failed) row counts.
+        """
         conn = self._dispatcher.conn
-        redispatched = failed = 0
+        rescued = lost = failed = 0
         try:
             with conn.transaction():
                 row = conn.execute("SELECT now()").fetchone()
@@ -148,33 +141,57 @@ class Sweeper:
                             "after_type": after[1],
                             "after_id": after[2],
                             "limit": self._batch_size,
+                            "stale_after": self._stale_after,
                         },
                     ).fetchall()
                 if not page:
                     break
-                refs = [JobRef(t, p, a) for t, p, a, _ in page]
+                refs = [JobRef(t, p, a) for t, p, a, _, _ in page]
                 statuses = self._enqueuer.job_statuses(refs)
-                gone = [r for r, s in zip(refs, statuses, strict=True) if s not in ALIVE_STATUSES]
-                if gone:
-                    batch = self._dispatcher.dispatch(
-                        queries.REDISPATCH,
-                        {
-                            "types": [r.type for r in gone],
-                            "photo_ids": [r.photo_id for r in gone],
-                            "attempts": [r.attempt for r in gone],
-                        },
-                    )
-                    redispatched += batch.claimed
-                    failed += batch.failed
+                gone, dead, waiting = [], [], []
+                for ref, status, (*_, stale) in zip(refs, statuses, page, strict=True):
+                    if status not in ALIVE_STATUSES:
+                        gone.append(ref)
+                    elif status == STARTED and stale:
+                        dead.append(ref)
+                    elif status == QUEUED and stale:
+                        waiting.append(ref)
+                # A long wait in the queue is normal; a job queued in no queue is an orphan.
+                orphaned = self._enqueuer.orphaned(waiting)
+                gone += [ref for ref, lost in zip(waiting, orphaned, strict=True) if lost]
+                batch = self._redispatch(gone, None, "job lost: its RQ job vanished from Redis")
+                lost += batch.claimed
+                failed += batch.failed
+                batch = self._redispatch(
+                    dead,
+                    self._stale_after,
+                    f"worker lost: no heartbeat for {self._stale_after:g} s",
+                )
+                rescued += batch.claimed
+                failed += batch.failed
                 last = page[-1]
                 after = (last[3], last[0], last[1])
                 if len(page) < self._batch_size:
                     break
         except psycopg.Error as exc:
-            raise DatabaseError(f"lost-job check failed: {describe_error(exc)}") from exc
-        if redispatched or failed:
-            logger.warning("lost_jobs_redispatched redispatched=%d failed=%d", redispatched, failed)
-        return redispatched, failed
+            raise DatabaseError(f"rescue pass failed: {describe_error(exc)}") from exc
+        if rescued or lost or failed:
+            logger.warning("rows_rescued stale=%d lost=%d failed=%d", rescued, lost, failed)
+        return rescued, lost, failed
+
+    def _redispatch(self, refs: list[JobRef], stale_after: float | None, why: str) -> BatchResult:
+        if not refs:
+            return BatchResult()
+        return self._dispatcher.dispatch(
+            queries.REDISPATCH,
+            {
+                "types": [r.type for r in refs],
+                "photo_ids": [r.photo_id for r in refs],
+                "attempts": [r.attempt for r in refs],
+                "stale_after": stale_after,
+                "why": why,
+            },
+        )
 
     def refresh_backlog_metrics(self) -> None:
         """Set the backlog and oldest-due gauges. Counting is O(pending + active rows), so the

@@ -3,8 +3,8 @@
 Three `reactor run` and two `rq worker` processes serve a Redis of the test's own and the test's
 database while four writers insert photos. Meanwhile, on a seeded random schedule, the test
 restarts Redis (losing its data), terminates the reactors' and workers' Postgres backends,
-SIGKILLs and restarts a reactor and a worker (mid-job), and sends bursts of garbage
-notifications. Then the faults stop, the test waits for quiescence (with a deadline) and checks
+SIGKILLs and restarts a reactor and a worker (mid-job), makes Redis refuse writes (checking
+meanwhile that no row is active without its job), and sends bursts of garbage notifications. Then the faults stop, the test waits for quiescence (with a deadline) and checks
 the guarantees. The seed and schedule are printed, so a failure can be replayed:
 
     REACTOR_CHAOS_SEED=1234 scripts/test -m chaos -s
@@ -31,7 +31,7 @@ import redis
 
 from tests.conftest import Env, Process, start_worker, wait_for
 from tests.handlers import SCHEMA, chaos_told_to_fail
-from tests.helpers import queue_ids
+from tests.helpers import jobs_missing, queue_ids
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.chaos
@@ -39,7 +39,10 @@ pytestmark = pytest.mark.chaos
 PHOTOS = int(os.environ.get("REACTOR_CHAOS_PHOTOS", "5000"))
 FAULT_SECONDS = float(os.environ.get("REACTOR_CHAOS_SECONDS", "45"))
 SEED = int(os.environ.get("REACTOR_CHAOS_SEED", str(random.SystemRandom().randrange(10**6))))
-FAULTS = ("redis_restart", "pg_terminate", "kill_reactor", "kill_worker", "garbage")
+FAULTS = ("redis_restart", "redis_oom", "pg_terminate", "kill_reactor", "kill_worker", "garbage")
+#: After a Redis restart, rows whose jobs it lost are legitimately active without a job until
+#: a sweep re-dispatches them (sweep interval 2 s); the invariant is checked only after this.
+SETTLE_AFTER_RESTART_SECONDS = 8.0
 
 
 def schedule(rng: random.Random, seconds: float) -> list[tuple[float, str]]:
@@ -65,6 +68,21 @@ class Cluster:
     reactors: list[Process] = field(default_factory=list)
     workers: list[Process] = field(default_factory=list)
     crashes: Counter[str] = field(default_factory=Counter)
+    last_restart: float = 0.0
+    invariant_checks: int = 0
+    violations: list[str] = field(default_factory=list)
+
+    def check_active_rows_have_jobs(self, admin: psycopg.Connection[Any]) -> None:
+        """SPEC §1.2: a row is never active without its job in Redis (Redis kept its data)."""
+        if time.monotonic() - self.last_restart < SETTLE_AFTER_RESTART_SECONDS:
+            return
+        client = redis.Redis.from_url(self.redis.url, socket_timeout=5)
+        try:
+            missing = jobs_missing(admin, client)
+        finally:
+            client.close()
+        self.invariant_checks += 1
+        self.violations += missing
 
     def start_reactor(self) -> Process:
         return self.spawn(
@@ -113,6 +131,19 @@ def inject(kind: str, cluster: Cluster, rng: random.Random, admin: psycopg.Conne
         cluster.redis.stop()
         time.sleep(rng.uniform(0.2, 1.5))  # the outage itself: a duration, not a synchronisation
         cluster.redis.start()
+        cluster.last_restart = time.monotonic()
+    elif kind == "redis_oom":
+        # Redis refuses every write but keeps its data: claims must roll back, and no row may
+        # be active without its job meanwhile.
+        client = redis.Redis.from_url(cluster.redis.url, socket_timeout=5)
+        try:
+            client.config_set("maxmemory", 1)
+            for _ in range(3):
+                time.sleep(rng.uniform(0.2, 0.6))  # the outage: a duration, not a synchronisation
+                cluster.check_active_rows_have_jobs(admin)
+        finally:
+            client.config_set("maxmemory", 0)
+            client.close()
     elif kind == "pg_terminate":
         admin.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
@@ -203,10 +234,18 @@ def test_nothing_lost_or_doubled_under_faults(env: Env, spawn: Callable[..., Pro
         wait_for(quiet, timeout=240, interval=0.5, what="quiescence")
     except AssertionError:
         print(admin.execute("SELECT state, count(*) FROM photo_jobs GROUP BY 1").fetchall())
+        print(f"chaos: queued jobs {len(queue_ids(queue_client))}")
+        for proc in cluster.reactors + cluster.workers:
+            print(f"--- {proc.name}\n" + "\n".join(proc.lines[-15:]))
         print(f"chaos: seed={SEED} (replay with REACTOR_CHAOS_SEED={SEED})")
         raise
     settle_seconds = time.monotonic() - started
 
+    # 0. No row was ever seen active without its job while Redis kept its data.
+    assert cluster.invariant_checks > 0, f"seed={SEED}: the invariant was never checked"
+    assert not cluster.violations, (
+        f"seed={SEED}: active rows without a job: {cluster.violations[:20]}"
+    )
     # 1. Every row done, or failed exactly where the handler was told to fail.
     rows = admin.execute("SELECT photo_id, state, attempts FROM photo_jobs").fetchall()
     wrong = [(p, s) for p, s, _ in rows if s != ("failed" if chaos_told_to_fail(p) else "done")]
@@ -242,7 +281,8 @@ def test_nothing_lost_or_doubled_under_faults(env: Env, spawn: Callable[..., Pro
     print(
         f"chaos: summary seed={SEED} jobs={total} faults={dict(injected)} "
         f"executions={executions[0]} side_effects_doubled_by_kills={doubled} "
-        f"crashes={dict(cluster.crashes)} max_dispatch_delay={delay[0]} "
+        f"crashes={dict(cluster.crashes)} invariant_checks={cluster.invariant_checks} "
+        f"max_dispatch_delay={delay[0]} "
         f"quiescent_after={settle_seconds:.0f}s"
     )
     for proc in cluster.reactors + cluster.workers:

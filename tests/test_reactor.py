@@ -21,11 +21,13 @@ from datetime import datetime, timedelta, timezone
 
 import psycopg
 import pytest
+import redis
+from rq.job import Job, JobStatus
 
 from reactor.dispatch import Dispatcher
 from reactor.enqueue import Enqueuer, connect_redis
 from reactor.errors import DatabaseError
-from reactor.jobs import job_id
+from reactor.jobs import JobRef, job_id
 from reactor.routes import parse_routes
 from tests.conftest import ROOT, Env, Process, start_reactor, wait_for
 from tests.helpers import insert_rows, jobs_missing, queue_ids, rows, states
@@ -206,19 +208,44 @@ def make_stale(
         )
 
 
-def test_stale_rows_are_rescued_as_new_attempts_or_failed(env: Env) -> None:
+def plant_job(client: redis.Redis, photo_id: str, attempt: int, where: str) -> None:
+    """Give a planted active row the RQ job its worker would have: `queued` in the queue,
+    `started` by a worker (out of the queue), or `orphan` (status queued, in no queue)."""
+    ref = JobRef("photo.process", photo_id, attempt)
+    Enqueuer(client, ROUTES).enqueue([ref])
+    if where in ("started", "orphan"):
+        client.lrem("rq:queue:photo-process", 0, ref.job_id)
+    if where == "started":
+        Job.fetch(ref.job_id, connection=client).set_status(JobStatus.STARTED)
+
+
+def test_rescue_distinguishes_dead_workers_waiting_jobs_and_orphans(env: Env) -> None:
     conn, client = env.connect(), env.redis()
-    make_stale(conn, "alive-left", 1)
+    make_stale(conn, "dead", 1)
+    plant_job(client, "dead", 1, "started")
     make_stale(conn, "spent", 5, max_attempts=5)
+    plant_job(client, "spent", 5, "started")
+    make_stale(conn, "waiting", 1)
+    plant_job(client, "waiting", 1, "queued")
+    make_stale(conn, "orphan", 1)
+    plant_job(client, "orphan", 1, "orphan")
     result = run_sweep(env, "--stale-after", "60")
-    assert (result["rescued"], result["rescue_failed"]) == (1, 1)
+    assert (result["rescued"], result["rescue_failed"], result["lost"]) == (1, 1, 1)
     assert rows(conn) == [
-        ("alive-left", "photo.process", "active", 2),
+        ("dead", "photo.process", "active", 2),
+        ("orphan", "photo.process", "active", 2),
         ("spent", "photo.process", "failed", 5),
+        ("waiting", "photo.process", "active", 1),  # a long wait in the queue is not death
     ]
-    assert queue_ids(client) == [job_id("photo.process", "alive-left", 2)]
+    assert sorted(queue_ids(client)) == sorted(
+        [
+            job_id("photo.process", "waiting", 1),
+            job_id("photo.process", "dead", 2),
+            job_id("photo.process", "orphan", 2),
+        ]
+    )
     error = conn.execute("SELECT last_error FROM photo_jobs WHERE photo_id = 'spent'").fetchone()
-    assert error is not None and "worker lost: attempt 5 of 5" in error[0]
+    assert error == ("worker lost: no heartbeat for 60 s: attempt 5 of 5",)
 
 
 def test_active_rows_whose_job_vanished_from_redis_are_redispatched(env: Env) -> None:

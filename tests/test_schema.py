@@ -238,11 +238,6 @@ def test_dispatch_queries_use_the_partial_indexes_beside_a_million_done_rows(env
             "photo_jobs_pending_due_idx",
         ),
         "next due": (queries.NEXT_DUE_IN, {"types": types}, "photo_jobs_pending_due_idx"),
-        "rescue": (
-            queries.RESCUE_STALE,
-            {"types": types, "stale_after": 300.0, "limit": 500},
-            "photo_jobs_active_updated_idx",
-        ),
         "active page": (
             queries.LIST_ACTIVE,
             {
@@ -252,6 +247,7 @@ def test_dispatch_queries_use_the_partial_indexes_beside_a_million_done_rows(env
                 "after_type": "",
                 "after_id": "",
                 "limit": 500,
+                "stale_after": 300.0,
             },
             "photo_jobs_active_updated_idx",
         ),
