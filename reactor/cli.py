@@ -132,6 +132,14 @@ def _dispatch_options(func: F) -> F:
         help="Poll only (for PgBouncer in transaction mode): no LISTEN connection.",
     )(func)
     func = click.option(
+        "--job-timeout",
+        type=click.IntRange(min=1),
+        envvar="REACTOR_JOB_TIMEOUT",
+        default=None,
+        show_envvar=True,
+        help="Seconds a handler may run before RQ stops it (a failed attempt; default RQ's 180).",
+    )(func)
+    func = click.option(
         "--metrics-port",
         type=click.IntRange(0, 65535),
         envvar="REACTOR_METRICS_PORT",
@@ -172,6 +180,7 @@ def _settings(options: dict[str, Any]) -> ReactorSettings:
         listen=not options["no_listen"],
         metrics_port=options["metrics_port"],
         metrics_host=options["metrics_host"],
+        job_timeout_seconds=options["job_timeout"],
     )
 
 

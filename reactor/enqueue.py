@@ -64,9 +64,17 @@ class EnqueueResult:
 class Enqueuer:
     """Enqueues attempts to the RQ queue of their type's route."""
 
-    def __init__(self, client: redis.Redis, routes: Mapping[str, Route]) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        routes: Mapping[str, Route],
+        *,
+        job_timeout_seconds: int | None = None,
+    ) -> None:
         self._client = client
         self._routes = routes
+        # None: RQ's default (180 s). A timeout is a failed attempt like any exception.
+        self._job_timeout = job_timeout_seconds
         self._queues: dict[str, Queue] = {}
 
     def _queue(self, name: str) -> Queue:
@@ -177,5 +185,6 @@ class Enqueuer:
             job_id=ref.job_id,
             meta=ref.meta(),
             failure_ttl=FAILED_JOB_TTL_SECONDS,
+            timeout=self._job_timeout,
             description=f"{route.handler}({ref.photo_id!r}) [{ref.type} attempt {ref.attempt}]",
         )

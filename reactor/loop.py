@@ -65,7 +65,9 @@ class Reactor:
         self.stopper = stopper or Stopper()
         self._types = list(settings.routes)
         self._redis = connect_redis(settings.redis_url)
-        self._enqueuer = Enqueuer(self._redis, settings.routes)
+        self._enqueuer = Enqueuer(
+            self._redis, settings.routes, job_timeout_seconds=settings.job_timeout_seconds
+        )
         self._listener = Listener(settings.database_url) if settings.listen else None
         self._dispatcher: Dispatcher | None = None
         self._sweeper: Sweeper | None = None

@@ -52,6 +52,7 @@ class ReactorSettings:
     listen: bool = True
     metrics_port: int | None = None
     metrics_host: str = "0.0.0.0"
+    job_timeout_seconds: int | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.batch_size <= 10_000:

@@ -95,6 +95,13 @@ def slow_first_attempt(photo_id: str) -> None:
     _record(photo_id, "ok")
 
 
+def sleeps(photo_id: str) -> None:
+    """Works for REACTOR_TEST_WORK_SECONDS (simulated work), on every attempt."""
+    _record(photo_id, "started")
+    time.sleep(float(os.environ.get("REACTOR_TEST_WORK_SECONDS", "1")))
+    _record(photo_id, "ok")
+
+
 def fails_a_fifth_of_first_attempts(photo_id: str) -> None:
     if _attempt() == 1 and zlib.crc32(photo_id.encode()) % 5 == 0:
         _record(photo_id, "error")

@@ -128,6 +128,18 @@ def test_permanent_error_fails_after_one_attempt(
     assert len(runs(conn, "p1")) == 1
 
 
+def test_job_timeout_is_a_failed_attempt(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
+) -> None:
+    submit(conn, "p1")
+    sweep(env, "sleeps", "--job-timeout", "1")
+    burst(spawn, env, REACTOR_TEST_WORK_SECONDS="30")
+    state, attempts, error, next_retry_at = row_of(conn, "p1")
+    assert (state, attempts) == ("pending", 1)
+    assert error.startswith("JobTimeoutException") and next_retry_at is not None
+    assert runs(conn, "p1") == [("p1", 1, "started")]
+
+
 def test_missing_handler_is_a_retried_failure_not_a_stuck_row(
     env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
 ) -> None:
