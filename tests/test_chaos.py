@@ -46,15 +46,20 @@ SETTLE_AFTER_RESTART_SECONDS = 8.0
 
 
 def schedule(rng: random.Random, seconds: float) -> list[tuple[float, str]]:
-    """Faults every 0.5-2.5 s; at least two of each kind, the rest drawn at random."""
+    """Faults every 0.5-2.5 s; at least two of each kind, the rest drawn at random. The first
+    two make Redis refuse writes before any restart, so the active-row invariant is always
+    checked at least twice."""
     times: list[float] = []
-    t = rng.uniform(1, 2)
+    t = rng.uniform(3, 4)
     while t < seconds:
         times.append(round(t, 2))
         t += rng.uniform(0.5, 2.5)
     kinds = [k for k in FAULTS for _ in range(2)]
     kinds += [rng.choice(FAULTS) for _ in range(max(0, len(times) - len(kinds)))]
     rng.shuffle(kinds)
+    kinds.remove("redis_oom")
+    kinds.remove("redis_oom")
+    kinds = ["redis_oom", "redis_oom", *kinds]
     return list(zip(times, kinds[: len(times)], strict=True))
 
 
