@@ -22,13 +22,13 @@ CREATE TABLE IF NOT EXISTS handler_runs (
 );
 CREATE TABLE IF NOT EXISTS gates (name text PRIMARY KEY);
 CREATE TABLE IF NOT EXISTS transitions (
-    photo_id text, old_state text, new_state text, attempts int,
+    photo_id text, old_state text, new_state text, attempts int, last_error text,
     at timestamptz DEFAULT clock_timestamp()
 );
 CREATE OR REPLACE FUNCTION record_transition() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO transitions (photo_id, old_state, new_state, attempts)
-    VALUES (NEW.photo_id, OLD.state, NEW.state, NEW.attempts);
+    INSERT INTO transitions (photo_id, old_state, new_state, attempts, last_error)
+    VALUES (NEW.photo_id, OLD.state, NEW.state, NEW.attempts, NEW.last_error);
     RETURN NULL;
 END $$;
 DROP TRIGGER IF EXISTS record_transition ON photo_jobs;
@@ -77,13 +77,13 @@ def permanent(photo_id: str) -> None:
     raise PermanentError("this photo is corrupt")
 
 
-def gated_first_attempt(photo_id: str) -> None:
-    """Attempt 1 waits until the test opens gate `photo_id`; later attempts finish at once."""
+def gated(photo_id: str) -> None:
+    """Each attempt waits until the test opens gate `photo_id:attempt` (a polled condition
+    with a deadline), then succeeds."""
     _record(photo_id, "started")
-    if _attempt() == 1:
-        deadline = time.monotonic() + 60
-        while not _gate_open(photo_id) and time.monotonic() < deadline:
-            time.sleep(0.05)
+    deadline = time.monotonic() + 60
+    while not _gate_open(f"{photo_id}:{_attempt()}") and time.monotonic() < deadline:
+        time.sleep(0.05)
     _record(photo_id, "ok")
 
 
@@ -114,7 +114,7 @@ def chaos(photo_id: str) -> None:
     every fiftieth is told to fail for good."""
     bucket = zlib.crc32(photo_id.encode()) % 50
     _record(photo_id, "started")
-    time.sleep(0.002)
+    time.sleep(0.01)  # simulated work
     if bucket == 1:
         _record(photo_id, "permanent")
         raise PermanentError("told to fail")

@@ -3,8 +3,9 @@
 Three `reactor run` and two `rq worker` processes serve a Redis of the test's own and the test's
 database while four writers insert photos. Meanwhile, on a seeded random schedule, the test
 restarts Redis (losing its data), terminates the reactors' and workers' Postgres backends,
-SIGKILLs and restarts a reactor and a worker (mid-job), makes Redis refuse writes (checking
-meanwhile that no row is active without its job), and sends bursts of garbage notifications. Then the faults stop, the test waits for quiescence (with a deadline) and checks
+SIGKILLs and restarts a reactor and a worker (mid-job), freezes a worker (SIGSTOP) for longer
+than stale_after so its attempt is superseded, makes Redis refuse writes (checking meanwhile
+that no row is active without its job), and sends bursts of garbage notifications. Then the faults stop, the test waits for quiescence (with a deadline) and checks
 the guarantees. The seed and schedule are printed, so a failure can be replayed:
 
     REACTOR_CHAOS_SEED=1234 scripts/test -m chaos -s
@@ -39,7 +40,16 @@ pytestmark = pytest.mark.chaos
 PHOTOS = int(os.environ.get("REACTOR_CHAOS_PHOTOS", "5000"))
 FAULT_SECONDS = float(os.environ.get("REACTOR_CHAOS_SECONDS", "45"))
 SEED = int(os.environ.get("REACTOR_CHAOS_SEED", str(random.SystemRandom().randrange(10**6))))
-FAULTS = ("redis_restart", "redis_oom", "pg_terminate", "kill_reactor", "kill_worker", "garbage")
+FAULTS = (
+    "redis_restart",
+    "redis_oom",
+    "pg_terminate",
+    "kill_reactor",
+    "kill_worker",
+    "pause_worker",
+    "garbage",
+)
+STALE_AFTER_SECONDS = 6
 #: After a Redis restart, rows whose jobs it lost are legitimately active without a job until
 #: a sweep re-dispatches them (sweep interval 2 s); the invariant is checked only after this.
 SETTLE_AFTER_RESTART_SECONDS = 8.0
@@ -99,7 +109,7 @@ class Cluster:
             "--sweep-interval",
             "2",
             "--stale-after",
-            "6",
+            str(STALE_AFTER_SECONDS),
             "--batch-size",
             "100",
             name="reactor",
@@ -129,6 +139,11 @@ class Cluster:
                     self.crashes[role] += 1
                     print(f"chaos: a {role} exited by itself:\n{proc.output()[-2000:]}")
                     group[i] = start()
+
+
+def _resume(proc: Any) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGCONT)
 
 
 def inject(kind: str, cluster: Cluster, rng: random.Random, admin: psycopg.Connection[Any]) -> None:
@@ -162,6 +177,26 @@ def inject(kind: str, cluster: Cluster, rng: random.Random, admin: psycopg.Conne
         i = rng.randrange(len(cluster.workers))
         cluster.workers[i].kill()
         cluster.workers[i] = cluster.start_worker()
+    elif kind == "pause_worker":
+        # A worker frozen mid-job (a VM pause, a stop-the-world GC) for longer than
+        # stale_after: its attempt is rescued and re-run elsewhere, then it wakes up and
+        # tries to complete a superseded attempt.
+        # Prefer a worker that is inside a handler right now (its 'started' is the latest).
+        busy = {
+            row[0]
+            for row in admin.execute(
+                "SELECT DISTINCT ON (photo_id) pid FROM handler_runs"
+                " WHERE at > clock_timestamp() - interval '2 s'"
+                " ORDER BY photo_id, at DESC"
+            )
+        }
+        candidates = [w for w in cluster.workers if w.proc.pid in busy] or cluster.workers
+        proc = rng.choice(candidates).proc
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGSTOP)
+            resume = threading.Timer(STALE_AFTER_SECONDS + 3, _resume, [proc])
+            resume.daemon = True
+            resume.start()
     elif kind == "garbage":
         for _ in range(200):
             payload = "".join(chr(rng.randint(32, 0x2FFF)) for _ in range(rng.randint(0, 60)))
@@ -272,6 +307,24 @@ def test_nothing_lost_or_doubled_under_faults(env: Env, spawn: Callable[..., Pro
     superseded = [f for f in finals if f[1] != f[2]]
     assert not superseded, f"seed={SEED}: superseded completions: {superseded[:20]}"
     assert len(finals) == total, f"seed={SEED}: {len(finals)} final transitions for {total} rows"
+    # ... and every transition a worker made was made by the attempt it names: a row turns
+    # done only after its final attempt's handler succeeded, and a retry or a handler failure
+    # at attempt A follows a failure that attempt A's handler recorded.
+    early = admin.execute(
+        "SELECT t.photo_id FROM transitions t JOIN photo_jobs j USING (photo_id)"
+        " WHERE t.new_state = 'done' AND NOT EXISTS (SELECT 1 FROM handler_runs r"
+        "   WHERE r.photo_id = t.photo_id AND r.attempt = j.attempts AND r.outcome = 'ok'"
+        "     AND r.at <= t.at)"
+    ).fetchall()
+    assert not early, f"seed={SEED}: done before the final attempt succeeded: {early[:20]}"
+    foreign = admin.execute(
+        "SELECT t.photo_id, t.attempts, t.new_state FROM transitions t"
+        " WHERE t.old_state = 'active' AND t.new_state IN ('pending', 'failed')"
+        "   AND t.last_error NOT LIKE '%% lost: %%'"
+        "   AND NOT EXISTS (SELECT 1 FROM handler_runs r WHERE r.photo_id = t.photo_id"
+        "     AND r.attempt = t.attempts AND r.outcome IN ('error', 'permanent'))"
+    ).fetchall()
+    assert not foreign, f"seed={SEED}: failures recorded for another attempt: {foreign[:20]}"
 
     executions = admin.execute(
         "SELECT count(*) FROM handler_runs WHERE outcome = 'started'"

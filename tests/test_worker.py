@@ -155,24 +155,28 @@ def test_superseded_attempt_changes_nothing(
     env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
 ) -> None:
     submit(conn, "p1")
-    sweep(env, "gated_first_attempt")
+    sweep(env, "gated")
     first = start_worker(spawn, env, REACTOR_HEARTBEAT_SECONDS="3600")
     wait_for(
         lambda: runs(conn, "p1") == [("p1", 1, "started")], timeout=20, what="attempt 1 running"
     )
     # attempt 1 sends no heartbeat for an hour: one sweep with stale_after 0.2 s rescues it
     wait_for(
-        lambda: sweep(env, "gated_first_attempt", "--stale-after", "0.2")["rescued"] == 1,
+        lambda: sweep(env, "gated", "--stale-after", "0.2")["rescued"] == 1,
         timeout=10,
         interval=0.1,
         what="rescue of attempt 1",
     )
     assert row_of(conn, "p1")[:2] == ("active", 2)
     second = start_worker(spawn, env)
-    wait_for(lambda: row_of(conn, "p1")[0] == "done", timeout=20, what="attempt 2 done")
-    conn.execute("INSERT INTO gates VALUES ('p1')")
-    wait_for(lambda: ("p1", 1, "ok") in runs(conn, "p1"), timeout=20, what="attempt 1 finishes")
+    wait_for(lambda: ("p1", 2, "started") in runs(conn, "p1"), timeout=20, what="attempt 2 runs")
+    # The superseded attempt finishes first, while attempt 2 still runs: it changes nothing.
+    conn.execute("INSERT INTO gates VALUES ('p1:1')")
     first.wait_for_line("completion_superseded")
+    assert ("p1", 1, "ok") in runs(conn, "p1")
+    assert row_of(conn, "p1")[:2] == ("active", 2)
+    conn.execute("INSERT INTO gates VALUES ('p1:2')")
+    wait_for(lambda: row_of(conn, "p1")[0] == "done", timeout=20, what="attempt 2 done")
     assert row_of(conn, "p1")[:2] == ("done", 2)
     done = conn.execute("SELECT attempts FROM transitions WHERE new_state = 'done'").fetchall()
     assert done == [(2,)]
