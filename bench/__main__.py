@@ -32,29 +32,32 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes, ~1-2 minutes")
     options = parser.parse_args()
     chosen = list(SUITES) if "all" in options.suites else options.suites
-    results: dict[str, Any] = {
-        "when": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "quick": options.quick,
-        "machine": f"{platform.machine()}, {platform.python_version()}",
-    }
-    markdown = [
-        f"Command: `python -m bench {' '.join(options.suites)}"
-        f"{' --quick' if options.quick else ''}` ({results['when']})",
-        "",
-    ]
+    command = f"python -m bench {' '.join(options.suites)}{' --quick' if options.quick else ''}"
+    out = ROOT / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    latest = out / "latest.json"
+    # Each suite's entry is replaced when it runs again; the others are kept, each with the
+    # command and time that produced it. Written after every suite, so a crash loses nothing.
+    previous: dict[str, Any] = json.loads(latest.read_text()) if latest.exists() else {}
+    results = {k: v for k, v in previous.items() if isinstance(v, dict) and "command" in v}
     for name in chosen:
         title, run = SUITES[name]
         started = time.monotonic()
         result = run(options.quick)
         result["seconds"] = round(time.monotonic() - started, 1)
+        result["command"] = command
+        result["when"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+        result["machine"] = f"{platform.machine()}, Python {platform.python_version()}"
         results[name] = result
-        block = f"### {title}\n\n{result['table']}\n"
-        print(block, flush=True)
-        markdown.append(block)
-    out = ROOT / "bench" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "latest.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
-    (out / "latest.md").write_text("\n".join(markdown))
+        print(f"### {title}\n\n{result['table']}\n", flush=True)
+        latest.write_text(json.dumps(results, indent=2, default=str) + "\n")
+        markdown = [
+            f"### {SUITES[key][0]}\n\n`{results[key]['command']}` ({results[key]['when']})\n\n"
+            f"{results[key]['table']}\n"
+            for key in SUITES
+            if key in results
+        ]
+        (out / "latest.md").write_text("\n".join(markdown))
 
 
 main()

@@ -10,7 +10,7 @@ from typing import Any
 
 import psycopg
 
-from bench.common import Reactor, count_state, fresh_database, redis_client, table, wait_until
+from bench.common import Reactor, count_state, flush_redis, fresh_database, table, wait_until
 
 
 def _rss_mib(pid: int) -> float:
@@ -23,7 +23,7 @@ def _rss_mib(pid: int) -> float:
 def run(quick: bool) -> dict[str, Any]:
     rows = 100_000 if quick else 1_000_000
     with fresh_database() as url:
-        redis_client().flushdb()
+        flush_redis()
         reactor = Reactor(url, "--sweep-interval", "600").started()
         pid = reactor.proc.pid
         try:
@@ -59,7 +59,7 @@ def run(quick: bool) -> dict[str, Any]:
             end = _rss_mib(pid)
         finally:
             reactor.stop()
-        redis_client().flushdb()
+        flush_redis()
     return {
         "rows": rows,
         "rss_mib": {"start": start, "after_warmup": warm, "peak": max(peak), "end": end},

@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg
 
-from bench.common import Reactor, Stat, fresh_database, redis_client, table
+from bench.common import Reactor, Stat, flush_redis, fresh_database, table
 from tests.servers import find_binary
 
 SINGLE = "INSERT INTO photo_jobs (photo_id, type) VALUES (md5(random()::text), 'photo.process');\n"
@@ -32,7 +32,7 @@ def _set_triggers(url: str, enabled: bool) -> None:
         for trigger in TRIGGERS:
             conn.execute(f"ALTER TABLE photo_jobs {verb} TRIGGER {trigger}")  # type: ignore[arg-type]
         conn.execute("TRUNCATE photo_jobs")
-    redis_client().flushdb()
+    flush_redis()
 
 
 def _pgbench(url: str, script: Path, clients: int, seconds: float) -> float:

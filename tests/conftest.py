@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import itertools
+import json
 import os
 import socket
 import subprocess
@@ -170,6 +171,19 @@ class Env:
         self.cleanups.append(client.close)
         return client
 
+    def cli_json(self, *args: str) -> dict[str, Any]:
+        """Run `python -m reactor ARGS...` against this env; its JSON output (exit 0 required)."""
+        result = subprocess.run(
+            [sys.executable, "-m", "reactor", *args],
+            env=self.process_env(),
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=120,
+        )
+        assert result.returncode == 0, result.stderr
+        return dict(json.loads(result.stdout))
+
     def process_env(self, **extra: str) -> dict[str, str]:
         env = {
             k: v
@@ -185,7 +199,8 @@ class Env:
         return env
 
 
-_redis_dbs = itertools.cycle(range(1, 16))
+# Redis databases 1-12 for tests (0 is the default, 13-15 are left to the demo and benchmarks).
+_redis_dbs = itertools.cycle(range(1, 13))
 
 
 def _new_database(pg_server_url: str, template: str) -> str:

@@ -6,7 +6,6 @@ process behaviour (signals, reconnects, start-up errors) is what is tested.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import re
@@ -18,6 +17,7 @@ import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import psycopg
 import pytest
@@ -182,17 +182,8 @@ def test_future_retry_is_dispatched_on_time_without_a_notification(
     assert due <= arrived <= due + timedelta(milliseconds=250), arrived - due
 
 
-def run_sweep(env: Env, *args: str) -> dict[str, object]:
-    result = subprocess.run(
-        [sys.executable, "-m", "reactor", "sweep", *args],
-        env=env.process_env(),
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stderr
-    return dict(json.loads(result.stdout))
+def run_sweep(env: Env, *args: str) -> dict[str, Any]:
+    return env.cli_json("sweep", *args)
 
 
 def make_stale(
@@ -392,14 +383,6 @@ def test_rows_parked_at_infinity_break_nothing(env: Env, spawn: Callable[..., Pr
         ("ancient", "photo.process", "active", 1),
         ("never", "photo.process", "pending", 0),
     ]
-    status = subprocess.run(
-        [sys.executable, "-m", "reactor", "status", "--json"],
-        env=env.process_env(),
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=60,
-    )
-    assert status.returncode == 0, status.stderr
+    assert env.cli_json("status", "--json")["types"][0]["counts"]["pending"] == 1
     assert reactor.proc.poll() is None
     assert "connection_lost" not in reactor.output()

@@ -7,11 +7,8 @@ or by one sweep round.
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -20,7 +17,7 @@ import psycopg
 import pytest
 
 from reactor import submit
-from tests.conftest import ROOT, Env, Process, start_reactor, start_worker, wait_for
+from tests.conftest import Env, Process, start_reactor, start_worker, wait_for
 from tests.handlers import SCHEMA
 from tests.helpers import insert_rows, queue_ids, rows, states
 
@@ -47,16 +44,7 @@ def runs(conn: psycopg.Connection[Any], photo_id: str | None = None) -> list[tup
 
 
 def sweep(env: Env, handler: str, *args: str) -> dict[str, Any]:
-    result = subprocess.run(
-        [sys.executable, "-m", "reactor", "sweep", "--route", route(handler), *args],
-        env=env.process_env(),
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stderr
-    return dict(json.loads(result.stdout))
+    return env.cli_json("sweep", "--route", route(handler), *args)
 
 
 def burst(spawn: Callable[..., Process], env: Env, **extra: str) -> Process:
@@ -183,18 +171,17 @@ def test_superseded_attempt_changes_nothing(
     second.stop()
 
 
+def start_fast_rescue_reactor(spawn: Callable[..., Process], handler: str) -> Process:
+    """A reactor that sweeps every 0.3 s and rescues after 1 s without heartbeat."""
+    return start_reactor(
+        spawn, "--route", route(handler), "--stale-after", "1", "--sweep-interval", "0.3"
+    )
+
+
 def test_heartbeat_keeps_a_long_handler_alive(
     env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
 ) -> None:
-    start_reactor(
-        spawn,
-        "--route",
-        route("slow_first_attempt"),
-        "--stale-after",
-        "1",
-        "--sweep-interval",
-        "0.3",
-    )
+    start_fast_rescue_reactor(spawn, "slow_first_attempt")
     start_worker(
         spawn, env, REACTOR_HEARTBEAT_SECONDS="0.2", REACTOR_TEST_WORK_SECONDS="3"
     )  # the handler works 3x stale_after
@@ -207,15 +194,7 @@ def test_heartbeat_keeps_a_long_handler_alive(
 def test_worker_killed_mid_handler_is_rescued_and_completed_elsewhere(
     env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
 ) -> None:
-    start_reactor(
-        spawn,
-        "--route",
-        route("slow_first_attempt"),
-        "--stale-after",
-        "1",
-        "--sweep-interval",
-        "0.3",
-    )
+    start_fast_rescue_reactor(spawn, "slow_first_attempt")
     doomed = start_worker(
         spawn, env, REACTOR_HEARTBEAT_SECONDS="0.2", REACTOR_TEST_WORK_SECONDS="60"
     )
@@ -269,19 +248,6 @@ def test_end_to_end_thousand_photos_with_failing_first_attempts(
     assert elapsed < 240
 
 
-def reactor_cli(env: Env, *args: str) -> dict[str, Any]:
-    result = subprocess.run(
-        [sys.executable, "-m", "reactor", *args],
-        env=env.process_env(),
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr
-    return dict(json.loads(result.stdout))
-
-
 def commits(conn: psycopg.Connection[Any], database: str) -> int:
     conn.execute("SELECT pg_stat_clear_snapshot()")
     row = conn.execute(
@@ -297,7 +263,7 @@ def test_requeue_in_batches_and_dispatch_at_once(
     insert_rows(conn, 100_000, state="failed", attempts=5, last_error="boom")
     start_reactor(spawn, "--sweep-interval", "600")
     before = commits(conn, env.database_name)
-    assert reactor_cli(env, "requeue", "--failed") == {"requeued": 100_000}
+    assert env.cli_json("requeue", "--failed") == {"requeued": 100_000}
     wait_for(
         lambda: commits(conn, env.database_name) - before >= 20, timeout=5, what="batch commits"
     )
@@ -316,7 +282,7 @@ def test_requeue_in_batches_and_dispatch_at_once(
 
 def test_requeue_named_photos(env: Env, conn: psycopg.Connection[Any]) -> None:
     insert_rows(conn, 3, state="done", attempts=1)
-    assert reactor_cli(env, "requeue", "p1", "p3", "absent") == {"requeued": 2}
+    assert env.cli_json("requeue", "p1", "p3", "absent") == {"requeued": 2}
     assert [s for _, _, s, _ in rows(conn)] == ["pending", "done", "pending"]
 
 
@@ -329,6 +295,6 @@ def test_prune_deletes_old_finished_rows_in_batches(
         insert_rows(conn, 10, prefix="oldfail", state="failed", updated_at="2020-01-01")
     insert_rows(conn, 10, prefix="new", state="done")
     insert_rows(conn, 5, prefix="pend")
-    result = reactor_cli(env, "prune", "--done-older-than", "7d", "--failed-older-than", "30d")
+    result = env.cli_json("prune", "--done-older-than", "7d", "--failed-older-than", "30d")
     assert result == {"deleted_done": 100_000, "deleted_failed": 10}
     assert states(conn) == {"done": 10, "pending": 5}
