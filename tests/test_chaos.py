@@ -203,6 +203,7 @@ def inject(kind: str, cluster: Cluster, rng: random.Random, admin: psycopg.Conne
             admin.execute("SELECT pg_notify('photo_jobs', %s)", [payload])
 
 
+@pytest.mark.timeout(FAULT_SECONDS + 600)  # faults, then up to 240 s to settle, then checks
 def test_nothing_lost_or_doubled_under_faults(env: Env, spawn: Callable[..., Process]) -> None:
     rng = random.Random(SEED)
     plan = schedule(rng, FAULT_SECONDS)
