@@ -116,7 +116,10 @@ SELECT type, 'active', count(*) FROM photo_jobs WHERE state = 'active' GROUP BY 
 #: Seconds since the oldest due pending row of each given type became due (0 if none).
 OLDEST_DUE_AGE = """
 SELECT t.type,
-       coalesce(extract(epoch FROM now() - greatest(d.due, '1970-01-01'::timestamptz)), 0)::float8
+       -- clamp '-infinity' (greatest() would also turn a NULL "none due" into 1970)
+       CASE WHEN d.due IS NULL THEN 0
+            ELSE extract(epoch FROM now() - greatest(d.due, '1970-01-01'::timestamptz))
+       END::float8
   FROM unnest(%(types)s::text[]) AS t(type)
   LEFT JOIN LATERAL (
         SELECT coalesce(p.next_retry_at, p.created_at) AS due

@@ -24,11 +24,13 @@ _STATES = ("pending", "active", "done", "failed")
 _COUNTS = "SELECT type, state, count(*) FROM photo_jobs GROUP BY type, state ORDER BY type"
 _PER_TYPE = """
 SELECT t.type,
-       (SELECT extract(epoch FROM now() - greatest(min(coalesce(p.next_retry_at, p.created_at)),
-                                                   '1970-01-01'::timestamptz))::float8
-          FROM photo_jobs AS p
-         WHERE p.type = t.type AND p.state = 'pending'
-           AND coalesce(p.next_retry_at, p.created_at) <= now()),
+       (SELECT CASE WHEN min(due) IS NULL THEN NULL  -- none due (greatest() skips NULLs)
+                    ELSE extract(epoch FROM now() - greatest(min(due), '1970-01-01'::timestamptz))
+               END::float8
+          FROM (SELECT coalesce(p.next_retry_at, p.created_at) AS due
+                  FROM photo_jobs AS p
+                 WHERE p.type = t.type AND p.state = 'pending'
+                   AND coalesce(p.next_retry_at, p.created_at) <= now()) AS d),
        (SELECT min(p.next_retry_at)::text  -- text: 'infinity' has no Python datetime
           FROM photo_jobs AS p
          WHERE p.type = t.type AND p.state = 'pending'

@@ -383,6 +383,11 @@ def test_rows_parked_at_infinity_break_nothing(env: Env, spawn: Callable[..., Pr
         ("ancient", "photo.process", "active", 1),
         ("never", "photo.process", "pending", 0),
     ]
-    assert env.cli_json("status", "--json")["types"][0]["counts"]["pending"] == 1
+    status = env.cli_json("status", "--json")["types"][0]
+    assert status["counts"]["pending"] == 1
+    assert status["oldest_due_age_seconds"] is None  # nothing is due
+    assert status["next_retry_at"] == "infinity"
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    assert 'reactor_oldest_due_age_seconds{type="photo.process"} 0.0' in text
     assert reactor.proc.poll() is None
     assert "connection_lost" not in reactor.output()
