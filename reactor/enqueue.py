@@ -28,7 +28,14 @@ from reactor.redact import redact
 from reactor.routes import Route
 from reactor.settings import FAILED_JOB_TTL_SECONDS
 
-__all__ = ["ALIVE_STATUSES", "STARTED", "EnqueueResult", "Enqueuer", "connect_redis"]
+__all__ = [
+    "ALIVE_STATUSES",
+    "QUEUED",
+    "STARTED",
+    "EnqueueResult",
+    "Enqueuer",
+    "connect_redis",
+]
 
 #: RQ status of a job a worker has taken.
 STARTED = b"started"

@@ -158,7 +158,7 @@ class Sweeper:
                         waiting.append(ref)
                 # A long wait in the queue is normal; a job queued in no queue is an orphan.
                 orphaned = self._enqueuer.orphaned(waiting)
-                gone += [ref for ref, lost in zip(waiting, orphaned, strict=True) if lost]
+                gone += [ref for ref, orphan in zip(waiting, orphaned, strict=True) if orphan]
                 batch = self._redispatch(gone, None, "job lost: its RQ job vanished from Redis")
                 lost += batch.claimed
                 failed += batch.failed
