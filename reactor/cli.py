@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import click
 
 from reactor import __version__, admin, db
+from reactor.doorbell import DoorbellMode
 from reactor.errors import ReactorError
 from reactor.logs import configure_logging
 from reactor.loop import Reactor
@@ -28,6 +29,7 @@ from reactor.redact import redact
 from reactor.routes import DEMO_ROUTE, Route, parse_routes
 from reactor.settings import (
     DEFAULT_BATCH_SIZE,
+    DEFAULT_POLL_INTERVAL_SECONDS,
     DEFAULT_REDIS_URL,
     DEFAULT_STALE_AFTER_SECONDS,
     DEFAULT_SWEEP_INTERVAL_SECONDS,
@@ -125,11 +127,30 @@ def _dispatch_options(func: F) -> F:
         help="Seconds between fallback sweeps (± 10 % jitter).",
     )(func)
     func = click.option(
+        "--doorbell",
+        type=click.Choice([m.value for m in DoorbellMode]),
+        envvar="REACTOR_DOORBELL",
+        default=DoorbellMode.ADAPTIVE.value,
+        show_default=True,
+        show_envvar=True,
+        help="adaptive: writers notify only while the reactor is idle; plain: writers always "
+        "notify; poll-only: no LISTEN connection, drain every --poll-interval.",
+    )(func)
+    func = click.option(
+        "--poll-interval",
+        type=click.FloatRange(min=0, min_open=True),
+        envvar="REACTOR_POLL_INTERVAL",
+        default=DEFAULT_POLL_INTERVAL_SECONDS,
+        show_default=True,
+        show_envvar=True,
+        help="Seconds between drains in poll-only mode.",
+    )(func)
+    func = click.option(
         "--no-listen",
         is_flag=True,
         envvar="REACTOR_NO_LISTEN",
         show_envvar=True,
-        help="Poll only (for PgBouncer in transaction mode): no LISTEN connection.",
+        help="Same as --doorbell poll-only (for PgBouncer in transaction mode).",
     )(func)
     func = click.option(
         "--job-timeout",
@@ -177,7 +198,10 @@ def _settings(options: dict[str, Any]) -> ReactorSettings:
         batch_size=options["batch_size"],
         sweep_interval_seconds=options["sweep_interval"],
         stale_after_seconds=options["stale_after"],
-        listen=not options["no_listen"],
+        doorbell=DoorbellMode.POLL_ONLY
+        if options["no_listen"]
+        else DoorbellMode(options["doorbell"]),
+        poll_interval_seconds=options["poll_interval"],
         metrics_port=options["metrics_port"],
         metrics_host=options["metrics_host"],
         job_timeout_seconds=options["job_timeout"],
@@ -240,7 +264,7 @@ def run(**options: Any) -> None:
 @_dispatch_options
 def sweep(**options: Any) -> None:
     """Run one sweep round and print its result as JSON."""
-    settings = replace(_settings(options), listen=False, metrics_port=None)
+    settings = replace(_settings(options), doorbell=DoorbellMode.POLL_ONLY, metrics_port=None)
     reactor = Reactor(settings)
     reactor.start()
     try:

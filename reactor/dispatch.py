@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import psycopg
@@ -53,12 +54,14 @@ class BatchResult:
 
 @dataclass(frozen=True)
 class DrainResult:
-    """A drain: batches claimed until one came back short (or a stop was requested)."""
+    """A drain: batches claimed until every type came back short, a stop was requested, or
+    the drain's time slice ran out (`more`: rows may be left; drain again soon)."""
 
     claimed: int = 0
     enqueued: int = 0
     already_enqueued: int = 0
     batches: int = 0
+    more: bool = False
 
     def add(self, batch: BatchResult) -> DrainResult:
         return DrainResult(
@@ -66,6 +69,7 @@ class DrainResult:
             self.enqueued + batch.enqueued,
             self.already_enqueued + batch.already_enqueued,
             self.batches + 1,
+            self.more,
         )
 
 
@@ -162,15 +166,20 @@ class Dispatcher:
     # -- draining ----------------------------------------------------------------------------
 
     def drain(
-        self, types: Iterable[str], should_stop: Callable[[], bool] = lambda: False
+        self,
+        types: Iterable[str],
+        should_stop: Callable[[], bool] = lambda: False,
+        slice_seconds: float | None = None,
     ) -> DrainResult:
-        """Claim batches of each type until one comes back short, or a stop is requested
-        (checked between batches: a batch, once claimed, is always finished)."""
-        total = DrainResult()
+        """Claim batches until each type comes back short, taking the types in turn (one
+        batch each per round, so a busy type cannot starve the others), until a stop is
+        requested (checked between batches: a batch, once claimed, is always finished) or
+        `slice_seconds` have passed (then `more` is set and the caller drains again later)."""
         started = time.monotonic()
-        for job_type in types:
-            if job_type in self._routes and not should_stop():
-                total = self._drain_type(job_type, should_stop, total)
+        rotation = deque(t for t in dict.fromkeys(types) if t in self._routes)
+        total = DrainResult()
+        if rotation and not should_stop():
+            total = self._drain_rotation(rotation, should_stop, started, slice_seconds)
         if total.claimed:
             logger.info(
                 "batch_dispatched claimed=%d enqueued=%d already_enqueued=%d batches=%d "
@@ -183,18 +192,32 @@ class Dispatcher:
             )
         return total
 
-    def _drain_type(
-        self, job_type: str, should_stop: Callable[[], bool], total: DrainResult
+    def _drain_rotation(
+        self,
+        rotation: deque[str],
+        should_stop: Callable[[], bool],
+        started: float,
+        slice_seconds: float | None,
     ) -> DrainResult:
-        params = self._claim_params(job_type)
+        total = DrainResult()
         conn = self.conn
-        rows = self._claim(conn, queries.CLAIM_DUE, params)
+        job_type = rotation.popleft()
+        rows = self._claim(conn, queries.CLAIM_DUE, self._claim_params(job_type))
         while True:
+            if len(rows) == self._batch_size:
+                rotation.append(job_type)  # a full batch: this type may have more
+            out_of_time = slice_seconds is not None and time.monotonic() - started > slice_seconds
+            next_type = rotation.popleft() if rotation and not should_stop() else None
+            if out_of_time and next_type is not None:
+                next_type = None
+                total = replace(total, more=True)
             ahead: Future[list[Row]] | None = None
             other: Connection | None = None
-            if len(rows) == self._batch_size and not should_stop():
+            if next_type is not None and len(rows) == self._batch_size:
+                # A backlog: claim the next batch on the other connection meanwhile.
                 other = self._other_connection(conn)
                 if other is not None:
+                    params = self._claim_params(next_type)
                     ahead = self._pool().submit(self._claim, other, queries.CLAIM_DUE, params)
             try:
                 batch = self._deliver(conn, rows)
@@ -207,12 +230,13 @@ class Dispatcher:
                         _abandon(other)
                 raise
             total = total.add(batch)
+            if next_type is None:
+                return total
             if ahead is not None and other is not None:
                 rows, conn = ahead.result(), other
-            elif len(rows) == self._batch_size and not should_stop():
-                rows = self._claim(conn, queries.CLAIM_DUE, params)
             else:
-                return total
+                rows = self._claim(conn, queries.CLAIM_DUE, self._claim_params(next_type))
+            job_type = next_type
 
     def _other_connection(self, current: Connection) -> Connection | None:
         """The connection that is not `current` (opening the prefetch one if needed)."""

@@ -7,6 +7,9 @@ connection is probed with `SELECT 1` every `LIVENESS_SECONDS`, and TCP keepalive
 `reactor.db.connect`) catch a peer that died silently. Any failure is a `DatabaseError`; the
 caller reconnects, and must LISTEN again (a new session listens to nothing) and then drain,
 because notifications sent while it was gone are lost for good.
+
+The same session holds the doorbell lock (see `reactor.doorbell`), so the lock never outlives
+the connection that hears the notifications it asks for.
 """
 
 from __future__ import annotations
@@ -17,14 +20,39 @@ import time
 import psycopg
 
 from reactor.db import Connection, connect, describe_error
+from reactor.doorbell import ArmOutcome
 from reactor.errors import DatabaseError
 
-__all__ = ["CHANNEL", "LIVENESS_SECONDS", "Listener"]
+__all__ = ["ARM_LOCK_TIMEOUT_MS", "CHANNEL", "LIVENESS_SECONDS", "Listener"]
 
 #: The NOTIFY channel the triggers of sql/0003 use.
 CHANNEL = "photo_jobs"
 #: Probe an idle listener connection this often.
 LIVENESS_SECONDS = 15.0
+#: How long an arming reactor waits for writers in flight (their shared doorbell locks) before
+#: it gives up and polls on. While it waits, new writers notify, and the loop is blocked, so
+#: this bounds the extra delay an arm attempt can add.
+ARM_LOCK_TIMEOUT_MS = 10
+
+_LOCK = "SELECT pg_advisory_lock(photo_jobs_doorbell_key())"
+_TRY_LOCK = "SELECT pg_try_advisory_lock(photo_jobs_doorbell_key())"
+# Releases every session-level advisory lock of the listener session, which only ever takes
+# the doorbell: so a lock counted twice (a timeout that raced its grant) cannot stay behind.
+_UNLOCK = "SELECT pg_advisory_unlock_all()"
+# Who holds the doorbell in exclusive mode: this session, another one (a bigint key is
+# classid = high 32 bits, objid = low 32 bits, objsubid = 1 in pg_locks).
+_HOLDERS = """
+SELECT coalesce(bool_or(l.pid = pg_backend_pid()), false),
+       coalesce(bool_or(l.pid <> pg_backend_pid()), false)
+  FROM pg_locks AS l
+ WHERE l.locktype = 'advisory'
+   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+   AND l.classid = (photo_jobs_doorbell_key() >> 32)::oid
+   AND l.objid = (photo_jobs_doorbell_key() & 4294967295)::oid
+   AND l.objsubid = 1
+   AND l.mode = 'ExclusiveLock'
+   AND l.granted
+"""
 
 
 class Listener:
@@ -54,6 +82,9 @@ class Listener:
         conn = connect(self._url, autocommit=True, purpose="listener")
         try:
             conn.execute(f"LISTEN {CHANNEL}")
+            conn.execute(
+                "SELECT set_config('lock_timeout', %s, false)", [f"{ARM_LOCK_TIMEOUT_MS}ms"]
+            )
         except psycopg.Error as exc:
             conn.close()
             raise DatabaseError(f"LISTEN failed: {describe_error(exc)}") from exc
@@ -65,6 +96,54 @@ class Listener:
             self._conn.close()
             self._conn = None
 
+    def lock_doorbell(self) -> ArmOutcome:
+        """Take the doorbell lock in exclusive mode, waiting at most `ARM_LOCK_TIMEOUT_MS`.
+
+        Raises:
+            DatabaseError: the connection failed; it is closed.
+        """
+        conn = self._require()
+        try:
+            row = conn.execute(_TRY_LOCK).fetchone()
+            if row is not None and row[0]:
+                return ArmOutcome.ARMED
+            try:
+                # Queue behind the writers in flight (new writers notify while we wait).
+                conn.execute(_LOCK)
+                return ArmOutcome.ARMED
+            except psycopg.errors.LockNotAvailable:
+                pass
+            # The timeout can fire just as the lock is granted: then we hold it although
+            # the call failed. Ask the server.
+            mine, other = conn.execute(_HOLDERS).fetchone() or (False, False)
+        except psycopg.Error as exc:
+            self.close()
+            raise DatabaseError(f"listener connection lost: {describe_error(exc)}") from exc
+        finally:
+            self._last_traffic = time.monotonic()
+        if mine:
+            return ArmOutcome.ARMED
+        return ArmOutcome.HELD_ELSEWHERE if other else ArmOutcome.BUSY
+
+    def unlock_doorbell(self) -> None:
+        """Release the doorbell lock.
+
+        Raises:
+            DatabaseError: the connection failed; it is closed (which releases the lock too).
+        """
+        conn = self._require()
+        try:
+            conn.execute(_UNLOCK)
+        except psycopg.Error as exc:
+            self.close()
+            raise DatabaseError(f"listener connection lost: {describe_error(exc)}") from exc
+        self._last_traffic = time.monotonic()
+
+    def _require(self) -> Connection:
+        if self._conn is None:
+            raise DatabaseError("listener is not connected")
+        return self._conn
+
     def wait(self, timeout: float, wake_fd: int) -> list[str]:
         """Wait up to `timeout` seconds for notifications, or until `wake_fd` is readable.
 
@@ -74,9 +153,7 @@ class Listener:
         Raises:
             DatabaseError: the connection failed; it is closed.
         """
-        conn = self._conn
-        if conn is None:
-            raise DatabaseError("listener is not connected")
+        conn = self._require()
         try:
             payloads = [n.payload for n in conn.notifies(timeout=0)]
             if not payloads:

@@ -1,11 +1,13 @@
 """The reactor process: wait for a reason to work, then drain; survive every failure.
 
-Loop: wait for the first of {a notification, the next sweep (interval ± 10 % jitter), the
-earliest future `next_retry_at` of a routed type, a stop request}; then drain what it calls
-for. Notifications are read *before* draining, so a row committed during a drain sends a
+Loop: wait for the first of {a notification, the next poll while the doorbell is not armed
+(see `reactor.doorbell`), the next sweep (interval ± 10 % jitter), the earliest future
+`next_retry_at` of a routed type, a stop request}; then drain what it calls for.
+Notifications are read *before* draining, so a row committed during a drain sends a
 notification that is still unread when the drain ends and causes one more drain: no lost
 wake-up. On start and on every reconnect the listener LISTENs first and the reactor drains
-at once, catching up on whatever was committed while nobody listened.
+at once, catching up on whatever was committed while nobody listened; it then polls until
+the table is quiet and arms the doorbell again (a lost connection released it).
 
 Failure policy: at start-up a bad URL, an unreachable or unmigrated database, or a Redis that
 refuses our credentials is a `ConfigError` (exit 2). At runtime, Postgres failures reconnect
@@ -25,7 +27,8 @@ import redis
 import tenacity
 
 from reactor import db
-from reactor.dispatch import Dispatcher
+from reactor.dispatch import Dispatcher, DrainResult
+from reactor.doorbell import ArmOutcome, Doorbell
 from reactor.enqueue import Enqueuer, connect_redis
 from reactor.errors import ConfigError, DatabaseError, EnqueueError
 from reactor.listener import Listener
@@ -44,6 +47,12 @@ BACKOFF_MULTIPLIER_SECONDS = 0.1
 BACKOFF_MAX_SECONDS = 10.0
 #: Pause after a failed loop iteration before reconnecting.
 ERROR_PAUSE_SECONDS = 0.2
+#: A drain returns to the loop after this long even if rows keep coming (and the loop drains
+#: again at once), so that sweeps, rescues, timers and stop requests are never starved.
+DRAIN_SLICE_SECONDS = 1.0
+#: Look up the next due time before any wait that may last longer than this (not before
+#: every 2 ms poll: a poll finds rows that became due anyway).
+NEXT_DUE_LOOKUP_SECONDS = 0.05
 
 
 def _jittered(seconds: float) -> float:
@@ -74,6 +83,12 @@ class Reactor:
         self._before_commit = before_commit
         self._warned_unknown: set[str] = set()
         self.metrics = Metrics()
+        self._bell = Doorbell(
+            settings.doorbell,
+            self._listener,
+            self.metrics,
+            poll_interval_seconds=settings.poll_interval_seconds,
+        )
         interval = settings.sweep_interval_seconds
         self.health = HealthCheck(settings.listen, max(2 * interval, interval + 10))
         self._http: ThreadingHTTPServer | None = None
@@ -148,9 +163,9 @@ class Reactor:
                 ) from None
         self._listener_ok()
         logger.info(
-            "reactor_started types=%s listen=%s batch_size=%d sweep_interval=%.1fs",
+            "reactor_started types=%s doorbell=%s batch_size=%d sweep_interval=%.1fs",
             ",".join(self._types),
-            self._listener is not None,
+            self.settings.doorbell.value,
             self.settings.batch_size,
             self.settings.sweep_interval_seconds,
         )
@@ -193,27 +208,32 @@ class Reactor:
 
     # -- the loop ----------------------------------------------------------------------------
 
-    def _drain(self, types: Iterable[str]) -> float | None:
-        """Drain `types`, retrying while Redis refuses; return seconds to the next due row."""
+    def _drain(self, types: Iterable[str]) -> DrainResult:
+        """Drain `types` for up to one slice, retrying while Redis refuses."""
         assert self._dispatcher is not None
         dispatcher = self._dispatcher
         wanted = list(types)
-        self._retrying(EnqueueError, "drain")(
-            dispatcher.drain, wanted, lambda: self.stopper.requested
+        return self._retrying(EnqueueError, "drain")(
+            dispatcher.drain, wanted, lambda: self.stopper.requested, DRAIN_SLICE_SECONDS
         )
-        return dispatcher.seconds_until_next_due()
+
+    def _next_due(self) -> float | None:
+        """Monotonic time at which the earliest not-yet-due pending row becomes due."""
+        assert self._dispatcher is not None
+        due_in = self._dispatcher.seconds_until_next_due()
+        return None if due_in is None else time.monotonic() + due_in
 
     def sweep_once(self) -> SweepResult:
         """One sweep round (`reactor sweep`); `start()` must have succeeded."""
         assert self._sweeper is not None
         return self._sweeper.run_once(lambda: self.stopper.requested)
 
-    def _sweep(self) -> float | None:
-        assert self._dispatcher is not None and self._sweeper is not None
-        self.sweep_once()
+    def _sweep(self) -> SweepResult:
+        assert self._sweeper is not None
+        result = self._sweeper.run_once(lambda: self.stopper.requested, DRAIN_SLICE_SECONDS)
         if self._http is not None:
             self._sweeper.refresh_backlog_metrics()
-        return self._dispatcher.seconds_until_next_due()
+        return result
 
     def _wait(self, timeout: float) -> list[str]:
         self.health.turned()
@@ -240,32 +260,53 @@ class Reactor:
     def run(self) -> None:
         """Run until a stop is requested. `start()` must have succeeded."""
         interval = self.settings.sweep_interval_seconds
+        bell = self._bell
         next_sweep = time.monotonic() + _jittered(interval)
         next_due: float | None = None
-        catch_up = True
+        due_known = False  # next_due was looked up after the last drain
+        backlog = True  # drain every type at the next turn (start, reconnect, a cut drain)
         while not self.stopper.requested:
             try:
                 if not (self._work_connection_ok() and self._listener_ok()):
                     self._reconnect()
-                    catch_up = True
-                if catch_up:
-                    due_in = self._drain(self._types)
-                    catch_up = False
-                    next_due = None if due_in is None else time.monotonic() + due_in
+                    bell.lost()
+                    backlog = True
                 now = time.monotonic()
-                deadline = next_sweep if next_due is None else min(next_sweep, next_due)
-                types = self._routed(self._wait(deadline - now))
+                if not backlog and bell.should_arm(now) and bell.arm(now) is ArmOutcome.ARMED:
+                    # Every writer that skipped NOTIFY has ended: its rows are visible now.
+                    backlog = True
+                now = time.monotonic()
+                bell_in = 0.0 if backlog else bell.timeout(now)
+                if not due_known and (bell_in is None or bell_in > NEXT_DUE_LOOKUP_SECONDS):
+                    next_due, due_known = self._next_due(), True
+                deadline = min(
+                    t
+                    for t in (next_sweep, next_due, None if bell_in is None else now + bell_in)
+                    if t is not None
+                )
+                payloads = self._wait(deadline - now)
+                types = self._routed(payloads)
+                if payloads:
+                    bell.rung(routed=bool(types))
                 if self.stopper.requested:
                     break
                 now = time.monotonic()
+                result: DrainResult | SweepResult
                 if now >= next_sweep:
-                    due_in = self._sweep()
+                    result = self._sweep()
                     next_sweep = now + _jittered(interval)
-                elif types or (next_due is not None and now >= next_due):
-                    due_in = self._drain(types or self._types)
+                elif backlog or (next_due is not None and now >= next_due):
+                    result = self._drain(self._types)
+                elif types:
+                    result = self._drain(types)
+                elif bell.should_poll():
+                    self.metrics.polls.inc()
+                    result = self._drain(self._types)
                 else:
                     continue
-                next_due = None if due_in is None else time.monotonic() + due_in
+                bell.drained(result.claimed)
+                backlog = result.more
+                due_known = False
             except DatabaseError as exc:
                 if self.stopper.requested:
                     break

@@ -66,6 +66,23 @@ class Metrics:
             "reactor_notifications", "NOTIFY wake-ups received (any payload).", registry=r
         )
         self.sweeps = Counter("reactor_sweeps", "Sweep rounds completed.", registry=r)
+        self.polls = Counter(
+            "reactor_polls",
+            "Drains run because the reactor was polling (doorbell not armed), not because of "
+            "a notification, a timer or a sweep.",
+            registry=r,
+        )
+        self.doorbell_armed = Gauge(
+            "reactor_doorbell_armed",
+            "1 while this reactor holds the doorbell lock (writers notify), else 0.",
+            registry=r,
+        )
+        self.doorbell_arms = Counter(
+            "reactor_doorbell_arm_attempts",
+            "Attempts to take the doorbell lock, by outcome (armed, held_elsewhere, busy).",
+            ["outcome"],
+            registry=r,
+        )
         self.backlog = Gauge(
             "reactor_backlog",
             "Rows pending or active, by type and state (refreshed after every sweep).",

@@ -12,12 +12,14 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from reactor.doorbell import DoorbellMode
 from reactor.errors import ConfigError
 from reactor.routes import Route
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
     "DEFAULT_HEARTBEAT_SECONDS",
+    "DEFAULT_POLL_INTERVAL_SECONDS",
     "DEFAULT_REDIS_URL",
     "DEFAULT_RETRY_BASE_SECONDS",
     "DEFAULT_RETRY_MAX_SECONDS",
@@ -31,6 +33,8 @@ __all__ = [
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 DEFAULT_BATCH_SIZE = 500
 DEFAULT_SWEEP_INTERVAL_SECONDS = 30.0
+#: Poll-only mode: how often the reactor looks for due rows without a notification.
+DEFAULT_POLL_INTERVAL_SECONDS = 1.0
 DEFAULT_STALE_AFTER_SECONDS = 300.0
 DEFAULT_RETRY_BASE_SECONDS = 5.0
 DEFAULT_RETRY_MAX_SECONDS = 3600.0
@@ -49,7 +53,8 @@ class ReactorSettings:
     batch_size: int = DEFAULT_BATCH_SIZE
     sweep_interval_seconds: float = DEFAULT_SWEEP_INTERVAL_SECONDS
     stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS
-    listen: bool = True
+    doorbell: DoorbellMode = DoorbellMode.ADAPTIVE
+    poll_interval_seconds: float = DEFAULT_POLL_INTERVAL_SECONDS
     metrics_port: int | None = None
     metrics_host: str = "0.0.0.0"
     job_timeout_seconds: int | None = None
@@ -61,6 +66,13 @@ class ReactorSettings:
             raise ConfigError("sweep interval must be positive")
         if self.stale_after_seconds <= 0:
             raise ConfigError("stale-after must be positive")
+        if self.poll_interval_seconds <= 0:
+            raise ConfigError("poll interval must be positive")
+
+    @property
+    def listen(self) -> bool:
+        """Whether the reactor keeps a LISTEN connection (every doorbell mode but poll-only)."""
+        return self.doorbell is not DoorbellMode.POLL_ONLY
 
 
 def _positive_float(env: Mapping[str, str], name: str, default: float) -> float:

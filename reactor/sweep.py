@@ -50,6 +50,7 @@ class SweepResult:
     lost: int = 0
     enqueue_failures: int = 0
     unrouted_types: tuple[str, ...] = field(default=())
+    more: bool = False
 
 
 class Sweeper:
@@ -73,16 +74,21 @@ class Sweeper:
         self._warned_unrouted: set[str] = set()
         self._metrics = dispatcher.metrics
 
-    def run_once(self, should_stop: Callable[[], bool] = lambda: False) -> SweepResult:
+    def run_once(
+        self, should_stop: Callable[[], bool] = lambda: False, slice_seconds: float | None = None
+    ) -> SweepResult:
         """Run the four steps; a Redis failure in one step is counted and the others go on.
+        The drain step stops after `slice_seconds` (then `more` is set), so a backlog that
+        keeps growing cannot keep the rescue step from running.
 
         Raises:
             DatabaseError: Postgres failed (the caller reconnects).
         """
         claimed = enqueued = rescued = rescue_failed = lost = failures = 0
+        more = False
         try:
-            drained = self._dispatcher.drain(self._types, should_stop)
-            claimed, enqueued = drained.claimed, drained.enqueued
+            drained = self._dispatcher.drain(self._types, should_stop, slice_seconds)
+            claimed, enqueued, more = drained.claimed, drained.enqueued, drained.more
         except EnqueueError as exc:
             failures += exc.rows
             logger.warning("sweep_enqueue_failed step=drain error=%s", exc)
@@ -98,7 +104,7 @@ class Sweeper:
         metrics.rescued.labels("lost").inc(lost)
         metrics.rescue_failed.inc(rescue_failed)
         result = SweepResult(
-            claimed, enqueued, rescued, rescue_failed, lost, failures, tuple(unrouted)
+            claimed, enqueued, rescued, rescue_failed, lost, failures, tuple(unrouted), more
         )
         if claimed or rescued or rescue_failed or lost or failures:
             logger.info(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import urllib.request
 from typing import Any
 
 import psycopg
@@ -56,3 +58,38 @@ def insert_rows(
         f"INSERT INTO photo_jobs ({names}) SELECT {values} FROM generate_series(1, %(n)s) AS i",  # type: ignore[arg-type]
         {"prefix": prefix, "n": count, **columns},
     )
+
+
+def metric(text: str, name: str) -> float:
+    """One sample of a Prometheus text exposition (0 if absent)."""
+    match = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.M)
+    return float(match.group(1)) if match else 0.0
+
+
+def scrape(port: int) -> str:
+    """The /metrics text of a reactor serving on 127.0.0.1:`port`."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        return str(response.read().decode())
+
+
+def doorbell_locks(conn: psycopg.Connection[Any]) -> list[tuple[int, str, bool]]:
+    """(pid, mode, granted) of every lock on the doorbell key in this database."""
+    return [
+        (int(pid), str(mode), bool(granted))
+        for pid, mode, granted in conn.execute(
+            """SELECT pid, mode, granted FROM pg_locks
+                WHERE locktype = 'advisory'
+                  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                  AND classid = (photo_jobs_doorbell_key() >> 32)::oid
+                  AND objid = (photo_jobs_doorbell_key() & 4294967295)::oid
+                ORDER BY granted DESC, pid"""
+        )
+    ]
+
+
+def armed_by(conn: psycopg.Connection[Any]) -> int | None:
+    """The pid holding the doorbell in exclusive mode, if any."""
+    held = [
+        pid for pid, mode, granted in doorbell_locks(conn) if granted and mode == "ExclusiveLock"
+    ]
+    return held[0] if held else None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 import urllib.error
@@ -17,7 +16,7 @@ from click import Context
 
 from reactor.cli import cli
 from tests.conftest import ROOT, Env, Process, start_reactor, wait_for
-from tests.helpers import insert_rows, states
+from tests.helpers import armed_by, insert_rows, metric, states
 from tests.servers import RedisServer, free_port
 
 
@@ -29,18 +28,15 @@ def get(url: str) -> tuple[int, str]:
         return exc.code, exc.read().decode()
 
 
-def metric(text: str, name: str) -> float:
-    match = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.M)
-    return float(match.group(1)) if match else 0.0
-
-
 def test_metrics_and_health_over_http(env: Env, spawn: Callable[..., Process]) -> None:
     port = free_port()
     start_reactor(spawn, "--metrics-port", str(port), "--metrics-host", "127.0.0.1")
     base = f"http://127.0.0.1:{port}"
     assert get(base + "/healthz") == (200, "ok\n")
-    _, before = get(base + "/metrics")
     conn = env.connect()
+    wait_for(lambda: armed_by(conn), what="an idle reactor arming its doorbell")
+    _, before = get(base + "/metrics")
+    assert metric(before, "reactor_doorbell_armed") == 1
     insert_rows(conn, 7)
     wait_for(lambda: states(conn) == {"active": 7}, what="dispatch")
 

@@ -1,4 +1,8 @@
-"""The table, its triggers and indexes, and `submit()`, against a real Postgres."""
+"""The table, its triggers and indexes, and `submit()`, against a real Postgres.
+
+The notification tests here run with an armed listener (one holding the doorbell lock); what
+the triggers do when no reactor is armed is in test_doorbell.py.
+"""
 
 from __future__ import annotations
 
@@ -17,12 +21,18 @@ SENTINEL = "photo_jobs_test_sentinel"
 
 
 class Notifications:
-    """A LISTEN session that can tell exactly what a piece of writing sent."""
+    """A LISTEN session that can tell exactly what a piece of writing sent.
 
-    def __init__(self, env: Env) -> None:
+    `armed`: the session holds the doorbell lock as an idle reactor does (sql/0004), so the
+    triggers notify; unarmed, they must stay silent.
+    """
+
+    def __init__(self, env: Env, *, armed: bool = True) -> None:
         self.listener = env.connect()
         self.listener.execute("LISTEN photo_jobs")
         self.listener.execute(f"LISTEN {SENTINEL}")
+        if armed:
+            self.listener.execute("SELECT pg_advisory_lock(photo_jobs_doorbell_key())")
         self.writer = env.connect()
 
     def sent_by(self, write: Callable[[psycopg.Connection[Any]], None]) -> list[str]:

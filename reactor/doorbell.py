@@ -1,0 +1,193 @@
+"""The adaptive doorbell: when the reactor asks writers to NOTIFY, and when it polls instead.
+
+The triggers of sql/0004 notify only while some reactor holds (or is queued for) the doorbell
+advisory lock in exclusive mode; a writer that finds the lock free takes it in shared mode
+for the rest of its transaction and sends nothing. Sending NOTIFY serialises committing
+writers (a cluster-wide lock held through the commit's WAL flush), so under load the reactor
+keeps the bell silent and polls; when the table goes quiet it arms the bell and sleeps.
+
+This class decides; `reactor.listener.Listener` runs the SQL (the lock lives in the LISTEN
+session, so a lost listener connection also releases it). Modes:
+
+- adaptive (default): after a wake-up, drain, then poll again every `POLL_PAUSE_SECONDS`
+  while rows keep coming. After `QUIET_DRAINS` empty drains in a row, arm: take the lock
+  (waiting at most the listener's lock timeout; every writer that skipped NOTIFY holds the
+  shared lock until its transaction ends, so once the lock is granted their rows are
+  committed and visible), drain once more, then wait for a notification. On a notification,
+  release the lock first, then drain, then poll again.
+- plain: take the lock and keep it; writers always notify (the behaviour of sql/0003).
+- poll-only: no LISTEN connection, no lock; drain every poll interval.
+
+Guarantee (with the sweep disabled): a committed pending row is drained by a reactor without
+waiting for the sweep. Either its writer notified (a listener hears it), or the writer held
+the shared lock, and then every reactor is polling, or arms after that writer's commit and
+drains after arming. A reactor that finds the lock held by another reactor only listens
+(every listener hears every notification) and tries again every `RECHECK_SECONDS`, which
+bounds the extra delay if that reactor dies silently while armed; any notification sends it
+back to polling, because the holder releases the lock when it is woken.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from typing import Protocol
+
+from reactor.metrics import Metrics
+
+__all__ = [
+    "POLL_PAUSE_SECONDS",
+    "QUIET_DRAINS",
+    "RECHECK_SECONDS",
+    "ArmOutcome",
+    "Doorbell",
+    "DoorbellMode",
+    "DoorbellSession",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Pause between polls while rows keep coming (adaptive and plain-but-not-armed).
+POLL_PAUSE_SECONDS = 0.002
+#: Empty drains in a row before an adaptive reactor arms the bell.
+QUIET_DRAINS = 3
+#: How often a reactor that found the lock held by another reactor tries again.
+RECHECK_SECONDS = 0.5
+
+
+class DoorbellMode(str, enum.Enum):
+    ADAPTIVE = "adaptive"
+    PLAIN = "plain"
+    POLL_ONLY = "poll-only"
+
+
+class ArmOutcome(str, enum.Enum):
+    #: This session holds the lock: writers notify from now on.
+    ARMED = "armed"
+    #: Another session (another reactor) holds it in exclusive mode: writers notify already.
+    HELD_ELSEWHERE = "held_elsewhere"
+    #: Writers in flight kept it past the lock timeout: nobody is armed, keep polling.
+    BUSY = "busy"
+
+
+class DoorbellSession(Protocol):
+    """The lock operations, run on the LISTEN connection."""
+
+    def lock_doorbell(self) -> ArmOutcome: ...
+
+    def unlock_doorbell(self) -> None: ...
+
+
+class Doorbell:
+    """The state of one reactor's doorbell: armed, polling, or listening while another is armed.
+
+    `session` is None only in poll-only mode. The lock calls raise `DatabaseError` when the
+    listener connection fails; the caller reconnects and calls `lost()`.
+    """
+
+    def __init__(
+        self,
+        mode: DoorbellMode,
+        session: DoorbellSession | None,
+        metrics: Metrics,
+        *,
+        poll_interval_seconds: float = POLL_PAUSE_SECONDS,
+    ) -> None:
+        if (session is None) != (mode is DoorbellMode.POLL_ONLY):
+            raise ValueError("a LISTEN session is needed by every mode but poll-only")
+        self.mode = mode
+        self._session = session
+        self._metrics = metrics
+        self._pause = (
+            poll_interval_seconds if mode is DoorbellMode.POLL_ONLY else POLL_PAUSE_SECONDS
+        )
+        self.armed = False
+        self.polling = True
+        self._empty = 0
+        self._recheck_at: float | None = None
+        metrics.doorbell_armed.set(0)
+
+    # -- what the loop asks --------------------------------------------------------------------
+
+    def timeout(self, now: float) -> float | None:
+        """How long the loop may wait before the doorbell needs it again (None: indefinitely)."""
+        if self.polling:
+            return self._pause
+        if self._recheck_at is not None:
+            return max(0.0, self._recheck_at - now)
+        return None
+
+    def should_poll(self) -> bool:
+        return self.polling
+
+    def should_arm(self, now: float) -> bool:
+        if self.armed or self.mode is DoorbellMode.POLL_ONLY:
+            return False
+        if self._recheck_at is not None:
+            return now >= self._recheck_at
+        return self.mode is DoorbellMode.PLAIN or self._empty >= QUIET_DRAINS
+
+    # -- what the loop reports -------------------------------------------------------------------
+
+    def drained(self, claimed: int) -> None:
+        """A drain (of any kind) claimed `claimed` rows."""
+        if claimed == 0:
+            self._empty += 1
+            return
+        self._empty = 0
+        if self.armed and self.mode is DoorbellMode.ADAPTIVE:
+            # Rows are coming (found right after arming, or by a timer or sweep): stop ringing.
+            self._disarm()
+            self.polling = True
+
+    def rung(self, routed: bool) -> None:
+        """A notification arrived (`routed`: it names a type this reactor dispatches)."""
+        if self.armed:
+            if routed and self.mode is DoorbellMode.ADAPTIVE:
+                # Release before draining: writers after this point skip NOTIFY, and the
+                # polling that follows the drain sees their rows.
+                self._disarm()
+                self.polling = True
+                self._empty = 0
+            return
+        if self._recheck_at is not None:
+            # The holder is being woken too and will release the lock: poll until quiet.
+            self._recheck_at = None
+            self.polling = True
+            self._empty = 0
+
+    def arm(self, now: float) -> ArmOutcome:
+        """Try to take the lock; the caller drains after ARMED (the rows of writers that
+        skipped NOTIFY are committed now)."""
+        assert self._session is not None
+        outcome = self._session.lock_doorbell()
+        self._metrics.doorbell_arms.labels(outcome.value).inc()
+        self._empty = 0
+        if outcome is ArmOutcome.ARMED:
+            self.armed = True
+            self.polling = False
+            self._recheck_at = None
+            self._metrics.doorbell_armed.set(1)
+        elif outcome is ArmOutcome.HELD_ELSEWHERE:
+            self.polling = False
+            self._recheck_at = now + RECHECK_SECONDS
+        else:
+            self.polling = True
+            self._recheck_at = None
+        logger.debug("doorbell_arm outcome=%s", outcome.value)
+        return outcome
+
+    def lost(self) -> None:
+        """The LISTEN connection was lost (and the lock with its session): poll, re-arm later."""
+        self.armed = False
+        self.polling = True
+        self._empty = 0
+        self._recheck_at = None
+        self._metrics.doorbell_armed.set(0)
+
+    def _disarm(self) -> None:
+        assert self._session is not None
+        self.armed = False
+        self._metrics.doorbell_armed.set(0)
+        self._session.unlock_doorbell()
+        logger.debug("doorbell_disarmed")

@@ -1,0 +1,472 @@
+"""The adaptive doorbell (sql/0004, reactor/doorbell.py): who notifies, when a reactor arms,
+and that no row waits for the fallback sweep while writers skip NOTIFY.
+
+Every test runs the reactor with a sweep interval far beyond the test, so a row that the
+doorbell design missed would stay `pending` and fail the test.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+import pytest
+
+from reactor.doorbell import RECHECK_SECONDS, ArmOutcome
+from reactor.listener import Listener
+from tests.conftest import Env, Process, start_reactor, wait_for
+from tests.helpers import armed_by, doorbell_locks, jobs_missing, metric, scrape, states
+from tests.servers import free_port
+from tests.test_schema import Notifications, in_tx
+
+NO_SWEEP = ("--sweep-interval", "3600")
+INSERT = "INSERT INTO photo_jobs (photo_id, type) VALUES (%s, %s)"
+
+
+def insert_one(
+    conn: psycopg.Connection[Any], photo_id: str, job_type: str = "photo.process"
+) -> None:
+    conn.execute(INSERT, [photo_id, job_type])
+
+
+def is_active(conn: psycopg.Connection[Any], photo_id: str) -> bool:
+    row = conn.execute("SELECT state FROM photo_jobs WHERE photo_id = %s", [photo_id]).fetchone()
+    return row is not None and row[0] == "active"
+
+
+def drain_notifications(conn: psycopg.Connection[Any], quiet: float = 0.5) -> int:
+    """Count the notifications that arrive until none has come for `quiet` seconds."""
+    count = 0
+    while True:
+        got = sum(1 for _ in conn.notifies(timeout=quiet))
+        if not got:
+            return count
+        count += got
+
+
+# -- the triggers --------------------------------------------------------------------------
+
+
+def test_with_no_reactor_armed_writers_send_nothing_and_hold_the_shared_lock(env: Env) -> None:
+    notes = Notifications(env, armed=False)
+    assert notes.sent_by(in_tx("INSERT INTO photo_jobs (photo_id, type) VALUES ('a', 't')")) == []
+    assert (
+        notes.sent_by(
+            in_tx(
+                "INSERT INTO photo_jobs (photo_id, type)"
+                " SELECT 'b' || i, 't' FROM generate_series(1, 100) AS i"
+            )
+        )
+        == []
+    )
+    assert notes.sent_by(in_tx("UPDATE photo_jobs SET state = 'done'")) == []
+    assert notes.sent_by(in_tx("UPDATE photo_jobs SET state = 'pending'")) == []
+
+    admin, writer = env.connect(), env.connect(autocommit=False)
+    insert_one(writer, "c")
+    # Held to the end of the transaction: an arming reactor must wait for this commit.
+    assert doorbell_locks(admin) == [(writer.info.backend_pid, "ShareLock", True)]
+    writer.commit()
+    assert doorbell_locks(admin) == []
+
+
+def test_writers_notify_while_a_reactor_is_queued_for_the_lock(env: Env) -> None:
+    notes = Notifications(env, armed=False)
+    admin, early = env.connect(), env.connect(autocommit=False)
+    insert_one(early, "early")  # skipped NOTIFY, holds the shared lock, not committed
+    arming = env.connect()
+    locker = threading.Thread(
+        target=arming.execute, args=("SELECT pg_advisory_lock(photo_jobs_doorbell_key())",)
+    )
+    locker.start()
+    wait_for(
+        lambda: (arming.info.backend_pid, "ExclusiveLock", False) in doorbell_locks(admin),
+        what="the exclusive request queued behind the early writer",
+    )
+    # A conditional shared request conflicts with the queued exclusive one: the writer rings.
+    late = in_tx("INSERT INTO photo_jobs (photo_id, type) VALUES ('late', 'photo.process')")
+    assert notes.sent_by(late) == ["photo.process"]
+    assert locker.is_alive(), "the exclusive lock must wait for the early writer"
+    early.commit()
+    locker.join(timeout=10)
+    assert not locker.is_alive()
+    assert armed_by(admin) == arming.info.backend_pid
+
+
+def test_lock_outcomes_of_the_listener_session(env: Env) -> None:
+    admin = env.connect()
+    first, second = Listener(env.database_url), Listener(env.database_url)
+    first.connect()
+    second.connect()
+    assert first.lock_doorbell() is ArmOutcome.ARMED
+    assert armed_by(admin) == first.backend_pid
+    assert second.lock_doorbell() is ArmOutcome.HELD_ELSEWHERE
+    first.unlock_doorbell()
+    assert doorbell_locks(admin) == []
+
+    writer = env.connect(autocommit=False)
+    insert_one(writer, "in-flight")
+    started = time.monotonic()
+    assert first.lock_doorbell() is ArmOutcome.BUSY
+    assert time.monotonic() - started < 1.0, "an arm attempt must give up quickly"
+    assert doorbell_locks(admin) == [(writer.info.backend_pid, "ShareLock", True)]
+    writer.commit()
+    assert first.lock_doorbell() is ArmOutcome.ARMED
+    first.close()  # the lock goes with the session
+    wait_for(lambda: doorbell_locks(admin) == [], what="lock released with the session")
+    assert second.lock_doorbell() is ArmOutcome.ARMED
+    second.close()
+
+
+# -- the reactor ---------------------------------------------------------------------------
+
+
+def reactor_listener(conn: psycopg.Connection[Any]) -> list[int]:
+    return [
+        int(pid)
+        for (pid,) in conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+            " AND application_name = 'photo-reactor listener' ORDER BY backend_start"
+        )
+    ]
+
+
+def test_an_idle_reactor_arms_and_each_isolated_insert_rings_it(
+    env: Env, spawn: Callable[..., Process]
+) -> None:
+    start_reactor(spawn, *NO_SWEEP)
+    admin, writer = env.connect(), env.connect()
+    delays = []
+    for i in range(10):
+        wait_for(lambda: armed_by(admin) in reactor_listener(admin), what="armed reactor")
+        insert_one(writer, f"iso{i}")
+        committed = time.monotonic()
+        wait_for(lambda i=i: is_active(admin, f"iso{i}"), interval=0.0005, what=f"iso{i}")  # type: ignore[misc]
+        delays.append(time.monotonic() - committed)
+    assert max(delays) < 0.1, f"dispatch delays (s): {sorted(delays)}"
+
+
+def stream(conn: psycopg.Connection[Any], seconds: float, prefix: str) -> int:
+    """Single-row inserting transactions back to back for `seconds`; how many committed."""
+    count = 0
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        insert_one(conn, f"{prefix}{count}")
+        count += 1
+    return count
+
+
+@pytest.mark.parametrize("mode", ["adaptive", "plain"])
+def test_under_a_stream_adaptive_writers_skip_notify_plain_writers_always_ring(
+    env: Env, spawn: Callable[..., Process], mode: str
+) -> None:
+    start_reactor(spawn, *NO_SWEEP, "--doorbell", mode)
+    admin, writer, listener = env.connect(), env.connect(), env.connect()
+    listener.execute("LISTEN photo_jobs")
+    wait_for(lambda: armed_by(admin) in reactor_listener(admin), what="armed reactor")
+    sent = stream(writer, 2.0, "s")
+    wait_for(lambda: states(admin) == {"active": sent}, timeout=10, what="all dispatched")
+    rang = drain_notifications(listener)
+    print(f"{mode}: {sent} transactions, {rang} notifications")
+    if mode == "plain":
+        assert rang == sent  # one per transaction (same payload only folds within one)
+        assert armed_by(admin) in reactor_listener(admin)  # never released
+    else:
+        assert rang * 10 < sent, f"{rang} of {sent} transactions notified"
+
+
+def test_a_second_reactor_takes_over_when_the_armed_one_dies(
+    env: Env, spawn: Callable[..., Process]
+) -> None:
+    first = start_reactor(spawn, *NO_SWEEP, name="first")
+    admin, writer = env.connect(), env.connect()
+    wait_for(lambda: armed_by(admin) in reactor_listener(admin), what="first reactor armed")
+    holder = armed_by(admin)
+    start_reactor(spawn, *NO_SWEEP, name="second")
+    wait_for(lambda: len(reactor_listener(admin)) == 2, what="second listener")
+    # The second reactor finds the lock held and only listens: a ring reaches both.
+    insert_one(writer, "both")
+    wait_for(lambda: is_active(admin, "both"), what="dispatch with two reactors")
+    wait_for(lambda: armed_by(admin) is not None, what="re-armed")
+    first.kill()
+    wait_for(lambda: holder not in reactor_listener(admin), what="first listener gone")
+    insert_one(writer, "orphan")
+    committed = time.monotonic()
+    wait_for(lambda: is_active(admin, "orphan"), timeout=10, interval=0.005, what="takeover")
+    delay = time.monotonic() - committed
+    assert delay < RECHECK_SECONDS + 1.5, f"took {delay:.3f}s"
+    wait_for(lambda: armed_by(admin) in reactor_listener(admin), what="second reactor armed")
+
+
+def test_poll_only_dispatches_every_poll_interval_without_listener_or_lock(
+    env: Env, spawn: Callable[..., Process]
+) -> None:
+    start_reactor(spawn, *NO_SWEEP, "--doorbell", "poll-only", "--poll-interval", "0.2")
+    admin, writer = env.connect(), env.connect()
+    assert reactor_listener(admin) == []
+    for i in range(3):
+        insert_one(writer, f"p{i}")
+        committed = time.monotonic()
+        wait_for(lambda i=i: is_active(admin, f"p{i}"), timeout=5, what=f"p{i}")  # type: ignore[misc]
+        assert time.monotonic() - committed < 0.2 + 0.4
+    assert doorbell_locks(admin) == []
+
+
+# -- correctness under mixed writers, with the sweep disabled ---------------------------------
+
+#: Seconds of mixed writing; the long form is REACTOR_DOORBELL_SECONDS=60.
+SOAK_SECONDS = float(os.environ.get("REACTOR_DOORBELL_SECONDS", "16"))
+TYPES = ("photo.process", "photo.thumb")
+ROUTES = [f"--route={t}=reactor.demo.process_photo" for t in TYPES]
+
+
+@dataclass
+class Ledger:
+    """What the writers committed, and what they rolled back."""
+
+    committed: set[tuple[str, str]] = field(default_factory=set)
+    aborted: set[tuple[str, str]] = field(default_factory=set)
+    transactions: int = 0
+    isolated_delays: list[float] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, rows: Sequence[tuple[str, str]], aborted: Sequence[tuple[str, str]] = ()) -> None:
+        with self.lock:
+            self.committed.update(rows)
+            self.aborted.update(aborted)
+            self.transactions += 1
+
+
+class Phases:
+    """Busy phases (every writer) and idle gaps (only the isolated writer and lock holders)."""
+
+    def __init__(self, seconds: float, rng: random.Random) -> None:
+        self.start = time.monotonic()
+        self.end = self.start + seconds
+        self.bounds: list[tuple[float, float]] = []  # idle gaps
+        t = self.start
+        while t < self.end:
+            t += rng.uniform(1.0, 2.5)  # busy
+            gap = rng.uniform(0.6, 1.2)
+            self.bounds.append((t, t + gap))
+            t += gap
+
+    def running(self) -> bool:
+        return time.monotonic() < self.end
+
+    def busy(self) -> bool:
+        now = time.monotonic()
+        return not any(a <= now < b for a, b in self.bounds)
+
+
+def mixed_writers(env: Env, seconds: float, seed: int) -> Ledger:
+    rng = random.Random(seed)
+    phases = Phases(seconds, rng)
+    ledger = Ledger()
+
+    def writer(
+        name: str, body: Callable[[psycopg.Connection[Any], random.Random, int], None]
+    ) -> None:
+        conn = psycopg.connect(env.database_url, autocommit=True)
+        local = random.Random(f"{seed}-{name}")
+        n = 0
+        try:
+            while phases.running():
+                if name not in ("holder", "isolated") and not phases.busy():
+                    time.sleep(0.005)
+                    continue
+                body(conn, local, n)
+                n += 1
+        except Exception as exc:  # reported by the test, never swallowed
+            ledger.errors.append(f"{name}: {exc!r}")
+        finally:
+            conn.close()
+
+    def kind(rng: random.Random) -> str:
+        return rng.choice(TYPES)
+
+    def single(conn: psycopg.Connection[Any], r: random.Random, n: int) -> None:
+        row = (f"single-{n}", kind(r))
+        conn.execute(INSERT, [row[0], row[1]])
+        ledger.add([row])
+        time.sleep(r.uniform(0, 0.004))
+
+    def hundred(conn: psycopg.Connection[Any], r: random.Random, n: int) -> None:
+        t = kind(r)
+        conn.execute(
+            "INSERT INTO photo_jobs (photo_id, type)"
+            " SELECT %s || i, %s FROM generate_series(1, 100) AS i",
+            [f"hundred-{n}-", t],
+        )
+        ledger.add([(f"hundred-{n}-{i}", t) for i in range(1, 101)])
+        time.sleep(r.uniform(0.05, 0.15))
+
+    def repeatable(conn: psycopg.Connection[Any], r: random.Random, n: int) -> None:
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        rows = [(f"rr-{n}-{i}", kind(r)) for i in range(r.randint(1, 5))]
+        with conn.transaction():
+            conn.execute("SELECT count(*) FROM photo_jobs")  # the snapshot is taken here
+            for row in rows:
+                conn.execute(INSERT, list(row))
+        ledger.add(rows)
+        time.sleep(r.uniform(0, 0.005))
+
+    def sleepy(conn: psycopg.Connection[Any], r: random.Random, n: int) -> None:
+        row = (f"sleepy-{n}", kind(r))
+        with conn.transaction():
+            conn.execute(INSERT, list(row))
+            time.sleep(r.uniform(0, 0.05))
+        ledger.add([row])
+
+    def holder(conn: psycopg.Connection[Any], r: random.Random, n: int) -> None:
+        time.sleep(r.uniform(1.0, 4.0))
+        row = (f"holder-{n}", kind(r))
+        with conn.transaction():
+            conn.execute(INSERT, list(row))
+            time.sleep(r.uniform(0.5, 2.5))  # holds the shared doorbell lock all along
+        ledger.add([row])
+
+    def savepoints(conn: psycopg.Connection[Any], r: random.Random, n: int) -> None:
+        kept = [(f"sp-{n}-a", kind(r)), (f"sp-{n}-c", kind(r))]
+        dropped = (f"sp-{n}-b", kind(r))
+        with conn.transaction():
+            conn.execute(INSERT, list(kept[0]))
+            with conn.transaction(force_rollback=True):
+                conn.execute(INSERT, list(dropped))
+            with conn.transaction():
+                conn.execute(INSERT, list(kept[1]))
+        ledger.add(kept, [dropped])
+        time.sleep(r.uniform(0, 0.005))
+
+    def aborts(conn: psycopg.Connection[Any], r: random.Random, n: int) -> None:
+        row = (f"abort-{n}", kind(r))
+        with conn.transaction(force_rollback=True):
+            conn.execute(INSERT, list(row))
+        ledger.add([], [row])
+        time.sleep(r.uniform(0, 0.005))
+
+    def requeue(conn: psycopg.Connection[Any], r: random.Random, n: int) -> None:
+        row = (f"requeue-{n}", kind(r))
+        conn.execute(
+            "INSERT INTO photo_jobs (photo_id, type, state) VALUES (%s, %s, 'done')", list(row)
+        )
+        time.sleep(r.uniform(0, 0.01))
+        conn.execute(
+            "UPDATE photo_jobs SET state = 'pending' WHERE photo_id = %s AND type = %s", list(row)
+        )
+        ledger.add([row])
+
+    def isolated(conn: psycopg.Connection[Any], r: random.Random, n: int) -> None:
+        # Once per idle gap, after the reactor had time to go quiet and arm.
+        now = time.monotonic()
+        gap = next(((a, b) for a, b in phases.bounds if now < b), None)
+        if gap is None:
+            time.sleep(0.01)
+            return
+        a, b = gap
+        wake = a + (b - a) * r.uniform(0.5, 0.8)
+        while time.monotonic() < wake:
+            time.sleep(0.002)
+        row = (f"isolated-{n}", kind(r))
+        conn.execute(INSERT, list(row))
+        committed = time.monotonic()
+        ledger.add([row])
+        deadline = committed + 5
+        while not is_active(conn, row[0]):
+            if time.monotonic() > deadline:
+                ledger.errors.append(f"isolated row {row} not dispatched within 5 s")
+                break
+            time.sleep(0.001)
+        ledger.isolated_delays.append(time.monotonic() - committed)
+        while time.monotonic() < b:  # one per gap
+            time.sleep(0.01)
+
+    bodies = {
+        "single": single,
+        "hundred": hundred,
+        "repeatable": repeatable,
+        "sleepy": sleepy,
+        "holder": holder,
+        "savepoints": savepoints,
+        "aborts": aborts,
+        "requeue": requeue,
+        "isolated": isolated,
+    }
+    threads = [threading.Thread(target=writer, args=(n, b)) for n, b in bodies.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=seconds + 60)
+    return ledger
+
+
+@pytest.fixture
+def seed() -> Iterator[int]:
+    value = int(os.environ.get("REACTOR_DOORBELL_SEED", random.randrange(1_000_000)))
+    print(f"doorbell soak seed {value} (REACTOR_DOORBELL_SEED={value} to repeat)")
+    yield value
+
+
+@pytest.mark.parametrize("reactors", [1, 2])
+@pytest.mark.timeout(SOAK_SECONDS * 3 + 120)
+def test_mixed_writers_lose_nothing_without_the_sweep(
+    env: Env, spawn: Callable[..., Process], reactors: int, seed: int
+) -> None:
+    ports = [free_port() for _ in range(reactors)]
+    for i, port in enumerate(ports):
+        start_reactor(
+            spawn,
+            *NO_SWEEP,
+            *ROUTES,
+            "--metrics-port",
+            str(port),
+            "--metrics-host",
+            "127.0.0.1",
+            name=f"reactor{i}",
+        )
+    admin = env.connect()
+    ledger = mixed_writers(env, SOAK_SECONDS, seed)
+    assert not ledger.errors, ledger.errors
+    finished = time.monotonic()
+
+    # No sweep runs: every committed row must be dispatched by the doorbell or by polling.
+    wait_for(lambda: "pending" not in states(admin), timeout=10, what="nothing left pending")
+    settle = time.monotonic() - finished
+    stored = set(admin.execute("SELECT photo_id, type FROM photo_jobs").fetchall())
+    assert stored == ledger.committed
+    assert not stored & ledger.aborted
+    assert states(admin) == {"active": len(stored)}
+    assert jobs_missing(admin, env.redis()) == []
+
+    texts = [scrape(port) for port in ports]
+    total = {
+        name: sum(metric(t, name) for t in texts)
+        for name in (
+            "reactor_sweeps_total",
+            "reactor_polls_total",
+            "reactor_notifications_total",
+            'reactor_doorbell_arm_attempts_total{outcome="armed"}',
+            'reactor_doorbell_arm_attempts_total{outcome="busy"}',
+            'reactor_doorbell_arm_attempts_total{outcome="held_elsewhere"}',
+        )
+    }
+    delays = sorted(ledger.isolated_delays)
+    print(
+        f"{reactors} reactor(s), {SOAK_SECONDS:.0f}s: {len(stored)} rows in "
+        f"{ledger.transactions} transactions, {len(ledger.aborted)} rolled back; "
+        f"settled {settle:.3f}s after the writers; isolated delays max "
+        f"{max(delays) * 1000:.1f} ms, median {delays[len(delays) // 2] * 1000:.1f} ms; {total}"
+    )
+    assert total["reactor_sweeps_total"] == 0
+    # Every path was taken: polling under load, arming when idle, ringing.
+    assert total["reactor_polls_total"] > 0
+    assert total['reactor_doorbell_arm_attempts_total{outcome="armed"}'] > 0
+    assert total["reactor_notifications_total"] > 0
+    assert len(delays) >= 3 and max(delays) < 1.0, delays
