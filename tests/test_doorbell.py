@@ -152,6 +152,40 @@ def test_an_idle_reactor_arms_and_each_isolated_insert_rings_it(
     assert max(delays) < 0.1, f"dispatch delays (s): {sorted(delays)}"
 
 
+def test_a_writer_that_skipped_notify_is_dispatched_when_its_commit_lets_the_reactor_arm(
+    env: Env, spawn: Callable[..., Process]
+) -> None:
+    """The case the drain after arming exists for: a writer holds the shared lock (it skipped
+    NOTIFY) while the reactor tries to arm; its COMMIT is what grants the reactor the lock, and
+    nothing else will ever ring for its row."""
+    start_reactor(spawn, *NO_SWEEP)
+    admin, bell_ringer = env.connect(), env.connect()
+    caught = 0
+    for i in range(40):
+        wait_for(lambda: armed_by(admin) in reactor_listener(admin), what="armed reactor")
+        insert_one(bell_ringer, f"ring{i}")  # wakes the reactor: it releases the lock, polls
+        wait_for(lambda: armed_by(admin) is None, what="released")
+        writer = env.connect(autocommit=False)
+        insert_one(writer, f"slow{i}")
+        if (writer.info.backend_pid, "ShareLock", True) not in doorbell_locks(admin):
+            writer.rollback()  # it rang (the reactor had re-armed): not the case under test
+            continue
+        listener_pid = reactor_listener(admin)[0]
+        wait_for(
+            lambda pid=listener_pid: (pid, "ExclusiveLock", False) in doorbell_locks(admin),
+            interval=0.0005,
+            what="the reactor queued for the lock behind the writer",
+        )
+        writer.commit()
+        committed = time.monotonic()
+        wait_for(lambda i=i: is_active(admin, f"slow{i}"), timeout=5, what=f"slow{i}")  # type: ignore[misc]
+        assert time.monotonic() - committed < 1.0
+        caught += 1
+        if caught == 5:
+            break
+    assert caught == 5, "the writer kept ringing: the reactor never polled long enough"
+
+
 def stream(conn: psycopg.Connection[Any], seconds: float, prefix: str) -> int:
     """Single-row inserting transactions back to back for `seconds`; how many committed."""
     count = 0
