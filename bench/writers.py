@@ -22,6 +22,7 @@ from typing import Any
 import psycopg
 
 from bench.common import Reactor, Stat, flush_redis, fresh_database, table, wait_until
+from tests.helpers import armed_by
 from tests.servers import find_binary
 
 SINGLE = "INSERT INTO photo_jobs (photo_id, type) VALUES (md5(random()::text), 'photo.process');\n"
@@ -44,13 +45,7 @@ def _set_triggers(url: str, enabled: bool) -> None:
 
 def _armed(url: str) -> bool:
     with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
-            " AND mode = 'ExclusiveLock'"
-            " AND classid = (photo_jobs_doorbell_key() >> 32)::oid"
-            " AND objid = (photo_jobs_doorbell_key() & 4294967295)::oid"
-        ).fetchone()
-    return bool(row and row[0])
+        return armed_by(conn) is not None
 
 
 def _pgbench(url: str, script: Path, clients: int, seconds: float) -> float:

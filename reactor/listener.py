@@ -23,7 +23,7 @@ from reactor.db import Connection, connect, describe_error
 from reactor.doorbell import ArmOutcome
 from reactor.errors import DatabaseError
 
-__all__ = ["ARM_LOCK_TIMEOUT_MS", "CHANNEL", "LIVENESS_SECONDS", "Listener"]
+__all__ = ["ARM_LOCK_TIMEOUT_MS", "CHANNEL", "LIVENESS_SECONDS", "LOCK_DOORBELL", "Listener"]
 
 #: The NOTIFY channel the triggers of sql/0003 use.
 CHANNEL = "photo_jobs"
@@ -34,21 +34,30 @@ LIVENESS_SECONDS = 15.0
 #: this bounds the extra delay an arm attempt can add.
 ARM_LOCK_TIMEOUT_MS = 10
 
-_LOCK = "SELECT pg_advisory_lock(photo_jobs_doorbell_key())"
-_TRY_LOCK = "SELECT pg_try_advisory_lock(photo_jobs_doorbell_key())"
+# The doorbell is `photo_jobs_doorbell_stripes()` advisory lock keys from
+# `photo_jobs_doorbell_key()` on (sql/0004); armed means holding all of them in exclusive
+# mode. Each statement takes them row by row in generate_series order, that is in key order,
+# so two arming reactors cannot deadlock.
+_KEYS = "FROM generate_series(0, photo_jobs_doorbell_stripes() - 1) AS s"
+_TRY_LOCK = f"SELECT bool_and(pg_try_advisory_lock(photo_jobs_doorbell_key() + s)) {_KEYS}"
+LOCK_DOORBELL = f"SELECT count(pg_advisory_lock(photo_jobs_doorbell_key() + s)) {_KEYS}"
 # Releases every session-level advisory lock of the listener session, which only ever takes
-# the doorbell: so a lock counted twice (a timeout that raced its grant) cannot stay behind.
+# the doorbell's: so a partial arm, or a key counted twice (a retry after a partial try, a
+# timeout that raced its grant), cannot stay behind.
 _UNLOCK = "SELECT pg_advisory_unlock_all()"
-# Who holds the doorbell in exclusive mode: this session, another one (a bigint key is
-# classid = high 32 bits, objid = low 32 bits, objsubid = 1 in pg_locks).
+# How many stripes this session holds in exclusive mode, and whether another session holds
+# any (a bigint key is classid = high 32 bits, objid = low 32 bits, objsubid = 1 in pg_locks).
 _HOLDERS = """
-SELECT coalesce(bool_or(l.pid = pg_backend_pid()), false),
-       coalesce(bool_or(l.pid <> pg_backend_pid()), false)
+SELECT count(DISTINCT l.objid) FILTER (WHERE l.pid = pg_backend_pid()),
+       coalesce(bool_or(l.pid <> pg_backend_pid()), false),
+       photo_jobs_doorbell_stripes()
   FROM pg_locks AS l
  WHERE l.locktype = 'advisory'
    AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
    AND l.classid = (photo_jobs_doorbell_key() >> 32)::oid
-   AND l.objid = (photo_jobs_doorbell_key() & 4294967295)::oid
+   AND l.objid BETWEEN (photo_jobs_doorbell_key() & 4294967295)::oid
+                   AND ((photo_jobs_doorbell_key() & 4294967295)
+                        + photo_jobs_doorbell_stripes() - 1)::oid
    AND l.objsubid = 1
    AND l.mode = 'ExclusiveLock'
    AND l.granted
@@ -97,10 +106,11 @@ class Listener:
             self._conn = None
 
     def lock_doorbell(self) -> ArmOutcome:
-        """Take the doorbell lock in exclusive mode, waiting at most `ARM_LOCK_TIMEOUT_MS`.
+        """Take every doorbell key in exclusive mode, waiting at most `ARM_LOCK_TIMEOUT_MS`
+        for each; on failure hold none of them.
 
         Raises:
-            DatabaseError: the connection failed; it is closed.
+            DatabaseError: the connection failed; it is closed (which releases the keys too).
         """
         conn = self._require()
         try:
@@ -109,20 +119,21 @@ class Listener:
                 return ArmOutcome.ARMED
             try:
                 # Queue behind the writers in flight (new writers notify while we wait).
-                conn.execute(_LOCK)
+                conn.execute(LOCK_DOORBELL)
                 return ArmOutcome.ARMED
             except psycopg.errors.LockNotAvailable:
                 pass
-            # The timeout can fire just as the lock is granted: then we hold it although
-            # the call failed. Ask the server.
-            mine, other = conn.execute(_HOLDERS).fetchone() or (False, False)
+            # The timeout can fire just as the last key is granted: then we hold them all
+            # although the call failed. Ask the server.
+            mine, other, stripes = conn.execute(_HOLDERS).fetchone() or (0, False, 1)
+            if mine == stripes:
+                return ArmOutcome.ARMED
+            conn.execute(_UNLOCK)  # a partial arm: give back what we got
         except psycopg.Error as exc:
             self.close()
             raise DatabaseError(f"listener connection lost: {describe_error(exc)}") from exc
         finally:
             self._last_traffic = time.monotonic()
-        if mine:
-            return ArmOutcome.ARMED
         return ArmOutcome.HELD_ELSEWHERE if other else ArmOutcome.BUSY
 
     def unlock_doorbell(self) -> None:

@@ -7,56 +7,73 @@
 -- single-row inserts fell to 0.28x of their throughput without the trigger). Under load the
 -- reactor does not need the bell: it is polling anyway.
 --
--- How: one advisory lock key, the doorbell (photo_jobs_doorbell_key() below). A reactor that
--- waits idle for work "arms" by holding the key in exclusive mode. A writer's trigger asks for
--- the key in shared mode, without waiting:
---   * granted: no reactor is armed (none holds or is queued for the exclusive lock). The writer
---     sends nothing and keeps the shared lock until its transaction ends. A reactor that arms
---     later has to wait for that transaction to end (commit or roll back) before its exclusive
---     lock is granted, and drains right after, so it sees the row. A reactor that is not armed
---     is polling, and sees the row at its next poll.
---   * refused: a reactor holds or is queued for the exclusive lock: NOTIFY as before, one
---     notification per distinct type (payload = type, channel photo_jobs).
+-- How: the doorbell is a set of advisory lock keys (photo_jobs_doorbell_stripes() of them,
+-- from photo_jobs_doorbell_key() on). A reactor that waits idle for work "arms" by holding
+-- every key in exclusive mode. A writer's trigger asks for one key (chosen by its backend pid)
+-- in shared mode, without waiting:
+--   * granted: no reactor is armed (none holds or is queued for that key). The writer sends
+--     nothing and keeps the shared lock until its transaction ends. A reactor that arms later
+--     has to wait for that transaction to end (commit or roll back) before it holds every
+--     key, and drains right after, so it sees the row. A reactor that is not armed is
+--     polling, and sees the row at its next poll.
+--   * refused: a reactor holds or is queued for that key in exclusive mode: NOTIFY as before,
+--     one notification per distinct type (payload = type, channel photo_jobs).
 -- Advisory locks are not MVCC state, so this holds at every isolation level of the writer.
--- Shared requests of one transaction are re-entrant: a second statement of a transaction that
--- already holds the shared lock is granted it again and sends nothing, which is right, because
--- an arming reactor waits for that transaction anyway.
+-- Shared requests of one transaction are re-entrant: a later statement of a transaction that
+-- already holds its key is granted it again and sends nothing, which is right, because an
+-- arming reactor waits for that transaction anyway.
 --
--- The key is per database (advisory locks are), so two databases on one server have separate
--- doorbells. The reactor side (take the key, release it on a notification, poll while rows
--- keep coming) is in reactor/doorbell.py; `reactor run --doorbell plain` holds the key all the
--- time, which makes these triggers notify on every write, as 0003 did.
+-- Why several keys: measured at 16 single-row writers, one shared key cost the writers 16 %
+-- of their throughput (every writer's lock and unlock serialise on the one lock-manager
+-- partition that key hashes to); spread over 16 keys, about half of that.
+--
+-- The keys are per database (advisory locks are), so two databases on one server have
+-- separate doorbells. The reactor side (arm, release on a notification, poll while rows keep
+-- coming) is in reactor/doorbell.py and reactor/listener.py; `reactor run --doorbell plain`
+-- keeps the keys all the time, which makes these triggers notify on every write, as 0003 did.
 
 SELECT reactor_migration_begin(4, 'adaptive_doorbell');
 
--- The doorbell's advisory lock key: the ASCII bytes 'phdrbell' as a bigint. In pg_locks it
--- appears as locktype 'advisory', classid 1885889650, objid 1650814060, objsubid 1.
+-- The doorbell's first advisory lock key: the ASCII bytes 'phdrbell' as a bigint. In
+-- pg_locks the keys appear as locktype 'advisory', classid 1885889650, objid 1650814060 to
+-- 1650814075, objsubid 1.
 CREATE FUNCTION photo_jobs_doorbell_key() RETURNS bigint
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 8099834372265700460::bigint $$;
 
-CREATE OR REPLACE FUNCTION photo_jobs_notify_inserted() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    -- The lock is asked for first, without looking at the rows: measured at 16 writers,
-    -- checking the transition table for pending rows before it cost 8 % of their throughput.
-    -- So any INSERT statement, even one of 0 rows, takes the shared lock when it is free; that
-    -- only makes an arming reactor wait for the transaction. When the lock is refused, the
-    -- query below finds no pending rows in a 0-row statement and sends nothing.
-    IF NOT pg_try_advisory_xact_lock_shared(photo_jobs_doorbell_key()) THEN
-        PERFORM pg_notify('photo_jobs', t.type)
-           FROM (SELECT DISTINCT n.type FROM photo_jobs_new n WHERE n.state = 'pending') AS t;
-    END IF;
-    RETURN NULL;
-END;
+-- How many keys (16, the number of lock-manager partitions of a default build).
+CREATE FUNCTION photo_jobs_doorbell_stripes() RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 16 $$;
+
+-- The key this session's writes ask for; true when no reactor is armed (the key is granted,
+-- and held in shared mode to the end of the transaction), false when writers must notify.
+CREATE FUNCTION photo_jobs_doorbell_silent() RETURNS boolean
+LANGUAGE sql VOLATILE AS $$
+    SELECT pg_try_advisory_xact_lock_shared(
+        photo_jobs_doorbell_key() + pg_backend_pid() % photo_jobs_doorbell_stripes())
 $$;
 
--- Fired only for rows moving into pending (the WHEN clause of 0003's trigger is unchanged).
-CREATE OR REPLACE FUNCTION photo_jobs_notify_pending() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    IF NOT pg_try_advisory_xact_lock_shared(photo_jobs_doorbell_key()) THEN
-        PERFORM pg_notify('photo_jobs', NEW.type);
-    END IF;
-    RETURN NULL;
-END;
-$$;
+-- The triggers of 0003 again, with the doorbell in their WHEN clauses; their functions (notify
+-- each distinct pending type of the statement; notify the row's type) are unchanged. In a WHEN
+-- clause the check costs the writer no trigger-function call at all when the bell is silent.
+-- The INSERT trigger asks for the key before it knows whether the statement inserted pending
+-- rows (a statement-level WHEN cannot look at them): so any INSERT, even of 0 rows, takes the
+-- shared lock when it is free. That only makes an arming reactor wait for the transaction; and
+-- when the lock is refused, the function finds no pending rows in such a statement and sends
+-- nothing.
+DROP TRIGGER photo_jobs_notify_inserted ON photo_jobs;
+CREATE TRIGGER photo_jobs_notify_inserted
+    AFTER INSERT ON photo_jobs
+    REFERENCING NEW TABLE AS photo_jobs_new
+    FOR EACH STATEMENT
+    WHEN (NOT photo_jobs_doorbell_silent())
+    EXECUTE FUNCTION photo_jobs_notify_inserted();
+
+-- Moving into pending is checked first, so claims, heartbeats and completions never take
+-- the key.
+DROP TRIGGER photo_jobs_notify_pending ON photo_jobs;
+CREATE TRIGGER photo_jobs_notify_pending
+    AFTER UPDATE OF state ON photo_jobs
+    FOR EACH ROW
+    WHEN (NEW.state = 'pending' AND OLD.state IS DISTINCT FROM 'pending'
+          AND NOT photo_jobs_doorbell_silent())
+    EXECUTE FUNCTION photo_jobs_notify_pending();

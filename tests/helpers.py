@@ -73,23 +73,31 @@ def scrape(port: int) -> str:
 
 
 def doorbell_locks(conn: psycopg.Connection[Any]) -> list[tuple[int, str, bool]]:
-    """(pid, mode, granted) of every lock on the doorbell key in this database."""
+    """(pid, mode, granted) of each session's locks on the doorbell keys in this database,
+    one entry per session, mode and state (however many of the striped keys it holds)."""
     return [
         (int(pid), str(mode), bool(granted))
         for pid, mode, granted in conn.execute(
-            """SELECT pid, mode, granted FROM pg_locks
+            """SELECT DISTINCT pid, mode, granted FROM pg_locks
                 WHERE locktype = 'advisory'
                   AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
                   AND classid = (photo_jobs_doorbell_key() >> 32)::oid
-                  AND objid = (photo_jobs_doorbell_key() & 4294967295)::oid
+                  AND objid::bigint - (photo_jobs_doorbell_key() & 4294967295)
+                      BETWEEN 0 AND photo_jobs_doorbell_stripes() - 1
                 ORDER BY granted DESC, pid"""
         )
     ]
 
 
 def armed_by(conn: psycopg.Connection[Any]) -> int | None:
-    """The pid holding the doorbell in exclusive mode, if any."""
-    held = [
-        pid for pid, mode, granted in doorbell_locks(conn) if granted and mode == "ExclusiveLock"
-    ]
-    return held[0] if held else None
+    """The pid holding every doorbell key in exclusive mode, if any."""
+    row = conn.execute(
+        """SELECT pid FROM pg_locks
+            WHERE locktype = 'advisory' AND mode = 'ExclusiveLock' AND granted
+              AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+              AND classid = (photo_jobs_doorbell_key() >> 32)::oid
+              AND objid::bigint - (photo_jobs_doorbell_key() & 4294967295)
+                  BETWEEN 0 AND photo_jobs_doorbell_stripes() - 1
+            GROUP BY pid HAVING count(DISTINCT objid) = photo_jobs_doorbell_stripes()"""
+    ).fetchone()
+    return None if row is None else int(row[0])

@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from reactor.doorbell import RECHECK_SECONDS, ArmOutcome
-from reactor.listener import Listener
+from reactor.listener import LOCK_DOORBELL, Listener
 from tests.conftest import Env, Process, start_reactor, wait_for
 from tests.helpers import armed_by, doorbell_locks, jobs_missing, metric, scrape, states
 from tests.servers import free_port
@@ -76,22 +76,34 @@ def test_with_no_reactor_armed_writers_send_nothing_and_hold_the_shared_lock(env
     assert doorbell_locks(admin) == []
 
 
-def test_writers_notify_while_a_reactor_is_queued_for_the_lock(env: Env) -> None:
+def connect_on_key(env: Env, stripe: int, **kwargs: Any) -> psycopg.Connection[Any]:
+    """A connection whose writes ask for doorbell key number `stripe` (chosen by backend pid)."""
+    for _ in range(200):
+        conn = env.connect(**kwargs)
+        stripes = conn.execute("SELECT photo_jobs_doorbell_stripes()").fetchone()
+        assert stripes is not None
+        if conn.info.backend_pid % stripes[0] == stripe:
+            return conn
+        conn.close()
+    raise AssertionError(f"no backend pid maps to key {stripe}")
+
+
+def test_writers_notify_while_a_reactor_is_queued_for_their_key(env: Env) -> None:
     notes = Notifications(env, armed=False)
-    admin, early = env.connect(), env.connect(autocommit=False)
+    admin = env.connect()
+    early = connect_on_key(env, 15, autocommit=False)
     insert_one(early, "early")  # skipped NOTIFY, holds the shared lock, not committed
     arming = env.connect()
-    locker = threading.Thread(
-        target=arming.execute, args=("SELECT pg_advisory_lock(photo_jobs_doorbell_key())",)
-    )
+    locker = threading.Thread(target=arming.execute, args=(LOCK_DOORBELL,))
     locker.start()
     wait_for(
         lambda: (arming.info.backend_pid, "ExclusiveLock", False) in doorbell_locks(admin),
         what="the exclusive request queued behind the early writer",
     )
-    # A conditional shared request conflicts with the queued exclusive one: the writer rings.
-    late = in_tx("INSERT INTO photo_jobs (photo_id, type) VALUES ('late', 'photo.process')")
-    assert notes.sent_by(late) == ["photo.process"]
+    # A conditional shared request conflicts with a queued exclusive one: a writer on the
+    # same key rings although nobody holds that key yet.
+    late = connect_on_key(env, 15)
+    assert notes.sent_by(lambda _: insert_one(late, "late")) == ["photo.process"]
     assert locker.is_alive(), "the exclusive lock must wait for the early writer"
     early.commit()
     locker.join(timeout=10)

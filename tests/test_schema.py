@@ -15,6 +15,7 @@ import psycopg
 import pytest
 
 from reactor import queries, submit
+from reactor.listener import LOCK_DOORBELL
 from tests.conftest import Env
 
 SENTINEL = "photo_jobs_test_sentinel"
@@ -32,7 +33,7 @@ class Notifications:
         self.listener.execute("LISTEN photo_jobs")
         self.listener.execute(f"LISTEN {SENTINEL}")
         if armed:
-            self.listener.execute("SELECT pg_advisory_lock(photo_jobs_doorbell_key())")
+            self.listener.execute(LOCK_DOORBELL)
         self.writer = env.connect()
 
     def sent_by(self, write: Callable[[psycopg.Connection[Any]], None]) -> list[str]:
