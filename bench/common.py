@@ -38,18 +38,18 @@ def with_database(url: str, name: str) -> str:
 
 
 @contextmanager
-def fresh_database() -> Iterator[str]:
-    """A new migrated database; yields its URL, drops it afterwards."""
+def fresh_database(server_url: str = SERVER_URL) -> Iterator[str]:
+    """A new migrated database on `server_url`'s server; yields its URL, drops it afterwards."""
     name = f"reactor_bench_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(SERVER_URL, autocommit=True) as admin:
+    with psycopg.connect(server_url, autocommit=True) as admin:
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = with_database(SERVER_URL, name)
+    url = with_database(server_url, name)
     try:
         with psycopg.connect(url, autocommit=True) as conn:
             migrate(conn)
         yield url
     finally:
-        with psycopg.connect(SERVER_URL, autocommit=True) as admin:
+        with psycopg.connect(server_url, autocommit=True) as admin:
             admin.execute(
                 sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
             )

@@ -1,19 +1,41 @@
 """Dispatch latency: COMMIT of a single-row insert -> its job in the RQ queue.
 
-The real `reactor run` process does the work; the benchmark inserts one row at a time
-(autocommit: `execute` returns after COMMIT) and BLPOPs the queue, so it sees the job the
+Low load: the real `reactor run` process does the work; the benchmark inserts one row every
+10 ms (autocommit: `execute` returns after COMMIT) and BLPOPs the queue, so it sees the job the
 instant it is pushed. Beside it, the floor: a bare NOTIFY -> LISTEN round trip on the same
 database, measured the same way.
+
+Saturating load: pgbench runs single-row inserting transactions from 16 clients as fast as
+they go, for adaptive and plain reactors side by side. The delay of each row is measured inside
+Postgres, from the writer's commit to the commit of the claim that enqueued its job (the job is
+in Redis before that commit), with `track_commit_timestamp`: each row records its writer's
+transaction id in a column added for the benchmark. When the benchmark server does not track
+commit timestamps, a throwaway server (fsync on, like a real one) is started for this part.
 """
 
 from __future__ import annotations
 
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import psycopg
 
-from bench.common import Reactor, Stat, fresh_database, percentile, redis_client, reset, table
+from bench.common import (
+    SERVER_URL,
+    Reactor,
+    Stat,
+    fresh_database,
+    percentile,
+    redis_client,
+    reset,
+    table,
+    wait_until,
+)
+from bench.writers import SINGLE, pgbench
+from tests.helpers import armed_by
+from tests.servers import PostgresServer
 
 QUEUE = "rq:queue:photo-process"
 
@@ -59,7 +81,7 @@ def _notify_round(url: str, count: int, pause: float) -> list[float]:
 def run(quick: bool) -> dict[str, Any]:
     inserts = 300 if quick else 2000
     reps = 3 if quick else 5
-    pause = 0.002  # an idle-ish system between inserts, as in production at low load
+    pause = 0.010  # one insert every 10 ms: low load
     result: dict[str, Any] = {"inserts_per_run": inserts, "runs": reps}
     with fresh_database() as url:
         reset(url)
@@ -79,12 +101,99 @@ def run(quick: bool) -> dict[str, Any]:
     p99 = Stat.of([percentile(r, 0.99) * 1000 for r in ours])
     f50 = Stat.of([percentile(r, 0.50) * 1000 for r in floor])
     f99 = Stat.of([percentile(r, 0.99) * 1000 for r in floor])
-    result["table"] = table(
-        ["path", "p50 ms", "p99 ms"],
-        [
-            ["insert COMMIT → job in RQ queue (reactor run)", p50.fmt(digits=2), p99.fmt(digits=2)],
-            ["bare NOTIFY → LISTEN (floor)", f50.fmt(digits=2), f99.fmt(digits=2)],
-        ],
-    )
+    rows = [
+        ["low load: insert COMMIT → job in RQ queue", p50.fmt(digits=2), p99.fmt(digits=2), "", ""],
+        ["low load: bare NOTIFY → LISTEN (floor)", f50.fmt(digits=2), f99.fmt(digits=2), "", ""],
+    ]
     result["ratio_p50_vs_floor"] = p50.median / f50.median
+    saturated = _saturated(quick)
+    result["saturated"] = saturated
+    for mode in ("adaptive", "plain"):
+        stats = {k: Stat.of(saturated[mode][k]) for k in ("p50_ms", "p99_ms", "max_ms", "tps")}
+        rows.append(
+            [
+                f"16 writers flat out, {mode}: writer COMMIT → claim COMMIT",
+                stats["p50_ms"].fmt(digits=2),
+                stats["p99_ms"].fmt(digits=2),
+                stats["max_ms"].fmt(digits=1),
+                stats["tps"].fmt(digits=0),
+            ]
+        )
+    result["table"] = table(["path", "p50 ms", "p99 ms", "max ms", "writer tx/s"], rows)
     return result
+
+
+# -- saturating load -------------------------------------------------------------------------
+
+DELAYS = """
+SELECT extract(epoch FROM pg_xact_commit_timestamp(xmin)
+               - pg_xact_commit_timestamp((writer_xid % 4294967296)::text::xid)) * 1000
+  FROM photo_jobs
+"""
+
+
+def _tracks_commit_timestamps(url: str) -> bool:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SHOW track_commit_timestamp").fetchone()
+    return bool(row and row[0] == "on")
+
+
+def _saturated_round(url: str, mode: str, seconds: float, script: Path) -> dict[str, float]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("TRUNCATE photo_jobs")
+    reset(url)
+    reactor = Reactor(url, "--sweep-interval", "600", "--doorbell", mode).started()
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            wait_until(lambda: armed_by(conn) is not None, timeout=30)
+            tps = pgbench(url, script, 16, seconds)
+            wait_until(
+                lambda: (
+                    not conn.execute(
+                        "SELECT EXISTS (SELECT FROM photo_jobs WHERE state = 'pending')"
+                    ).fetchone()[0]
+                ),  # type: ignore[index]
+                timeout=300,
+            )
+            delays = [float(d) for (d,) in conn.execute(DELAYS)]
+    finally:
+        reactor.stop()
+    return {
+        "p50_ms": percentile(delays, 0.50),
+        "p99_ms": percentile(delays, 0.99),
+        "max_ms": max(delays),
+        "tps": tps,
+        "rows": len(delays),
+    }
+
+
+def _saturated(quick: bool) -> dict[str, Any]:
+    seconds, reps = (3, 3) if quick else (10, 5)
+    server = (
+        None
+        if _tracks_commit_timestamps(SERVER_URL)
+        else PostgresServer(settings={"fsync": "on", "track_commit_timestamp": "on"})
+    )
+    runs: dict[str, dict[str, list[float]]] = {m: {} for m in ("adaptive", "plain")}
+    try:
+        with (
+            fresh_database(server.url if server else SERVER_URL) as url,
+            tempfile.TemporaryDirectory() as tmp,
+        ):
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute(
+                    "ALTER TABLE photo_jobs ADD COLUMN writer_xid bigint DEFAULT txid_current()"
+                )
+            script = Path(tmp) / "single.sql"
+            script.write_text(SINGLE)
+            for rep in range(reps):
+                for mode in ("adaptive", "plain") if rep % 2 == 0 else ("plain", "adaptive"):
+                    for key, value in _saturated_round(url, mode, seconds, script).items():
+                        runs[mode].setdefault(key, []).append(value)
+    finally:
+        if server is not None:
+            server.stop()
+    return {
+        "server": "throwaway (fsync on, track_commit_timestamp on)" if server else SERVER_URL,
+        **runs,
+    }

@@ -48,7 +48,7 @@ def _armed(url: str) -> bool:
         return armed_by(conn) is not None
 
 
-def _pgbench(url: str, script: Path, clients: int, seconds: float) -> float:
+def pgbench(url: str, script: Path, clients: int, seconds: float) -> float:
     pgbench = find_binary("pgbench")
     if pgbench is None:
         raise RuntimeError("pgbench not found")
@@ -84,7 +84,7 @@ def _measure(url: str, mode: str, script: Path, clients: int, seconds: float) ->
     try:
         # Start measuring from the reactor's idle state: armed (it arms once quiet).
         wait_until(lambda: _armed(url), timeout=30)
-        return _pgbench(url, script, clients, seconds)
+        return pgbench(url, script, clients, seconds)
     finally:
         reactor.stop()
 

@@ -48,9 +48,10 @@ def find_binary(name: str) -> str | None:
 
 class PostgresServer:
     """A private PostgreSQL cluster (initdb + postgres), loopback only; trust auth, or
-    password auth (scram-sha-256) for the superuser `postgres` when `password` is given."""
+    password auth (scram-sha-256) for the superuser `postgres` when `password` is given.
+    `fsync` is off unless `settings` (extra `-c name=value` server settings) turn it on."""
 
-    def __init__(self, password: str | None = None) -> None:
+    def __init__(self, password: str | None = None, settings: dict[str, str] | None = None) -> None:
         initdb, postgres = find_binary("initdb"), find_binary("postgres")
         if not initdb or not postgres:
             raise RuntimeError(
@@ -94,8 +95,11 @@ class PostgresServer:
                 self._dir,
                 "-c",
                 "listen_addresses=127.0.0.1",
-                "-c",
-                "fsync=off",
+                *(
+                    arg
+                    for name, value in {"fsync": "off", **(settings or {})}.items()
+                    for arg in ("-c", f"{name}={value}")
+                ),
                 "-c",
                 "max_connections=200",
             ],
