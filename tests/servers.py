@@ -107,8 +107,21 @@ class PostgresServer:
             stderr=subprocess.DEVNULL,
         )
         wait_port(self.port)
+        self._wait_ready()
         userinfo = f"postgres:{password}" if password else "postgres"
         self.url = f"postgresql://{userinfo}@127.0.0.1:{self.port}/postgres"
+
+    def _wait_ready(self, timeout: float = 60.0) -> None:
+        """Until the server accepts connections (the port opens before recovery ends)."""
+        isready = find_binary("pg_isready")
+        if isready is None:
+            return
+        deadline = time.monotonic() + timeout
+        command = [isready, "-q", "-h", "127.0.0.1", "-p", str(self.port)]
+        while subprocess.run(command, check=False).returncode != 0:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"postgres on port {self.port} not ready after {timeout}s")
+            time.sleep(0.05)
 
     def stop(self) -> None:
         self._proc.terminate()
