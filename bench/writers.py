@@ -48,7 +48,8 @@ def _armed(url: str) -> bool:
         return armed_by(conn) is not None
 
 
-def pgbench(url: str, script: Path, clients: int, seconds: float) -> float:
+def pgbench(url: str, script: Path, clients: int, seconds: float, rate: int | None = None) -> float:
+    """Run `script` from `clients` clients for `seconds` (at most `rate` tx/s in all); tps."""
     pgbench = find_binary("pgbench")
     if pgbench is None:
         raise RuntimeError("pgbench not found")
@@ -64,6 +65,7 @@ def pgbench(url: str, script: Path, clients: int, seconds: float) -> float:
             str(int(seconds)),
             "-f",
             str(script),
+            *(["-R", str(rate)] if rate else []),
             url,
         ],
         capture_output=True,

@@ -48,7 +48,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 #: Pause between polls while rows keep coming (adaptive and plain-but-not-armed).
-POLL_PAUSE_SECONDS = 0.002
+POLL_PAUSE_SECONDS = 0.001
 #: Empty drains in a row before an adaptive reactor arms the bell.
 QUIET_DRAINS = 3
 #: How often a reactor that found the lock held by another reactor tries again.

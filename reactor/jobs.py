@@ -21,6 +21,7 @@ ENTRY_POINT = "reactor.worker.perform"
 
 _PLAIN = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
 _ESCAPE = re.compile(r"_([0-9a-f]{2})")
+_ALL_PLAIN = re.compile(r"[A-Za-z0-9]*")
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,12 @@ class JobRef:
 
     @property
     def job_id(self) -> str:
-        return job_id(self.type, self.photo_id, self.attempt)
+        # Built once per ref: a batch asks for it several times (dedup check, enqueue).
+        cached: str | None = self.__dict__.get("_job_id")
+        if cached is None:
+            cached = job_id(self.type, self.photo_id, self.attempt)
+            object.__setattr__(self, "_job_id", cached)
+        return cached
 
     def meta(self) -> dict[str, object]:
         """What `job.meta` carries, so tools can map a job back to its row."""
@@ -41,6 +47,8 @@ class JobRef:
 
 
 def _encode(text: str) -> str:
+    if _ALL_PLAIN.fullmatch(text):
+        return text  # the common case, without a pass per character
     return "".join(
         ch if ch in _PLAIN else "".join(f"_{b:02x}" for b in ch.encode("utf-8")) for ch in text
     )
