@@ -1,30 +1,30 @@
 """The adaptive doorbell: when the reactor asks writers to NOTIFY, and when it polls instead.
 
 The triggers of sql/0004 notify only while some reactor holds (or is queued for) the doorbell
-advisory lock in exclusive mode; a writer that finds the lock free takes it in shared mode
-for the rest of its transaction and sends nothing. Sending NOTIFY serialises committing
-writers (a cluster-wide lock held through the commit's WAL flush), so under load the reactor
-keeps the bell silent and polls; when the table goes quiet it arms the bell and sleeps.
+advisory keys in exclusive mode; a writer that finds its key free takes it in shared mode for
+the rest of its transaction and sends nothing. Sending NOTIFY serialises committing writers
+(a cluster-wide lock held through the commit's WAL flush), so under load the reactor keeps the
+bell silent and polls; when the table goes quiet it arms the bell and sleeps.
 
-This class decides; `reactor.listener.Listener` runs the SQL (the lock lives in the LISTEN
-session, so a lost listener connection also releases it). Modes:
+This class decides; `reactor.listener.Listener` runs the SQL (the keys are held by the LISTEN
+session, so a lost listener connection also releases them). Modes:
 
 - adaptive (default): after a wake-up, drain, then poll again every `POLL_PAUSE_SECONDS`
-  while rows keep coming. After `QUIET_DRAINS` empty drains in a row, arm: take the lock
-  (waiting at most the listener's lock timeout; every writer that skipped NOTIFY holds the
-  shared lock until its transaction ends, so once the lock is granted their rows are
+  while rows keep coming. After `QUIET_DRAINS` empty drains in a row, arm: take every key
+  (waiting a little for writers in flight: every writer that skipped NOTIFY holds its key in
+  shared mode until its transaction ends, so once all keys are granted their rows are
   committed and visible), drain once more, then wait for a notification. On a notification,
-  release the lock first, then drain, then poll again.
-- plain: take the lock and keep it; writers always notify (the behaviour of sql/0003).
-- poll-only: no LISTEN connection, no lock; drain every poll interval.
+  release the keys first, then drain, then poll again.
+- plain: take the keys and keep them; writers always notify (the behaviour of sql/0003).
+- poll-only: no LISTEN connection, no keys; drain every poll interval.
 
 Guarantee (with the sweep disabled): a committed pending row is drained by a reactor without
-waiting for the sweep. Either its writer notified (a listener hears it), or the writer held
-the shared lock, and then every reactor is polling, or arms after that writer's commit and
-drains after arming. A reactor that finds the lock held by another reactor only listens
-(every listener hears every notification) and tries again every `RECHECK_SECONDS`, which
-bounds the extra delay if that reactor dies silently while armed; any notification sends it
-back to polling, because the holder releases the lock when it is woken.
+waiting for the sweep. Either its writer notified (every listener hears it), or the writer held
+a key in shared mode, and then every reactor is polling, or arms after that writer's commit
+and drains after arming. A reactor that finds the keys held by another reactor only listens
+and tries again every `RECHECK_SECONDS`, which bounds the extra delay if that reactor dies
+silently while armed; any notification sends it back to polling, because the holder releases
+the keys when it is woken.
 """
 
 from __future__ import annotations
