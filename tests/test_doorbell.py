@@ -175,8 +175,10 @@ def test_a_writer_that_skipped_notify_is_dispatched_when_its_commit_lets_the_rea
     caught = 0
     for i in range(40):
         wait_for(lambda: armed_by(admin) in reactor_listener(admin), what="armed reactor")
-        insert_one(bell_ringer, f"ring{i}")  # wakes the reactor: it releases the lock, polls
-        wait_for(lambda: armed_by(admin) is None, what="released")
+        insert_one(bell_ringer, f"ring{i}")  # wakes the reactor: it releases the keys, polls
+        # Dispatched means released (the keys go before the drain); the reactor re-arms a few
+        # milliseconds later, so the writer must start right away (or try again).
+        wait_for(lambda i=i: is_active(admin, f"ring{i}"), interval=0.0005, what=f"ring{i}")  # type: ignore[misc]
         writer = env.connect(autocommit=False)
         insert_one(writer, f"slow{i}")
         if (writer.info.backend_pid, "ShareLock", True) not in doorbell_locks(admin):
