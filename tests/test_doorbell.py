@@ -53,6 +53,25 @@ def drain_notifications(conn: psycopg.Connection[Any], quiet: float = 0.5) -> in
 # -- the triggers --------------------------------------------------------------------------
 
 
+def test_the_triggers_ask_for_the_keys_the_reactor_takes(env: Env) -> None:
+    # The WHEN clauses spell the key with literals (cheaper to plan); they must agree with the
+    # functions the reactor and the operators' queries use.
+    conn = env.connect()
+    row = conn.execute("SELECT photo_jobs_doorbell_key(), photo_jobs_doorbell_stripes()").fetchone()
+    assert row is not None
+    key, stripes = row
+    check = f"pg_try_advisory_xact_lock_shared(('{key}'::bigint + (pg_backend_pid() % {stripes})))"
+    definitions = [
+        d
+        for (d,) in conn.execute(
+            "SELECT pg_get_triggerdef(oid) FROM pg_trigger"
+            " WHERE tgrelid = 'photo_jobs'::regclass AND tgname LIKE 'photo_jobs_notify_%'"
+        )
+    ]
+    assert len(definitions) == 2
+    assert all(f"(NOT {check})" in d for d in definitions), definitions
+
+
 def test_with_no_reactor_armed_writers_send_nothing_and_hold_the_shared_lock(env: Env) -> None:
     notes = Notifications(env, armed=False)
     assert notes.sent_by(in_tx("INSERT INTO photo_jobs (photo_id, type) VALUES ('a', 't')")) == []
