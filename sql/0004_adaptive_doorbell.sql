@@ -23,10 +23,12 @@
 -- already holds its key is granted it again and sends nothing, which is right, because an
 -- arming reactor waits for that transaction anyway.
 --
--- Why several keys: measured at 16 single-row writers, one shared key cost the writers 16 %
--- of their throughput (every writer's lock and unlock serialise on the one lock-manager
--- partition that key hashes to); spread over 16 keys, about half of that.
---
+-- Why several keys: so that concurrent writers rarely take and release the same lock (and
+-- the same lock-manager partition). An early measurement credited one key with most of the
+-- writers' cost, but it also paid for planning SQL-function calls in the WHEN clause (see the
+-- triggers below), so what the 16 keys gain on their own is not measured; they cost the
+-- reactor nothing but 16 locks when it arms.
+
 -- The keys are per database (advisory locks are), so two databases on one server have
 -- separate doorbells. The reactor side (arm, release on a notification, poll while rows keep
 -- coming) is in reactor/doorbell.py and reactor/listener.py; `reactor run --doorbell plain`
