@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cached_property
 
 __all__ = ["ENTRY_POINT", "JobRef", "job_id", "parse_job_id"]
 
@@ -32,14 +33,10 @@ class JobRef:
     photo_id: str
     attempt: int
 
-    @property
+    @cached_property
     def job_id(self) -> str:
         # Built once per ref: a batch asks for it several times (dedup check, enqueue).
-        cached: str | None = self.__dict__.get("_job_id")
-        if cached is None:
-            cached = job_id(self.type, self.photo_id, self.attempt)
-            object.__setattr__(self, "_job_id", cached)
-        return cached
+        return job_id(self.type, self.photo_id, self.attempt)
 
     def meta(self) -> dict[str, object]:
         """What `job.meta` carries, so tools can map a job back to its row."""

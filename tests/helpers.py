@@ -101,3 +101,14 @@ def armed_by(conn: psycopg.Connection[Any]) -> int | None:
             GROUP BY pid HAVING count(DISTINCT objid) = photo_jobs_doorbell_stripes()"""
     ).fetchone()
     return None if row is None else int(row[0])
+
+
+def listener_pids(conn: psycopg.Connection[Any]) -> list[int]:
+    """Backend pids of the reactors' LISTEN connections to this database, oldest first."""
+    return [
+        int(pid)
+        for (pid,) in conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+            " AND application_name = 'photo-reactor listener' ORDER BY backend_start"
+        )
+    ]

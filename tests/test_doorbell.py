@@ -21,7 +21,15 @@ import pytest
 from reactor.doorbell import RECHECK_SECONDS, ArmOutcome
 from reactor.listener import LOCK_DOORBELL, Listener
 from tests.conftest import Env, Process, start_reactor, wait_for
-from tests.helpers import armed_by, doorbell_locks, jobs_missing, metric, scrape, states
+from tests.helpers import (
+    armed_by,
+    doorbell_locks,
+    jobs_missing,
+    listener_pids,
+    metric,
+    scrape,
+    states,
+)
 from tests.servers import free_port
 from tests.test_schema import Notifications, in_tx
 
@@ -158,16 +166,6 @@ def test_lock_outcomes_of_the_listener_session(env: Env) -> None:
 # -- the reactor ---------------------------------------------------------------------------
 
 
-def reactor_listener(conn: psycopg.Connection[Any]) -> list[int]:
-    return [
-        int(pid)
-        for (pid,) in conn.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
-            " AND application_name = 'photo-reactor listener' ORDER BY backend_start"
-        )
-    ]
-
-
 def test_an_idle_reactor_arms_and_each_isolated_insert_rings_it(
     env: Env, spawn: Callable[..., Process]
 ) -> None:
@@ -175,7 +173,7 @@ def test_an_idle_reactor_arms_and_each_isolated_insert_rings_it(
     admin, writer = env.connect(), env.connect()
     delays = []
     for i in range(10):
-        wait_for(lambda: armed_by(admin) in reactor_listener(admin), what="armed reactor")
+        wait_for(lambda: armed_by(admin) in listener_pids(admin), what="armed reactor")
         insert_one(writer, f"iso{i}")
         committed = time.monotonic()
         wait_for(lambda i=i: is_active(admin, f"iso{i}"), interval=0.0005, what=f"iso{i}")  # type: ignore[misc]
@@ -193,7 +191,7 @@ def test_a_writer_that_skipped_notify_is_dispatched_when_its_commit_lets_the_rea
     admin, bell_ringer = env.connect(), env.connect()
     caught = 0
     for i in range(40):
-        wait_for(lambda: armed_by(admin) in reactor_listener(admin), what="armed reactor")
+        wait_for(lambda: armed_by(admin) in listener_pids(admin), what="armed reactor")
         insert_one(bell_ringer, f"ring{i}")  # wakes the reactor: it releases the keys, polls
         # Dispatched means released (the keys go before the drain); the reactor re-arms a few
         # milliseconds later, so the writer must start right away (or try again).
@@ -203,7 +201,7 @@ def test_a_writer_that_skipped_notify_is_dispatched_when_its_commit_lets_the_rea
         if (writer.info.backend_pid, "ShareLock", True) not in doorbell_locks(admin):
             writer.rollback()  # it rang (the reactor had re-armed): not the case under test
             continue
-        listener_pid = reactor_listener(admin)[0]
+        listener_pid = listener_pids(admin)[0]
         wait_for(
             lambda pid=listener_pid: (pid, "ExclusiveLock", False) in doorbell_locks(admin),
             interval=0.0005,
@@ -236,14 +234,14 @@ def test_under_a_stream_adaptive_writers_skip_notify_plain_writers_always_ring(
     start_reactor(spawn, *NO_SWEEP, "--doorbell", mode)
     admin, writer, listener = env.connect(), env.connect(), env.connect()
     listener.execute("LISTEN photo_jobs")
-    wait_for(lambda: armed_by(admin) in reactor_listener(admin), what="armed reactor")
+    wait_for(lambda: armed_by(admin) in listener_pids(admin), what="armed reactor")
     sent = stream(writer, 2.0, "s")
     wait_for(lambda: states(admin) == {"active": sent}, timeout=10, what="all dispatched")
     rang = drain_notifications(listener)
     print(f"{mode}: {sent} transactions, {rang} notifications")
     if mode == "plain":
         assert rang == sent  # one per transaction (same payload only folds within one)
-        assert armed_by(admin) in reactor_listener(admin)  # never released
+        assert armed_by(admin) in listener_pids(admin)  # never released
     else:
         assert rang * 10 < sent, f"{rang} of {sent} transactions notified"
 
@@ -253,22 +251,22 @@ def test_a_second_reactor_takes_over_when_the_armed_one_dies(
 ) -> None:
     first = start_reactor(spawn, *NO_SWEEP, name="first")
     admin, writer = env.connect(), env.connect()
-    wait_for(lambda: armed_by(admin) in reactor_listener(admin), what="first reactor armed")
+    wait_for(lambda: armed_by(admin) in listener_pids(admin), what="first reactor armed")
     holder = armed_by(admin)
     start_reactor(spawn, *NO_SWEEP, name="second")
-    wait_for(lambda: len(reactor_listener(admin)) == 2, what="second listener")
+    wait_for(lambda: len(listener_pids(admin)) == 2, what="second listener")
     # The second reactor finds the lock held and only listens: a ring reaches both.
     insert_one(writer, "both")
     wait_for(lambda: is_active(admin, "both"), what="dispatch with two reactors")
     wait_for(lambda: armed_by(admin) is not None, what="re-armed")
     first.kill()
-    wait_for(lambda: holder not in reactor_listener(admin), what="first listener gone")
+    wait_for(lambda: holder not in listener_pids(admin), what="first listener gone")
     insert_one(writer, "orphan")
     committed = time.monotonic()
     wait_for(lambda: is_active(admin, "orphan"), timeout=10, interval=0.005, what="takeover")
     delay = time.monotonic() - committed
     assert delay < RECHECK_SECONDS + 1.5, f"took {delay:.3f}s"
-    wait_for(lambda: armed_by(admin) in reactor_listener(admin), what="second reactor armed")
+    wait_for(lambda: armed_by(admin) in listener_pids(admin), what="second reactor armed")
 
 
 def test_poll_only_dispatches_every_poll_interval_without_listener_or_lock(
@@ -276,7 +274,7 @@ def test_poll_only_dispatches_every_poll_interval_without_listener_or_lock(
 ) -> None:
     start_reactor(spawn, *NO_SWEEP, "--doorbell", "poll-only", "--poll-interval", "0.2")
     admin, writer = env.connect(), env.connect()
-    assert reactor_listener(admin) == []
+    assert listener_pids(admin) == []
     for i in range(3):
         insert_one(writer, f"p{i}")
         committed = time.monotonic()

@@ -30,7 +30,7 @@ from reactor.errors import DatabaseError
 from reactor.jobs import JobRef, job_id
 from reactor.routes import parse_routes
 from tests.conftest import ROOT, Env, Process, start_reactor, wait_for
-from tests.helpers import insert_rows, jobs_missing, queue_ids, rows, states
+from tests.helpers import insert_rows, jobs_missing, listener_pids, queue_ids, rows, states
 from tests.servers import PostgresServer, RedisServer, free_port
 
 ROUTES = parse_routes(["photo.process=reactor.demo.process_photo"])
@@ -134,26 +134,18 @@ def test_three_reactors_and_four_writers_dispatch_each_row_once(
     assert jobs_missing(conn, client) == []
 
 
-def listener_pid(conn: psycopg.Connection[object], database: str) -> int | None:
-    row = conn.execute(
-        "SELECT pid FROM pg_stat_activity WHERE datname = %s AND application_name = 'photo-reactor listener'",
-        [database],
-    ).fetchone()
-    return None if row is None else int(row[0])
-
-
 def test_notifications_missed_while_disconnected_are_caught_up(
     env: Env, spawn: Callable[..., Process]
 ) -> None:
     reactor = start_reactor(spawn, "--sweep-interval", "600")
     admin = env.connect()
-    old = listener_pid(admin, env.database_name)
+    old = next(iter(listener_pids(admin)), None)
     assert old is not None
     admin.execute("SELECT pg_terminate_backend(%s)", [old])
     insert_rows(admin, 25)  # committed while the reactor is not listening
     wait_for(lambda: states(admin) == {"active": 25}, timeout=10, what="catch-up after reconnect")
     reactor.wait_for_line("reconnected")
-    new = listener_pid(admin, env.database_name)
+    new = next(iter(listener_pids(admin)), None)
     assert new is not None and new != old
 
 
@@ -161,7 +153,7 @@ def test_no_listen_polls_within_one_poll_interval(env: Env, spawn: Callable[...,
     # --no-listen is --doorbell poll-only (default poll interval 1 s); the sweep is not needed.
     start_reactor(spawn, "--no-listen", "--sweep-interval", "600")
     admin = env.connect()
-    assert listener_pid(admin, env.database_name) is None
+    assert next(iter(listener_pids(admin)), None) is None
     insert_rows(admin, 5)
     started = time.monotonic()
     wait_for(lambda: states(admin) == {"active": 5}, timeout=5, what="poll dispatch")
