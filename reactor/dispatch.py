@@ -105,7 +105,10 @@ class Dispatcher:
         """Run the claiming UPDATE; its transaction stays open (locks held) until `_deliver`."""
         started = time.perf_counter()
         try:
-            rows = conn.execute(query, params).fetchall()
+            # Pipeline mode sends the BEGIN together with the claim: one round trip, not two.
+            with conn.pipeline():
+                cursor = conn.execute(query, params)
+            rows = cursor.fetchall()
         except psycopg.Error as exc:
             _abandon(conn)
             raise DatabaseError(f"claim failed: {describe_error(exc)}") from exc
