@@ -14,7 +14,9 @@ session, so a lost listener connection also releases them). Modes:
   (waiting a little for writers in flight: every writer that skipped NOTIFY holds its key in
   shared mode until its transaction ends, so once all keys are granted their rows are
   committed and visible), drain once more, then wait for a notification. On a notification,
-  release the keys first, then drain, then poll again.
+  drain, then release the keys, then poll again. (Draining first keeps the release's round
+  trip off the dispatch latency; writers that commit during that drain still notify, which
+  costs them little because the drain is short, and wakes the reactor again at once.)
 - plain: take the keys and keep them; writers always notify (the behaviour of sql/0003).
 - poll-only: no LISTEN connection, no keys; drain every poll interval.
 
@@ -24,7 +26,7 @@ a key in shared mode, and then every reactor is polling, or arms after that writ
 and drains after arming. A reactor that finds the keys held by another reactor only listens
 and tries again every `RECHECK_SECONDS`, which bounds the extra delay if that reactor dies
 silently while armed; any notification sends it back to polling, because the holder releases
-the keys when it is woken.
+the keys when it has drained.
 """
 
 from __future__ import annotations
@@ -105,6 +107,7 @@ class Doorbell:
         self.polling = True
         self._empty = 0
         self._recheck_at: float | None = None
+        self._release_after_drain = False
         metrics.doorbell_armed.set(0)
 
     # -- what the loop asks --------------------------------------------------------------------
@@ -131,22 +134,23 @@ class Doorbell:
 
     def drained(self, claimed: int) -> None:
         """A drain (of any kind) claimed `claimed` rows."""
-        if claimed == 0:
-            self._empty += 1
-            return
-        self._empty = 0
-        if self.armed and self.mode is DoorbellMode.ADAPTIVE:
-            # Rows are coming (found right after arming, or by a timer or sweep): stop ringing.
+        # Rows are coming (rung, found right after arming, or by a timer or sweep): stop
+        # ringing and poll.
+        if self._release_after_drain or (
+            claimed and self.armed and self.mode is DoorbellMode.ADAPTIVE
+        ):
+            self._release_after_drain = False
             self._disarm()
             self.polling = True
+        self._empty = self._empty + 1 if claimed == 0 else 0
 
     def rung(self, routed: bool) -> None:
         """A notification arrived (`routed`: it names a type this reactor dispatches)."""
         if self.armed:
             if routed and self.mode is DoorbellMode.ADAPTIVE:
-                # Release before draining: writers after this point skip NOTIFY, and the
-                # polling that follows the drain sees their rows.
-                self._disarm()
+                # Release once drained: writers after that point skip NOTIFY, and the polling
+                # that follows sees their rows.
+                self._release_after_drain = True
                 self.polling = True
                 self._empty = 0
             return
@@ -183,6 +187,7 @@ class Doorbell:
         self.polling = True
         self._empty = 0
         self._recheck_at = None
+        self._release_after_drain = False
         self._metrics.doorbell_armed.set(0)
 
     def _disarm(self) -> None:
