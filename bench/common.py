@@ -79,7 +79,7 @@ def insert_pending(url: str, count: int, prefix: str = "p", **columns: Any) -> N
     values = ", ".join(["%(prefix)s || i", "'photo.process'", *(f"%({c})s" for c in columns)])
     query = f"INSERT INTO photo_jobs ({names}) SELECT {values} FROM generate_series(1, %(n)s) i"
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(query, {"prefix": prefix, "n": count, **columns})  # type: ignore[arg-type]
+        conn.execute(query, {"prefix": prefix, "n": count, **columns})
         conn.execute("VACUUM ANALYZE photo_jobs")
 
 

@@ -167,6 +167,11 @@ def _tracks_commit_timestamps(url: str) -> bool:
     return bool(row and row[0] == "on")
 
 
+def _pending(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute("SELECT count(*) FROM photo_jobs WHERE state = 'pending'").fetchone()
+    return int(row[0]) if row else 0
+
+
 def _saturated_round(
     url: str, mode: str, seconds: float, script: Path, rate: int | None
 ) -> dict[str, float]:
@@ -178,14 +183,7 @@ def _saturated_round(
         with psycopg.connect(url, autocommit=True) as conn:
             wait_until(lambda: armed_by(conn) is not None, timeout=30)
             tps = pgbench(url, script, 16, seconds, rate)
-            wait_until(
-                lambda: (
-                    not conn.execute(
-                        "SELECT EXISTS (SELECT FROM photo_jobs WHERE state = 'pending')"
-                    ).fetchone()[0]
-                ),  # type: ignore[index]
-                timeout=300,
-            )
+            wait_until(lambda: _pending(conn) == 0, timeout=300)
             delays = [float(d) for (d,) in conn.execute(DELAYS)]
     finally:
         reactor.stop()

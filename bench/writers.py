@@ -38,7 +38,7 @@ def _set_triggers(url: str, enabled: bool) -> None:
     verb = "ENABLE" if enabled else "DISABLE"
     with psycopg.connect(url, autocommit=True) as conn:
         for trigger in TRIGGERS:
-            conn.execute(f"ALTER TABLE photo_jobs {verb} TRIGGER {trigger}")  # type: ignore[arg-type]
+            conn.execute(f"ALTER TABLE photo_jobs {verb} TRIGGER {trigger}")
         conn.execute("TRUNCATE photo_jobs")
     flush_redis()
 

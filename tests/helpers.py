@@ -15,7 +15,10 @@ from reactor.jobs import job_id
 
 def queue_ids(client: redis.Redis, queue: str = "photo-process") -> list[str]:
     """Job ids waiting in an RQ queue, in order."""
-    return [raw.decode() for raw in client.lrange(f"rq:queue:{queue}", 0, -1)]
+    return [
+        raw.decode() if isinstance(raw, bytes) else raw
+        for raw in client.lrange(f"rq:queue:{queue}", 0, -1)
+    ]
 
 
 def states(conn: psycopg.Connection[Any]) -> dict[str, int]:
@@ -26,7 +29,7 @@ def states(conn: psycopg.Connection[Any]) -> dict[str, int]:
 def rows(conn: psycopg.Connection[Any]) -> list[tuple[str, str, str, int]]:
     """(photo_id, type, state, attempts) of every row."""
     return [
-        tuple(r)  # type: ignore[misc]
+        tuple(r)
         for r in conn.execute(
             "SELECT photo_id, type, state, attempts FROM photo_jobs ORDER BY 1, 2"
         )
@@ -55,7 +58,7 @@ def insert_rows(
     names = ", ".join(["photo_id", "type", *columns])
     values = ", ".join(["%(prefix)s || i", "'photo.process'", *(f"%({c})s" for c in columns)])
     conn.execute(
-        f"INSERT INTO photo_jobs ({names}) SELECT {values} FROM generate_series(1, %(n)s) AS i",  # type: ignore[arg-type]
+        f"INSERT INTO photo_jobs ({names}) SELECT {values} FROM generate_series(1, %(n)s) AS i",
         {"prefix": prefix, "n": count, **columns},
     )
 

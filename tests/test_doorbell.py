@@ -204,9 +204,9 @@ def test_a_writer_that_skipped_notify_is_dispatched_when_its_commit_lets_the_rea
         if (writer.info.backend_pid, "ShareLock", True) not in doorbell_locks(admin):
             writer.rollback()  # it rang (the reactor had re-armed): not the case under test
             continue
-        listener_pid = listener_pids(admin)[0]
+        queued = (listener_pids(admin)[0], "ExclusiveLock", False)
         wait_for(
-            lambda pid=listener_pid: (pid, "ExclusiveLock", False) in doorbell_locks(admin),
+            lambda queued=queued: queued in doorbell_locks(admin),  # type: ignore[misc]
             interval=0.0005,
             what="the reactor queued for the lock behind the writer",
         )

@@ -46,7 +46,7 @@ def ledger(url: str) -> list[tuple[int, str]]:
         return [
             tuple(r)
             for r in conn.execute("SELECT version, name FROM reactor_migrations ORDER BY 1")
-        ]  # type: ignore[misc]
+        ]
 
 
 def reactor_cli(*args: str, url: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:

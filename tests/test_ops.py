@@ -46,6 +46,7 @@ def test_metrics_and_health_over_http(env: Env, spawn: Callable[..., Process]) -
         return text if done else None
 
     text = wait_for(moved, what="dispatched counter")
+    assert text is not None
     assert (
         metric(text, "reactor_notifications_total")
         >= 1
@@ -65,9 +66,14 @@ def test_metrics_and_health_over_http(env: Env, spawn: Callable[..., Process]) -
             " WHERE datname = %s AND application_name = 'photo-reactor listener'",
             [env.database_name],
         )
-        _, body = wait_for(
-            lambda: (r := get(base + "/healthz"))[0] == 503 and r, what="503 while disconnected"
-        )
+
+        def unhealthy() -> tuple[int, str] | None:
+            status, text = get(base + "/healthz")
+            return (status, text) if status == 503 else None
+
+        found = wait_for(unhealthy, what="503 while disconnected")
+        assert found is not None
+        _, body = found
         assert "listener disconnected" in body
         assert metric(get(base + "/metrics")[1], "reactor_listener_connected") == 0
     finally:
@@ -79,11 +85,12 @@ def test_no_password_in_any_output(env: Env, spawn: Callable[..., Process]) -> N
     pg_secret, redis_secret = "pg-Secret-4417", "redis-Secret-9923"
     admin = env.connect()
     admin.execute(f"CREATE ROLE reactor_pw LOGIN SUPERUSER PASSWORD '{pg_secret}'")
-    env.cleanups.append(
-        lambda: psycopg.connect(env.pg_server_url, autocommit=True).execute(
-            "DROP ROLE IF EXISTS reactor_pw"
-        )
-    )
+
+    def drop_role() -> None:
+        with psycopg.connect(env.pg_server_url, autocommit=True) as conn:
+            conn.execute("DROP ROLE IF EXISTS reactor_pw")
+
+    env.cleanups.append(drop_role)
     parts = urllib.parse.urlsplit(env.database_url)
     netloc = f"reactor_pw:{pg_secret}@{parts.hostname}:{parts.port or 5432}"
     database_url = urllib.parse.urlunsplit(parts._replace(netloc=netloc))

@@ -60,7 +60,7 @@ def in_tx(*statements: str, rollback: bool = False) -> Callable[[psycopg.Connect
     def write(conn: psycopg.Connection[Any]) -> None:
         with conn.transaction(force_rollback=rollback):
             for statement in statements:
-                conn.execute(statement)  # type: ignore[arg-type]
+                conn.execute(statement)
 
     return write
 
@@ -179,7 +179,7 @@ def test_updated_at_moves_on_every_update(env: Env) -> None:
 def test_checks_reject_bad_rows_clearly(env: Env, statement: str, constraint: str) -> None:
     conn = env.connect()
     with pytest.raises(psycopg.errors.CheckViolation) as info:
-        conn.execute(statement)  # type: ignore[arg-type]
+        conn.execute(statement)
     assert info.value.diag.constraint_name == constraint
     assert constraint in str(info.value)
 
@@ -221,7 +221,7 @@ def test_submit_rearms_done_and_failed_rows_only(env: Env) -> None:
 
 
 def plan(conn: psycopg.Connection[Any], query: str, params: dict[str, Any]) -> str:
-    rows = conn.execute("EXPLAIN " + query, params).fetchall()  # type: ignore[operator]
+    rows = conn.execute("EXPLAIN " + query, params).fetchall()
     return "\n".join(r[0] for r in rows)
 
 
@@ -242,7 +242,7 @@ def test_dispatch_queries_use_the_partial_indexes_beside_a_million_done_rows(env
     )
     conn.execute("ANALYZE photo_jobs")
     types = ["photo.process"]
-    checks = {
+    checks: dict[str, tuple[str, dict[str, Any], str]] = {
         "claim": (
             queries.CLAIM_DUE,
             {"type": "photo.process", "limit": 500},

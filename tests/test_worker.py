@@ -36,11 +36,8 @@ def conn(env: Env) -> psycopg.Connection[Any]:
 def runs(conn: psycopg.Connection[Any], photo_id: str | None = None) -> list[tuple[str, int, str]]:
     query = "SELECT photo_id, attempt, outcome FROM handler_runs"
     if photo_id is None:
-        return [tuple(r) for r in conn.execute(query + " ORDER BY at")]  # type: ignore[misc]
-    return [
-        tuple(r)  # type: ignore[misc]
-        for r in conn.execute(query + " WHERE photo_id = %s ORDER BY at", [photo_id])
-    ]
+        return [tuple(r) for r in conn.execute(query + " ORDER BY at")]
+    return [tuple(r) for r in conn.execute(query + " WHERE photo_id = %s ORDER BY at", [photo_id])]
 
 
 def sweep(env: Env, handler: str, *args: str) -> dict[str, Any]:
@@ -48,7 +45,7 @@ def sweep(env: Env, handler: str, *args: str) -> dict[str, Any]:
 
 
 def burst(spawn: Callable[..., Process], env: Env, **extra: str) -> Process:
-    worker = start_worker(spawn, env, burst=True, **extra)
+    worker = start_worker(spawn, env, burst=True, extra_args=(), redis_url=None, **extra)
     assert worker.proc.wait(timeout=60) == 0, worker.output()
     return worker
 
