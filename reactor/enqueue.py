@@ -113,6 +113,15 @@ class Enqueuer:
         self._queues: dict[str, Queue] = {}
         self._enqueue_if_new: Script = client.register_script(_ENQUEUE_IF_NEW)
 
+    def prepare(self) -> None:
+        """Load the enqueue script now, so a Redis that forbids scripts (ACL) is refused at
+        start-up rather than at the first batch.
+
+        Raises:
+            redis.RedisError: Redis failed or refused (`NoPermissionError`).
+        """
+        self._client.script_load(_ENQUEUE_IF_NEW)
+
     def _queue(self, name: str) -> Queue:
         queue = self._queues.get(name)
         if queue is None:

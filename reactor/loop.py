@@ -132,7 +132,8 @@ class Reactor:
         """Connect everything once, failing fast.
 
         Raises:
-            ConfigError: bad URL, unreachable or unmigrated database, Redis credentials refused.
+            ConfigError: bad URL, unreachable or unmigrated database, Redis credentials or
+                scripting (which the enqueue needs) refused.
         """
         try:
             self._open_work_connection()
@@ -144,6 +145,7 @@ class Reactor:
             raise ConfigError(str(exc)) from exc
         try:
             self._redis.ping()
+            self._enqueuer.prepare()
         except (redis.AuthenticationError, redis.ResponseError) as exc:
             raise ConfigError(f"Redis refused us: {redact(str(exc))}") from None
         except redis.RedisError as exc:

@@ -372,6 +372,29 @@ def test_wrong_passwords_exit_2_without_showing_them(env: Env) -> None:
         redis_server.close()
 
 
+def test_a_redis_user_without_scripting_is_refused_at_start(env: Env) -> None:
+    server = RedisServer()
+    try:
+        admin = redis.Redis.from_url(server.url)
+        admin.acl_setuser(
+            "noscript",
+            enabled=True,
+            passwords=["+lua-Secret-3301"],
+            keys=["*"],
+            channels=["*"],
+            commands=["+@all", "-@scripting"],
+        )
+        admin.close()
+        url = server.url.replace("redis://", "redis://noscript:lua-Secret-3301@")
+        result = run_cli(
+            ["run"],
+            {"PATH": os.environ["PATH"], "DATABASE_URL": env.database_url, "REDIS_URL": url},
+        )
+        assert_one_line_exit_2(result, "Redis refused us", "script", secret="lua-Secret-3301")
+    finally:
+        server.close()
+
+
 def test_rows_parked_at_infinity_break_nothing(env: Env, spawn: Callable[..., Process]) -> None:
     conn, client = env.connect(), env.redis()
     conn.execute(
