@@ -149,25 +149,41 @@ class Enqueuer:
         queue (a worker took it and died before starting it)? Read atomically (MULTI/EXEC), so
         a job moving between the lists is never missed.
 
+        Each list involved is read once, whole, and looked up in memory: the cost is the
+        lists' length plus the refs, where a search per ref (`LPOS`) cost their product, which
+        is what a long queue of long-waiting jobs made quadratic (3,000 jobs waiting in a
+        queue of 3,000: 9 M comparisons in Redis per sweep).
+
         Raises:
             EnqueueError: Redis failed.
         """
         if not refs:
             return []
+        queues = {self._routes[ref.type].queue for ref in refs}
+        lists = sorted({key for name in queues for key in self._list_keys(self._queue(name))})
         try:
             with self._client.pipeline(transaction=True) as pipe:
                 for ref in refs:
-                    queue = self._queue(self._routes[ref.type].queue)
                     pipe.hget(Job.key_for(ref.job_id), "status")
-                    pipe.lpos(queue.key, ref.job_id)
-                    pipe.lpos(queue.intermediate_queue_key, ref.job_id)
+                for key in lists:
+                    pipe.lrange(key, 0, -1)
                 replies = pipe.execute()
         except redis.RedisError as exc:
             raise EnqueueError(f"Redis queue check failed: {redact(str(exc))}") from exc
-        return [
-            replies[i] == QUEUED and replies[i + 1] is None and replies[i + 2] is None
-            for i in range(0, len(replies), 3)
-        ]
+        listed = {key: set(ids) for key, ids in zip(lists, replies[len(refs) :], strict=True)}
+        result = []
+        for ref, status in zip(refs, replies[: len(refs)], strict=True):
+            queue = self._queue(self._routes[ref.type].queue)
+            member = ref.job_id.encode()
+            result.append(
+                status == QUEUED
+                and not any(member in listed[key] for key in self._list_keys(queue))
+            )
+        return result
+
+    @staticmethod
+    def _list_keys(queue: Queue) -> tuple[str, str]:
+        return (queue.key, queue.intermediate_queue_key)
 
     def enqueue(self, refs: Sequence[JobRef]) -> EnqueueResult:
         """Enqueue the jobs of `refs` that are not already alive in Redis.

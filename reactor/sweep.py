@@ -136,6 +136,7 @@ class Sweeper:
                 row = conn.execute("SELECT now()").fetchone()
             until: datetime = row[0] if row else datetime.max
             after: tuple[object, str, str] = ("-infinity", "", "")
+            waiting: list[JobRef] = []  # stale and still queued: maybe orphans
             while not should_stop():
                 with conn.transaction():
                     page = conn.execute(
@@ -154,7 +155,7 @@ class Sweeper:
                     break
                 refs = [JobRef(t, p, a) for t, p, a, _, _ in page]
                 statuses = self._enqueuer.job_statuses(refs)
-                gone, dead, waiting = [], [], []
+                gone, dead = [], []
                 for ref, status, (*_, stale) in zip(refs, statuses, page, strict=True):
                     if status not in ALIVE_STATUSES:
                         gone.append(ref)
@@ -162,9 +163,6 @@ class Sweeper:
                         dead.append(ref)
                     elif status == QUEUED and stale:
                         waiting.append(ref)
-                # A long wait in the queue is normal; a job queued in no queue is an orphan.
-                orphaned = self._enqueuer.orphaned(waiting)
-                gone += [ref for ref, orphan in zip(waiting, orphaned, strict=True) if orphan]
                 batch = self._redispatch(gone, None, "job lost: its RQ job vanished from Redis")
                 lost += batch.claimed
                 failed += batch.failed
@@ -179,6 +177,18 @@ class Sweeper:
                 after = (last[3], last[0], last[1])
                 if len(page) < self._batch_size:
                     break
+            # A long wait in the queue is normal; a job queued in no queue is an orphan. Checked
+            # once for the whole pass: each check reads the queues whole.
+            orphaned = self._enqueuer.orphaned(waiting)
+            gone = [ref for ref, orphan in zip(waiting, orphaned, strict=True) if orphan]
+            for start in range(0, len(gone), self._batch_size):
+                batch = self._redispatch(
+                    gone[start : start + self._batch_size],
+                    None,
+                    "job lost: its RQ job vanished from Redis",
+                )
+                lost += batch.claimed
+                failed += batch.failed
         except psycopg.Error as exc:
             raise DatabaseError(f"rescue pass failed: {describe_error(exc)}") from exc
         if rescued or lost or failed:
