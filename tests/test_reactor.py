@@ -25,7 +25,7 @@ import redis
 from rq.job import Job, JobStatus
 
 from reactor.dispatch import Dispatcher
-from reactor.enqueue import Enqueuer, connect_redis
+from reactor.enqueue import SCRIPT_MAX_JOBS, Enqueuer, connect_redis
 from reactor.errors import DatabaseError
 from reactor.jobs import JobRef, job_id
 from reactor.routes import parse_routes
@@ -104,24 +104,28 @@ def test_lost_commit_after_enqueue_never_enqueues_twice(env: Env) -> None:
     assert {(state, attempts) for _, _, state, attempts in rows(killer)} == {("active", 1)}
 
 
+@pytest.mark.parametrize("extra", [0, SCRIPT_MAX_JOBS], ids=["script", "exists-multi"])
 def test_a_batch_with_an_existing_job_is_written_only_through_the_careful_path(
-    env: Env,
+    env: Env, extra: int
 ) -> None:
-    """The one-round-trip enqueue writes a batch only if none of its jobs exists; otherwise
-    it writes nothing, and each job's status decides: alive is kept, finished is replaced."""
+    """Either fast path (one script for a few jobs, EXISTS then MULTI/EXEC for a large batch)
+    writes a batch only if none of its jobs exists; otherwise it writes nothing, and each job's
+    status decides: alive is kept, finished is replaced."""
     client = env.redis()
     enqueuer = Enqueuer(client, ROUTES)
     alive, leftover, new = (JobRef("photo.process", name, 1) for name in ("alive", "old", "new"))
+    more = [JobRef("photo.process", f"more{i}", 1) for i in range(extra)]
     enqueuer.enqueue([alive, leftover])
     client.lrem("rq:queue:photo-process", 0, leftover.job_id)
     Job.fetch(leftover.job_id, connection=client).set_status(JobStatus.FINISHED)
     client.script_flush()  # a restarted Redis has no scripts: the client loads it again
 
-    result = enqueuer.enqueue([new, alive, leftover])
+    result = enqueuer.enqueue([new, alive, leftover, *more])
 
-    assert (result.enqueued, result.already_enqueued, result.replaced) == (2, 1, 1)
-    # `alive` once: the script pushed nothing before it found the existing jobs.
-    assert sorted(queue_ids(client)) == sorted(ref.job_id for ref in (new, alive, leftover))
+    assert (result.enqueued, result.already_enqueued, result.replaced) == (2 + extra, 1, 1)
+    # `alive` once: the fast path pushed nothing before it found the existing jobs.
+    expected = [ref.job_id for ref in (new, alive, leftover, *more)]
+    assert sorted(queue_ids(client)) == sorted(expected)
     for ref in (new, alive, leftover):
         assert Job.fetch(ref.job_id, connection=client).get_status() == JobStatus.QUEUED
 
