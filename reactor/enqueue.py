@@ -166,8 +166,14 @@ class Enqueuer:
         """
         if not refs:
             return []
-        queues = {self._routes[ref.type].queue for ref in refs}
-        lists = sorted({key for name in queues for key in self._list_keys(self._queue(name))})
+        # Each queue's own list and RQ's intermediate list for it.
+        lists_of: dict[str, tuple[str, str]] = {}
+        for ref in refs:
+            name = self._routes[ref.type].queue
+            if name not in lists_of:
+                queue = self._queue(name)
+                lists_of[name] = (queue.key, queue.intermediate_queue_key)
+        lists = sorted({key for pair in lists_of.values() for key in pair})
         try:
             with self._client.pipeline(transaction=True) as pipe:
                 for ref in refs:
@@ -180,17 +186,12 @@ class Enqueuer:
         listed = {key: set(ids) for key, ids in zip(lists, replies[len(refs) :], strict=True)}
         result = []
         for ref, status in zip(refs, replies[: len(refs)], strict=True):
-            queue = self._queue(self._routes[ref.type].queue)
             member = ref.job_id.encode()
             result.append(
                 status == QUEUED
-                and not any(member in listed[key] for key in self._list_keys(queue))
+                and not any(member in listed[key] for key in lists_of[self._routes[ref.type].queue])
             )
         return result
-
-    @staticmethod
-    def _list_keys(queue: Queue) -> tuple[str, str]:
-        return (queue.key, queue.intermediate_queue_key)
 
     def enqueue(self, refs: Sequence[JobRef]) -> EnqueueResult:
         """Enqueue the jobs of `refs` that are not already alive in Redis.
@@ -207,26 +208,25 @@ class Enqueuer:
             if len(refs) > SCRIPT_MAX_JOBS:
                 # A backlog's batch: one `EXISTS` is a small part of its time, and MULTI/EXEC
                 # runs the commands natively (the script's replay costs up to 7 % more a job).
-                if not self._client.exists(*keys):
+                written = not self._client.exists(*keys)
+                if written:
                     with self._client.pipeline(transaction=True) as pipe:
                         self._add_enqueues(pipe, by_queue)
                         pipe.execute()
-                    return EnqueueResult(
-                        enqueued=len(refs), by_type=Counter(ref.type for ref in refs)
-                    )
-                return self._enqueue_fresh(refs)
-            # A few jobs, the latency-bound case: check and write in one round trip.
-            with self._client.pipeline(transaction=False) as plan:
-                self._add_enqueues(plan, by_queue)
-                argv: list[Any] = []
-                for args, _options in plan.command_stack:  # never sent: the script runs them
-                    argv.append(len(args))
-                    argv.extend(args)
-            if self._enqueue_if_new(keys=keys, args=argv) == 0:
-                return EnqueueResult(enqueued=len(refs), by_type=Counter(ref.type for ref in refs))
+            else:
+                # A few jobs, the latency-bound case: check and write in one round trip.
+                with self._client.pipeline(transaction=False) as plan:
+                    self._add_enqueues(plan, by_queue)
+                    argv: list[Any] = []
+                    for args, _options in plan.command_stack:  # never sent: the script runs them
+                        argv.append(len(args))
+                        argv.extend(args)
+                written = self._enqueue_if_new(keys=keys, args=argv) == 0
         except redis.RedisError as exc:
             raise EnqueueError(f"Redis enqueue failed: {redact(str(exc))}", rows=len(refs)) from exc
-        return self._enqueue_fresh(refs)
+        if not written:
+            return self._enqueue_fresh(refs)
+        return EnqueueResult(enqueued=len(refs), by_type=Counter(ref.type for ref in refs))
 
     def _enqueue_fresh(self, refs: Sequence[JobRef]) -> EnqueueResult:
         """Some job of the batch exists: enqueue only the attempts whose job is not alive."""

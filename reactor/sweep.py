@@ -38,6 +38,9 @@ __all__ = ["SweepResult", "Sweeper"]
 
 logger = logging.getLogger(__name__)
 
+#: `last_error` of a row failed because its job vanished from Redis and its attempts are spent.
+_JOB_LOST = "job lost: its RQ job vanished from Redis"
+
 
 @dataclass(frozen=True)
 class SweepResult:
@@ -163,7 +166,7 @@ class Sweeper:
                         dead.append(ref)
                     elif status == QUEUED and stale:
                         waiting.append(ref)
-                batch = self._redispatch(gone, None, "job lost: its RQ job vanished from Redis")
+                batch = self._redispatch(gone, None, _JOB_LOST)
                 lost += batch.claimed
                 failed += batch.failed
                 batch = self._redispatch(
@@ -185,7 +188,7 @@ class Sweeper:
                 batch = self._redispatch(
                     gone[start : start + self._batch_size],
                     None,
-                    "job lost: its RQ job vanished from Redis",
+                    _JOB_LOST,
                 )
                 lost += batch.claimed
                 failed += batch.failed
