@@ -37,6 +37,7 @@ import redis
 from psycopg import sql
 
 from reactor.migrate import migrate
+from reactor.routes import DEMO_ROUTE
 from tests.servers import PostgresServer, RedisServer
 
 T = TypeVar("T")
@@ -194,6 +195,8 @@ class Env:
             DATABASE_URL=self.database_url,
             REDIS_URL=self.redis_url,
             PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
+            # Tests name the demo route (no process falls back to it); override to test others.
+            REACTOR_ROUTES=DEMO_ROUTE,
         )
         env.update(extra)
         return env
