@@ -29,11 +29,17 @@ MAX_ERROR_CHARS = 500
 
 
 def last_line(traceback_text: str) -> str:
-    """The line of a traceback that names the exception (its last non-empty line), cut to
-    `MAX_ERROR_CHARS`."""
-    lines = [line.strip() for line in traceback_text.strip().splitlines() if line.strip()]
-    line = lines[-1] if lines else ""
-    return line[:MAX_ERROR_CHARS]
+    """The line of a traceback that names the exception, cut to `MAX_ERROR_CHARS`: the first
+    unindented line after the last frame (an exception's message may go on over more lines,
+    as Postgres errors do), else the last non-empty line."""
+    lines = traceback_text.splitlines()
+    frames = [i for i, line in enumerate(lines) if line.startswith("  File ")]
+    if frames:
+        for line in lines[frames[-1] + 1 :]:
+            if line.strip() and not line[0].isspace():
+                return line.strip()[:MAX_ERROR_CHARS]
+    text = [line.strip() for line in lines if line.strip()]
+    return text[-1][:MAX_ERROR_CHARS] if text else ""
 
 
 def _results_key(job_id: str) -> str:
