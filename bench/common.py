@@ -1,12 +1,15 @@
 """What every benchmark shares: servers, fresh databases, processes, statistics, tables.
 
-Servers come from BENCH_DATABASE_URL (any database of the server; default the local
-127.0.0.1:5432) and BENCH_REDIS_URL (default redis://127.0.0.1:6379/14, flushed freely).
-Each benchmark gets a fresh migrated database, dropped at the end.
+Servers come from BENCH_DATABASE_URL (any database of the server: benchmarks create and drop
+databases of their own there) and BENCH_REDIS_URL (a Redis database the benchmarks flush: name
+one that holds nothing of yours). Without them, the benchmarks start throwaway servers from the
+binaries (PostgreSQL with fsync on, as a real server) and remove them at exit: they never write
+into a server they were not told about. Each benchmark gets a fresh migrated database.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import statistics
 import subprocess
@@ -26,10 +29,26 @@ import redis
 from psycopg import sql
 
 from reactor.migrate import migrate
+from reactor.routes import DEMO_ROUTE
+from tests.servers import PostgresServer, RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
-SERVER_URL = os.environ.get("BENCH_DATABASE_URL", "postgresql://127.0.0.1:5432/postgres")
-REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
+
+
+def _throwaway_postgres() -> str:
+    server = PostgresServer(settings={"fsync": "on"})
+    atexit.register(server.stop)
+    return server.url
+
+
+def _throwaway_redis() -> str:
+    server = RedisServer()
+    atexit.register(server.close)
+    return server.url
+
+
+SERVER_URL = os.environ.get("BENCH_DATABASE_URL") or _throwaway_postgres()
+REDIS_URL = os.environ.get("BENCH_REDIS_URL") or _throwaway_redis()
 
 
 def with_database(url: str, name: str) -> str:
@@ -89,6 +108,8 @@ class Reactor:
     def __init__(self, database_url: str, *args: str) -> None:
         env = {**os.environ, "DATABASE_URL": database_url, "REDIS_URL": REDIS_URL}
         env["PYTHONPATH"] = str(ROOT)
+        # The benchmarks' jobs go to the demo handler, named here (no process defaults to it).
+        env.setdefault("REACTOR_ROUTES", DEMO_ROUTE)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "reactor", "run", *args],
             env=env,

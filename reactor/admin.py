@@ -14,10 +14,18 @@ from dataclasses import dataclass
 
 import psycopg
 
+from reactor import queries
 from reactor.db import Connection, describe_error
 from reactor.errors import ConfigError, DatabaseError
 
-__all__ = ["PruneResult", "parse_duration", "prune", "requeue_failed", "requeue_photos"]
+__all__ = [
+    "PruneResult",
+    "missing_photo_ids",
+    "parse_duration",
+    "prune",
+    "requeue_failed",
+    "requeue_photos",
+]
 
 DEFAULT_ADMIN_BATCH = 5000
 
@@ -107,6 +115,23 @@ def requeue_photos(
     except psycopg.Error as exc:
         raise DatabaseError(f"requeue failed after {total} rows: {describe_error(exc)}") from exc
     return total
+
+
+def missing_photo_ids(
+    conn: Connection, photo_ids: Sequence[str], job_type: str | None = None
+) -> list[str]:
+    """The given photo ids that have no row (of `job_type`, if given), in the order given."""
+    try:
+        with conn.transaction():
+            found = {
+                row[0]
+                for row in conn.execute(
+                    queries.FOUND_PHOTO_IDS, {"photo_ids": list(photo_ids), "type": job_type}
+                )
+            }
+    except psycopg.Error as exc:
+        raise DatabaseError(f"cannot look the photos up: {describe_error(exc)}") from exc
+    return [p for p in dict.fromkeys(photo_ids) if p not in found]
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
-"""The `reactor` command (also `python -m reactor`): migrate, run, sweep, status, requeue, prune,
-submit.
+"""The `reactor` command (also `python -m reactor`): migrate, run, sweep, status, failures,
+requeue, prune, submit.
 
 Every setting is a flag and an environment variable; the flag wins. Errors are one line on
 stderr with no password and no traceback (unless `--debug`); exit codes: 0 ok, 2 usage or
-configuration error, 1 runtime failure.
+configuration error (an unreachable database included), 1 runtime failure.
 """
 
 from __future__ import annotations
@@ -20,13 +20,14 @@ import click
 
 from reactor import __version__, admin, db
 from reactor.doorbell import DoorbellMode
-from reactor.errors import ReactorError
+from reactor.errors import ConfigError, DatabaseError, ReactorError
+from reactor.failures import format_failures, read_failures
 from reactor.logs import configure_logging
 from reactor.loop import Reactor
 from reactor.migrate import migrate as apply_migrations
-from reactor.producer import DEFAULT_JOB_TYPE, submit
+from reactor.producer import DEFAULT_JOB_TYPE, submit, validate_job
 from reactor.redact import redact
-from reactor.routes import DEMO_ROUTE, Route, parse_routes
+from reactor.routes import Route, parse_routes
 from reactor.settings import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_POLL_INTERVAL_SECONDS,
@@ -81,8 +82,8 @@ def _routes_option(func: F) -> F:
         "routes",
         multiple=True,
         metavar="TYPE=DOTTED.PATH[@QUEUE]",
-        help=f"Route a job type (repeatable; env REACTOR_ROUTES, comma-separated; "
-        f"default {DEMO_ROUTE}).",
+        help="Route a job type (repeatable; env REACTOR_ROUTES, comma-separated; default: "
+        "the routes the reactors recorded in the database).",
     )(func)
 
 
@@ -98,8 +99,17 @@ def _stale_option(func: F) -> F:
     )(func)
 
 
-def _dispatch_options(func: F) -> F:
+def _sweep_options(func: F) -> F:
+    """The options of every dispatching command (`sweep`, and `run` with `_run_options`)."""
     func = _stale_option(func)
+    func = click.option(
+        "--job-timeout",
+        type=click.IntRange(min=1),
+        envvar="REACTOR_JOB_TIMEOUT",
+        default=None,
+        show_envvar=True,
+        help="Seconds a handler may run before RQ stops it (a failed attempt; default RQ's 180).",
+    )(func)
     func = click.option(
         "--redis-url",
         envvar="REDIS_URL",
@@ -117,6 +127,11 @@ def _dispatch_options(func: F) -> F:
         show_envvar=True,
         help="Rows claimed and enqueued per transaction.",
     )(func)
+    return _database_option(_routes_option(func))
+
+
+def _run_options(func: F) -> F:
+    """The options only the long-running `reactor run` uses."""
     func = click.option(
         "--sweep-interval",
         type=click.FloatRange(min=0, min_open=True),
@@ -153,14 +168,6 @@ def _dispatch_options(func: F) -> F:
         help="Same as --doorbell poll-only (for PgBouncer in transaction mode).",
     )(func)
     func = click.option(
-        "--job-timeout",
-        type=click.IntRange(min=1),
-        envvar="REACTOR_JOB_TIMEOUT",
-        default=None,
-        show_envvar=True,
-        help="Seconds a handler may run before RQ stops it (a failed attempt; default RQ's 180).",
-    )(func)
-    func = click.option(
         "--metrics-port",
         type=click.IntRange(0, 65535),
         envvar="REACTOR_METRICS_PORT",
@@ -176,36 +183,61 @@ def _dispatch_options(func: F) -> F:
         show_envvar=True,
         help="Address the metrics server binds.",
     )(func)
-    return _database_option(_routes_option(func))
+    return _sweep_options(func)
 
 
 def resolve_routes(
     flags: tuple[str, ...], env: Mapping[str, str] | None = None
 ) -> dict[str, Route]:
-    """Routes from the flags, else from REACTOR_ROUTES, else the demo route."""
+    """Routes from the flags, else from REACTOR_ROUTES; empty when neither names one (the
+    reactor then uses the routes recorded in the database, never a built-in one)."""
     env = os.environ if env is None else env
     texts = list(flags) or [env.get("REACTOR_ROUTES", "")]
     if not any(t.strip() for t in texts):
-        texts = [DEMO_ROUTE]
+        return {}
     return dict(parse_routes(texts))
 
 
 def _settings(options: dict[str, Any]) -> ReactorSettings:
+    run_only: dict[str, Any] = {}
+    if "doorbell" in options:
+        run_only = {
+            "sweep_interval_seconds": options["sweep_interval"],
+            "doorbell": DoorbellMode.POLL_ONLY
+            if options["no_listen"]
+            else DoorbellMode(options["doorbell"]),
+            "poll_interval_seconds": options["poll_interval"],
+            "metrics_port": options["metrics_port"],
+            "metrics_host": options["metrics_host"],
+        }
     return ReactorSettings(
         database_url=options["database_url"],
         redis_url=options["redis_url"],
         routes=resolve_routes(options["routes"]),
         batch_size=options["batch_size"],
-        sweep_interval_seconds=options["sweep_interval"],
         stale_after_seconds=options["stale_after"],
-        doorbell=DoorbellMode.POLL_ONLY
-        if options["no_listen"]
-        else DoorbellMode(options["doorbell"]),
-        poll_interval_seconds=options["poll_interval"],
-        metrics_port=options["metrics_port"],
-        metrics_host=options["metrics_host"],
         job_timeout_seconds=options["job_timeout"],
+        **run_only,
     )
+
+
+def _connect(database_url: str, purpose: str) -> db.Connection:
+    """A connection for a one-shot command, on a migrated database. Not reaching the
+    database is a configuration error (exit 2), as for `run`.
+
+    Raises:
+        ConfigError: bad URL, unreachable or unmigrated database.
+    """
+    try:
+        conn = db.connect(database_url, purpose=purpose)
+    except DatabaseError as exc:
+        raise ConfigError(str(exc)) from None
+    try:
+        db.check_schema(conn)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
 
 
 @click.group(cls=_Group)
@@ -238,7 +270,10 @@ def cli(ctx: click.Context, debug: bool, log_level: str, log_format: str) -> Non
 @_database_option
 def migrate(database_url: str) -> None:
     """Apply the SQL migrations that are not applied yet."""
-    conn = db.connect(database_url, autocommit=True, purpose="migrate")
+    try:
+        conn = db.connect(database_url, autocommit=True, purpose="migrate")
+    except DatabaseError as exc:
+        raise ConfigError(str(exc)) from None
     with conn:
         result = apply_migrations(conn)
     if result.applied:
@@ -250,7 +285,7 @@ def migrate(database_url: str) -> None:
 
 
 @cli.command()
-@_dispatch_options
+@_run_options
 def run(**options: Any) -> None:
     """Run the reactor until SIGTERM/SIGINT (a second signal exits at once)."""
     stopper = Stopper()
@@ -261,32 +296,55 @@ def run(**options: Any) -> None:
 
 
 @cli.command()
-@_dispatch_options
-def sweep(**options: Any) -> None:
-    """Run one sweep round and print its result as JSON."""
-    settings = replace(_settings(options), doorbell=DoorbellMode.POLL_ONLY, metrics_port=None)
+@_sweep_options
+@click.pass_context
+def sweep(ctx: click.Context, /, **options: Any) -> None:
+    """Run one sweep round and print its result as JSON (exit 1 if some rows could not be
+    enqueued: they stay pending)."""
+    settings = replace(_settings(options), doorbell=DoorbellMode.POLL_ONLY)
     reactor = Reactor(settings)
-    reactor.start()
     try:
+        reactor.start()
         result = reactor.sweep_once()
     finally:
         reactor.close()
     click.echo(json.dumps(asdict(result)))
+    if result.enqueue_failures:
+        click.echo(
+            f"reactor: error: {result.enqueue_failures} rows could not be enqueued "
+            "(they stay pending; see the log)",
+            err=True,
+        )
+        ctx.exit(1)
 
 
 @cli.command()
 @_database_option
-@_routes_option
 @_stale_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def status(database_url: str, routes: tuple[str, ...], stale_after: float, as_json: bool) -> None:
-    """Show counts by type and state, backlog age, retries, stale rows, unrouted types."""
-    routed = resolve_routes(routes)
-    conn = db.connect(database_url, purpose="status")
-    with conn:
-        db.check_schema(conn)
-        result = read_status(conn, routed, stale_after)
+def status(database_url: str, stale_after: float, as_json: bool) -> None:
+    """Show counts by type and state, backlog age, retries, stale rows, the routes the
+    reactors use, unrouted types."""
+    with _connect(database_url, "status") as conn:
+        result = read_status(conn, stale_after)
     click.echo(json.dumps(result.as_dict()) if as_json else format_status(result))
+
+
+@cli.command()
+@_database_option
+@click.option("--type", "job_type", default=None, help="Only rows of this type.")
+@click.option(
+    "--limit", type=click.IntRange(min=1), default=20, show_default=True, help="Rows shown."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (errors in full).")
+def failures(database_url: str, job_type: str | None, limit: int, as_json: bool) -> None:
+    """Show the latest failed and retried rows: attempt, last_error, when."""
+    with _connect(database_url, "failures") as conn:
+        rows = read_failures(conn, job_type, limit)
+    if as_json:
+        click.echo(json.dumps({"failures": [r.as_dict() for r in rows]}))
+    else:
+        click.echo(format_failures(rows))
 
 
 @cli.command()
@@ -294,33 +352,43 @@ def status(database_url: str, routes: tuple[str, ...], stale_after: float, as_js
 @click.argument("photo_ids", nargs=-1)
 @click.option("--failed", "all_failed", is_flag=True, help="Requeue every failed row.")
 @click.option("--type", "job_type", default=None, help="Only rows of this type.")
+@click.pass_context
 def requeue(
-    database_url: str, photo_ids: tuple[str, ...], all_failed: bool, job_type: str | None
+    ctx: click.Context,
+    database_url: str,
+    photo_ids: tuple[str, ...],
+    all_failed: bool,
+    job_type: str | None,
 ) -> None:
-    """Move done/failed rows back to pending (attempts 0): PHOTO_ID... or --failed."""
+    """Move done/failed rows back to pending (attempts 0): PHOTO_ID... or --failed.
+    Photo ids with no row are reported (exit 1); the others are requeued."""
     if bool(photo_ids) == all_failed:
         raise click.UsageError("give PHOTO_IDs or --failed (one of them)")
-    conn = db.connect(database_url, purpose="requeue")
-    with conn:
-        db.check_schema(conn)
+    missing: list[str] = []
+    with _connect(database_url, "requeue") as conn:
         if all_failed:
             moved = admin.requeue_failed(conn, job_type)
         else:
+            missing = admin.missing_photo_ids(conn, photo_ids, job_type)
             moved = admin.requeue_photos(conn, photo_ids, job_type)
-    click.echo(json.dumps({"requeued": moved}))
+    click.echo(json.dumps({"requeued": moved, "not_found": missing}))
+    if missing:
+        kind = "" if job_type is None else f" of type {job_type}"
+        click.echo(f"reactor: error: no row{kind} for: {', '.join(missing)}", err=True)
+        ctx.exit(1)
 
 
 @cli.command()
 @_database_option
-@click.option("--done-older-than", required=True, metavar="DURATION", help="e.g. 7d, 12h.")
+@click.option("--done-older-than", default=None, metavar="DURATION", help="e.g. 7d, 12h.")
 @click.option("--failed-older-than", default=None, metavar="DURATION", help="e.g. 30d.")
-def prune(database_url: str, done_older_than: str, failed_older_than: str | None) -> None:
-    """Delete done (and failed) rows older than a duration, in batches."""
-    done_age = admin.parse_duration(done_older_than)
+def prune(database_url: str, done_older_than: str | None, failed_older_than: str | None) -> None:
+    """Delete done and/or failed rows older than a duration, in batches (give one or both)."""
+    if done_older_than is None and failed_older_than is None:
+        raise click.UsageError("give --done-older-than, --failed-older-than, or both")
+    done_age = None if done_older_than is None else admin.parse_duration(done_older_than)
     failed_age = None if failed_older_than is None else admin.parse_duration(failed_older_than)
-    conn = db.connect(database_url, purpose="prune")
-    with conn:
-        db.check_schema(conn)
+    with _connect(database_url, "prune") as conn:
         result = admin.prune(conn, done_older_than=done_age, failed_older_than=failed_age)
     click.echo(json.dumps({"deleted_done": result.done, "deleted_failed": result.failed}))
 
@@ -334,14 +402,12 @@ def submit_command(
     database_url: str, photo_ids: tuple[str, ...], job_type: str, max_attempts: int | None
 ) -> None:
     """Submit photos (one transaction): new rows, or done/failed rows re-armed."""
-    conn = db.connect(database_url, purpose="submit")
-    with conn:
-        db.check_schema(conn)
-        with conn.transaction():
-            submitted = sum(
-                submit(conn, photo_id, job_type, max_attempts=max_attempts)
-                for photo_id in photo_ids
-            )
+    for photo_id in photo_ids:
+        validate_job(photo_id, job_type)
+    with _connect(database_url, "submit") as conn, conn.transaction():
+        submitted = sum(
+            submit(conn, photo_id, job_type, max_attempts=max_attempts) for photo_id in photo_ids
+        )
     click.echo(json.dumps({"submitted": submitted, "unchanged": len(photo_ids) - submitted}))
 
 

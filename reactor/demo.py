@@ -1,4 +1,4 @@
-"""The demo handler of the default `photo.process` route: a stand-in to replace.
+"""The demo handler: a stand-in to replace, routed only where it is named (`scripts/demo`).
 
 It does no photo work. It logs the photo and records its run in the Redis list `DEMO_RUNS_KEY`
 (of the Redis the worker serves), so the demo can show every photo flowing end to end. Replace

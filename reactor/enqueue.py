@@ -34,6 +34,7 @@ from rq.job import Job
 from rq.queue import EnqueueData
 
 from reactor.errors import ConfigError, EnqueueError
+from reactor.job_errors import read_failure_texts
 from reactor.jobs import ENTRY_POINT, JobRef
 from reactor.redact import redact
 from reactor.routes import Route
@@ -41,6 +42,7 @@ from reactor.settings import FAILED_JOB_TTL_SECONDS
 
 __all__ = [
     "ALIVE_STATUSES",
+    "FAILED",
     "QUEUED",
     "SCRIPT_MAX_JOBS",
     "STARTED",
@@ -53,6 +55,8 @@ __all__ = [
 STARTED = b"started"
 #: RQ status of a job waiting in its queue.
 QUEUED = b"queued"
+#: RQ status of a job that raised (or whose work horse died) and will not run again.
+FAILED = b"failed"
 #: RQ statuses of a job that will still run or is running.
 ALIVE_STATUSES = frozenset({b"queued", b"started", b"scheduled", b"deferred", b"rate_limited"})
 
@@ -149,6 +153,20 @@ class Enqueuer:
         except redis.RedisError as exc:
             raise EnqueueError(
                 f"Redis status check failed: {redact(str(exc))}", rows=len(refs)
+            ) from exc
+
+    def failure_texts(self, refs: Sequence[JobRef]) -> list[str | None]:
+        """The error RQ recorded for each attempt's failed job (None: none), in one round trip,
+        read as text (nothing is unpickled).
+
+        Raises:
+            EnqueueError: Redis failed.
+        """
+        try:
+            return read_failure_texts(self._client, refs)
+        except redis.RedisError as exc:
+            raise EnqueueError(
+                f"Redis error check failed: {redact(str(exc))}", rows=len(refs)
             ) from exc
 
     def orphaned(self, refs: Sequence[JobRef]) -> list[bool]:

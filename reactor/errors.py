@@ -11,6 +11,7 @@ __all__ = [
     "ConfigError",
     "DatabaseError",
     "EnqueueError",
+    "InvalidJobError",
     "MigrationError",
     "PermanentError",
     "ReactorError",
@@ -45,6 +46,12 @@ class EnqueueError(ReactorError):
         super().__init__(message)
         #: How many rows the failed batch held (they stay as they were).
         self.rows = rows
+
+
+class InvalidJobError(ReactorError):
+    """A job's photo id or type is not valid; refused before it reaches the database."""
+
+    exit_code = 2
 
 
 class MigrationError(ReactorError):

@@ -34,6 +34,8 @@ from reactor.errors import ConfigError, DatabaseError, EnqueueError
 from reactor.listener import Listener
 from reactor.metrics import HealthCheck, Metrics, serve
 from reactor.redact import redact
+from reactor.registry import NO_ROUTE_HINT, RouteRegistration, load_routes
+from reactor.routes import Route, format_route
 from reactor.settings import ReactorSettings
 from reactor.signals import Stopper
 from reactor.sweep import Sweeper, SweepResult
@@ -72,10 +74,14 @@ class Reactor:
     ) -> None:
         self.settings = settings
         self.stopper = stopper or Stopper()
-        self._types = list(settings.routes)
+        #: The routes this reactor dispatches with: the ones it was given, else (filled in by
+        #: `start()`) the ones recorded in the database. The enqueuer shares this mapping.
+        self.routes: dict[str, Route] = dict(settings.routes)
+        self._types = list(self.routes)
+        self._registration: RouteRegistration | None = None
         self._redis = connect_redis(settings.redis_url)
         self._enqueuer = Enqueuer(
-            self._redis, settings.routes, job_timeout_seconds=settings.job_timeout_seconds
+            self._redis, self.routes, job_timeout_seconds=settings.job_timeout_seconds
         )
         self._listener = Listener(settings.database_url) if settings.listen else None
         self._dispatcher: Dispatcher | None = None
@@ -95,8 +101,16 @@ class Reactor:
 
     # -- connections -------------------------------------------------------------------------
 
-    def _open_work_connection(self) -> None:
-        conn = db.connect(self.settings.database_url, purpose="work")
+    def _open_work_connection(self, conn: db.Connection | None = None) -> None:
+        if conn is None:
+            conn = db.connect(self.settings.database_url, purpose="work")
+            if self._registration is not None:
+                # The routes' liveness lock went with the old session: hold it again.
+                try:
+                    self._registration.register(conn)
+                except BaseException:
+                    conn.close()
+                    raise
         if self._dispatcher is not None:
             self._dispatcher.conn.close()
             self._dispatcher.conn = conn
@@ -104,7 +118,7 @@ class Reactor:
         self._dispatcher = Dispatcher(
             conn,
             self._enqueuer,
-            self.settings.routes,
+            self.routes,
             batch_size=self.settings.batch_size,
             before_commit=self._before_commit,
             metrics=self.metrics,
@@ -113,7 +127,7 @@ class Reactor:
         self._sweeper = Sweeper(
             self._dispatcher,
             self._enqueuer,
-            self.settings.routes,
+            self.routes,
             batch_size=self.settings.batch_size,
             stale_after_seconds=self.settings.stale_after_seconds,
         )
@@ -132,13 +146,19 @@ class Reactor:
         """Connect everything once, failing fast.
 
         Raises:
-            ConfigError: bad URL, unreachable or unmigrated database, Redis credentials or
-                scripting (which the enqueue needs) refused.
+            ConfigError: bad URL, unreachable or unmigrated database, no route given nor
+                recorded, a route that conflicts with a running reactor's, Redis credentials
+                or scripting (which the enqueue needs) refused.
         """
         try:
-            self._open_work_connection()
-            assert self._dispatcher is not None
-            db.check_schema(self._dispatcher.conn)
+            conn = db.connect(self.settings.database_url, purpose="work")
+            try:
+                db.check_schema(conn)
+                self._register_routes(conn)
+            except BaseException:
+                conn.close()
+                raise
+            self._open_work_connection(conn)
             if self._listener is not None:
                 self._listener.connect()
         except DatabaseError as exc:
@@ -164,13 +184,15 @@ class Reactor:
                     f"cannot serve metrics on port {self.settings.metrics_port}: {exc}"
                 ) from None
         self._listener_ok()
-        logger.info(
-            "reactor_started types=%s doorbell=%s batch_size=%d sweep_interval=%.1fs",
-            ",".join(self._types),
-            self.settings.doorbell.value,
-            self.settings.batch_size,
-            self.settings.sweep_interval_seconds,
-        )
+
+    def _register_routes(self, conn: db.Connection) -> None:
+        if not self.routes:
+            self.routes.update(load_routes(conn))
+        if not self.routes:
+            raise ConfigError(NO_ROUTE_HINT)
+        self._types = list(self.routes)
+        self._registration = RouteRegistration(self.routes)
+        self._registration.register(conn)
 
     def _reconnect(self) -> None:
         def connect_missing() -> None:
@@ -263,7 +285,7 @@ class Reactor:
     def _routed(self, payloads: list[str]) -> set[str]:
         types = set()
         for payload in payloads:
-            if payload in self.settings.routes:
+            if payload in self.routes:
                 types.add(payload)
             elif payload not in self._warned_unknown and len(self._warned_unknown) < 1000:
                 # A hint for a type we do not route (or garbage on the channel): ignore it.
@@ -272,7 +294,26 @@ class Reactor:
         return types
 
     def run(self) -> None:
-        """Run until a stop is requested. `start()` must have succeeded."""
+        """Run until a stop is requested. `start()` must have succeeded.
+
+        Raises:
+            ConfigError: after a reconnect, a reactor that started meanwhile routes one of our
+                types differently (this one stops rather than dispatch against it).
+        """
+        logger.info(
+            "reactor_started routes=%s doorbell=%s batch_size=%d sweep_interval=%.1fs",
+            ",".join(format_route(r) for r in self.routes.values()),
+            self.settings.doorbell.value,
+            self.settings.batch_size,
+            self.settings.sweep_interval_seconds,
+        )
+        try:
+            self._run()
+        finally:
+            self.close()
+        logger.info("reactor_stopped")
+
+    def _run(self) -> None:
         interval = self.settings.sweep_interval_seconds
         bell = self._bell
         next_sweep = time.monotonic() + _jittered(interval)
@@ -331,13 +372,12 @@ class Reactor:
             except EnqueueError:
                 # Only reached when a stop interrupted the retries.
                 break
-        self.close()
-        logger.info("reactor_stopped")
 
     def close(self) -> None:
         if self._http is not None:
             self._http.shutdown()
             self._http.server_close()
+            self._http = None
         if self._listener is not None:
             self._listener.close()
         if self._dispatcher is not None:

@@ -14,11 +14,20 @@ from __future__ import annotations
 __all__ = [
     "BACKLOG",
     "CLAIM_DUE",
+    "FAILURES",
+    "FORGET_DEAD_ROUTES",
+    "FOUND_PHOTO_IDS",
     "LIST_ACTIVE",
+    "LIVE_ROUTE_CONFLICTS",
+    "LOCK_ROUTES",
     "NEXT_DUE_IN",
     "OLDEST_DUE_AGE",
     "PENDING_TYPES",
+    "RECORDED_ROUTES",
+    "RECORD_ROUTE",
     "REDISPATCH",
+    "ROUTES_LOCK_TRY",
+    "ROUTES_UNLOCK",
 ]
 
 #: Claim up to `limit` due pending rows of one type: a new attempt each, now `active`.
@@ -72,11 +81,13 @@ SELECT type, photo_id, attempts, updated_at,
 #: Re-dispatch the listed active rows as a new attempt (or fail them when their attempts are
 #: spent, with `%(why)s` in last_error), if they are still at the attempt seen and, when
 #: `stale_after` is given, still without a heartbeat for that long (re-checked under the lock).
+#: A re-dispatched row keeps its last_error, or takes `%(error)s` when one is given.
 REDISPATCH = """
 UPDATE photo_jobs AS j
    SET attempts = CASE WHEN j.attempts < j.max_attempts THEN j.attempts + 1 ELSE j.attempts END,
        state = CASE WHEN j.attempts < j.max_attempts THEN 'active' ELSE 'failed' END,
-       last_error = CASE WHEN j.attempts < j.max_attempts THEN j.last_error
+       last_error = CASE WHEN j.attempts < j.max_attempts
+                         THEN coalesce(%(error)s::text, j.last_error)
                     ELSE format('%%s: attempt %%s of %%s', %(why)s::text,
                                 j.attempts, j.max_attempts) END
  WHERE j.ctid = ANY (ARRAY(
@@ -129,4 +140,70 @@ SELECT t.type,
            AND coalesce(p.next_retry_at, p.created_at) <= now()
          ORDER BY coalesce(p.next_retry_at, p.created_at)
          LIMIT 1) AS d ON true
+"""
+
+#: Serialises route registrations: two reactors starting at once cannot both see no conflict.
+LOCK_ROUTES = "LOCK TABLE reactor_routes IN SHARE ROW EXCLUSIVE MODE"
+
+#: Take this reactor's session-level liveness lock (true when granted).
+ROUTES_LOCK_TRY = "SELECT pg_try_advisory_lock(reactor_routes_lock_class(), %(lock_key)s)"
+
+#: Release it (a stopping reactor's routes are no longer live).
+ROUTES_UNLOCK = "SELECT pg_advisory_unlock(reactor_routes_lock_class(), %(lock_key)s)"
+
+#: Routes recorded by other live reactors for the given types that differ from ours.
+LIVE_ROUTE_CONFLICTS = """
+SELECT r.type, r.handler, r.queue, r.registered_by, r.registered_at
+  FROM reactor_routes AS r
+  JOIN unnest(%(types)s::text[], %(handlers)s::text[], %(queues)s::text[])
+       AS m(type, handler, queue) ON m.type = r.type
+ WHERE (r.handler, r.queue) <> (m.handler, m.queue)
+   AND r.lock_key <> %(lock_key)s
+   AND reactor_routes_live(r.lock_key)
+ ORDER BY r.type, r.registered_at
+"""
+
+#: Forget, for the given types, every row that is not live (the rows of stopped reactors), and
+#: our own earlier rows; then record ours.
+FORGET_DEAD_ROUTES = """
+DELETE FROM reactor_routes AS r
+ WHERE r.type = ANY (%(types)s::text[])
+   AND (r.lock_key = %(lock_key)s OR NOT reactor_routes_live(r.lock_key))
+"""
+
+RECORD_ROUTE = """
+INSERT INTO reactor_routes (type, handler, queue, lock_key, registered_by)
+SELECT t.type, t.handler, t.queue, %(lock_key)s, %(registered_by)s
+  FROM unnest(%(types)s::text[], %(handlers)s::text[], %(queues)s::text[])
+       AS t(type, handler, queue)
+"""
+
+#: Every recorded route, the newest row of each type first, with how many live reactors use it.
+RECORDED_ROUTES = """
+SELECT r.type, r.handler, r.queue, max(r.registered_at) AS registered_at,
+       count(*) FILTER (WHERE reactor_routes_live(r.lock_key)) AS live_reactors,
+       string_agg(r.registered_by, ', ' ORDER BY r.registered_at)
+           FILTER (WHERE reactor_routes_live(r.lock_key)) AS live_by
+  FROM reactor_routes AS r
+ GROUP BY r.type, r.handler, r.queue
+ ORDER BY r.type, max(r.registered_at) DESC
+"""
+
+#: The photo ids among the given ones that have a row (of `type`, if given).
+FOUND_PHOTO_IDS = """
+SELECT DISTINCT photo_id
+  FROM photo_jobs
+ WHERE photo_id = ANY (%(photo_ids)s::text[])
+   AND (%(type)s::text IS NULL OR type = %(type)s)
+"""
+
+#: The latest failed rows and rows that failed at least once and will be retried (or are being
+#: retried), newest first. Reads the table: an operator's query, not on the dispatch path.
+FAILURES = """
+SELECT type, photo_id, state, attempts, max_attempts, last_error, updated_at, next_retry_at
+  FROM photo_jobs
+ WHERE (state = 'failed' OR (state IN ('pending', 'active') AND last_error IS NOT NULL))
+   AND (%(type)s::text IS NULL OR type = %(type)s)
+ ORDER BY updated_at DESC
+ LIMIT %(limit)s
 """

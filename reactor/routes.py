@@ -14,9 +14,10 @@ from dataclasses import dataclass
 
 from reactor.errors import ConfigError
 
-__all__ = ["DEMO_ROUTE", "Route", "default_queue", "parse_route", "parse_routes"]
+__all__ = ["DEMO_ROUTE", "Route", "default_queue", "format_route", "parse_route", "parse_routes"]
 
-#: The route used when none is configured: the built-in demo handler, a stand-in to replace.
+#: The built-in demo handler's route. Used only where it is named (`scripts/demo`): a process
+#: with no route never falls back to it.
 DEMO_ROUTE = "photo.process=reactor.demo.process_photo"
 
 # Same rule as the table's photo_jobs_type_check constraint.
@@ -37,6 +38,11 @@ class Route:
 def default_queue(job_type: str) -> str:
     """The queue of a type when the route names none: the type with `.` replaced by `-`."""
     return job_type.replace(".", "-")
+
+
+def format_route(route: Route) -> str:
+    """The route as it is written: `TYPE=DOTTED.PATH@QUEUE`."""
+    return f"{route.type}={route.handler}@{route.queue}"
 
 
 def parse_route(text: str) -> Route:

@@ -1,13 +1,13 @@
 """`reactor status`: what the table holds, for people and (as JSON) for scripts.
 
 Counts by type and state, the age of the oldest due pending row, the next scheduled retry,
-stale `active` rows, and pending types that no route covers. The counts scan the table; the
+stale `active` rows, the routes recorded by the reactors (and how many running reactors use
+each), and pending types that no route covers. The counts scan the table; the
 other figures use the partial indexes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +16,8 @@ import psycopg
 from reactor import queries
 from reactor.db import Connection, describe_error
 from reactor.errors import DatabaseError
+from reactor.registry import RecordedRoute, read_recorded_routes
+from reactor.routes import format_route
 
 __all__ = ["Status", "TypeStatus", "format_status", "read_status"]
 
@@ -61,20 +63,34 @@ class Status:
 
     types: list[TypeStatus] = field(default_factory=list)
     unrouted_types: list[str] = field(default_factory=list)
+    routes: list[RecordedRoute] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "types": [vars(t) for t in self.types],
             "unrouted_types": self.unrouted_types,
+            "routes": [
+                {
+                    "type": r.route.type,
+                    "handler": r.route.handler,
+                    "queue": r.route.queue,
+                    "running_reactors": r.live_reactors,
+                    "used_by": r.live_by,
+                    "registered_at": r.registered_at.isoformat(),
+                }
+                for r in self.routes
+            ],
         }
 
 
-def read_status(conn: Connection, routed: Collection[str], stale_after_seconds: float) -> Status:
-    """Read the figures (one short read-only transaction).
+def read_status(conn: Connection, stale_after_seconds: float) -> Status:
+    """Read the figures (one short read-only transaction) and the recorded routes.
 
     Raises:
         DatabaseError: a query failed.
     """
+    routes = read_recorded_routes(conn)
+    routed = {r.route.type for r in routes}
     try:
         with conn.transaction():
             counts: dict[str, dict[str, int]] = {}
@@ -98,7 +114,7 @@ def read_status(conn: Connection, routed: Collection[str], stale_after_seconds: 
         )
         for job_type, age, next_at, stale in rows
     ]
-    return Status(types, sorted(t for t in pending_types if t not in routed))
+    return Status(types, sorted(t for t in pending_types if t not in routed), routes)
 
 
 def format_status(status: Status) -> str:
@@ -120,6 +136,16 @@ def format_status(status: Status) -> str:
             f"{t.type:<24} {c['pending']:>9} {c['active']:>9} {c['done']:>9} {c['failed']:>9}"
             f"  {', '.join(details)}".rstrip()
         )
+    if status.routes:
+        lines.append("routes (recorded by the reactors; `reactor run --route` records them):")
+    for r in status.routes:
+        used = (
+            f"used by {r.live_reactors} running reactor{'s' if r.live_reactors > 1 else ''}"
+            f" ({r.live_by})"
+            if r.live_reactors
+            else f"no running reactor (last recorded {r.registered_at:%Y-%m-%d %H:%M:%S %Z})"
+        )
+        lines.append(f"  {format_route(r.route)}  {used}")
     if status.unrouted_types:
         lines.append(
             "unrouted types with pending rows (left alone): " + ", ".join(status.unrouted_types)

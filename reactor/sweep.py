@@ -9,7 +9,9 @@
    heartbeat for `stale_after` (the worker died). Rows whose job is still queued are waiting
    for a worker, not lost, and are left alone (rescuing them would only lengthen a queue that
    is already behind), unless the job sits in no queue at all (a worker took it and died
-   before starting it): that one is lost too;
+   before starting it): that one is lost too. A job that ended `failed` in RQ without the
+   lifecycle recording an outcome (the worker could not import the handler or reach the
+   database) is re-dispatched the same way, with RQ's error in `last_error`;
 3. notes pending rows of types no route covers (left alone; warned about once per type).
 `refresh_backlog_metrics()` (called after each sweep when metrics are served) counts the
 backlog for the gauges.
@@ -29,7 +31,7 @@ import psycopg
 from reactor import queries
 from reactor.db import describe_error
 from reactor.dispatch import BatchResult, Dispatcher
-from reactor.enqueue import ALIVE_STATUSES, QUEUED, STARTED, Enqueuer
+from reactor.enqueue import ALIVE_STATUSES, FAILED, QUEUED, STARTED, Enqueuer
 from reactor.errors import DatabaseError, EnqueueError
 from reactor.jobs import JobRef
 from reactor.routes import Route
@@ -40,6 +42,9 @@ logger = logging.getLogger(__name__)
 
 #: `last_error` of a row failed because its job vanished from Redis and its attempts are spent.
 _JOB_LOST = "job lost: its RQ job vanished from Redis"
+#: `last_error` of a row whose job ended failed in RQ before the lifecycle recorded an outcome
+#: (followed by RQ's error).
+_JOB_FAILED_IN_RQ = "job failed in RQ without recording an outcome"
 
 
 @dataclass(frozen=True)
@@ -158,15 +163,20 @@ class Sweeper:
                     break
                 refs = [JobRef(t, p, a) for t, p, a, _, _ in page]
                 statuses = self._enqueuer.job_statuses(refs)
-                gone, dead = [], []
+                gone, dead, failed_in_rq = [], [], []
                 for ref, status, (*_, stale) in zip(refs, statuses, page, strict=True):
-                    if status not in ALIVE_STATUSES:
+                    if status == FAILED:
+                        failed_in_rq.append(ref)
+                    elif status not in ALIVE_STATUSES:
                         gone.append(ref)
                     elif status == STARTED and stale:
                         dead.append(ref)
                     elif status == QUEUED and stale:
                         waiting.append(ref)
                 batch = self._redispatch(gone, None, _JOB_LOST)
+                lost += batch.claimed
+                failed += batch.failed
+                batch = self._redispatch_failed_in_rq(failed_in_rq)
                 lost += batch.claimed
                 failed += batch.failed
                 batch = self._redispatch(
@@ -198,7 +208,14 @@ class Sweeper:
             logger.warning("rows_rescued stale=%d lost=%d failed=%d", rescued, lost, failed)
         return rescued, lost, failed
 
-    def _redispatch(self, refs: list[JobRef], stale_after: float | None, why: str) -> BatchResult:
+    def _redispatch(
+        self,
+        refs: list[JobRef],
+        stale_after: float | None,
+        why: str,
+        *,
+        error: str | None = None,
+    ) -> BatchResult:
         if not refs:
             return BatchResult()
         return self._dispatcher.dispatch(
@@ -209,8 +226,25 @@ class Sweeper:
                 "attempts": [r.attempt for r in refs],
                 "stale_after": stale_after,
                 "why": why,
+                "error": error,
             },
         )
+
+    def _redispatch_failed_in_rq(self, refs: list[JobRef]) -> BatchResult:
+        """Re-dispatch rows whose job failed in RQ without an outcome, each with RQ's error
+        (one statement per distinct error: these are rare, and the errors differ)."""
+        if not refs:
+            return BatchResult()
+        by_error: dict[str, list[JobRef]] = {}
+        for ref, text in zip(refs, self._enqueuer.failure_texts(refs), strict=True):
+            why = f"{_JOB_FAILED_IN_RQ}: {text or 'RQ recorded no error'}"
+            by_error.setdefault(why, []).append(ref)
+        claimed = failed = 0
+        for why, group in by_error.items():
+            batch = self._redispatch(group, None, why, error=why)
+            claimed += batch.claimed
+            failed += batch.failed
+        return BatchResult(claimed=claimed, failed=failed)
 
     def refresh_backlog_metrics(self) -> None:
         """Set the backlog and oldest-due gauges. Counting is O(pending + active rows), so the

@@ -1,35 +1,32 @@
 """The demo behind `scripts/demo`: the whole flow, end to end, on real servers.
 
-Migrates, starts `reactor run` and one `rq worker`, submits sample photos through the
-`reactor submit` command (one transaction), waits until every one is `done`, prints
-`reactor status`, and stops everything it started. Exit code 0 only if every photo is done.
+Migrates, starts `reactor run` with the demo route named (`photo.process` to the built-in demo
+handler) and one `rq worker`, submits sample photos through the `reactor submit` command (one
+transaction), waits until every one is `done`, prints `reactor status`, and stops everything it
+started. Exit code 0 only if every photo is done.
+
+Servers: DATABASE_URL / REDIS_URL when given (the demo then writes there: the `photo_jobs` rows
+of its photos, the RQ queue `photo-process`); else throwaway servers it starts from the
+postgres and redis-server binaries and removes at the end. It never picks a local server on
+its own.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import psycopg
-from psycopg import sql
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from reactor.routes import DEMO_ROUTE  # noqa: E402
 from tests.servers import PostgresServer, RedisServer  # noqa: E402
-
-DEMO_DATABASE = "photo_reactor_demo"
-
-
-def answers(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(1)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def main() -> int:
@@ -42,38 +39,21 @@ def main() -> int:
     try:
         database_url = os.environ.get("DATABASE_URL", "")
         if not database_url:
-            if answers(5432):
-                admin_url = "postgresql://127.0.0.1:5432/postgres"
-                with psycopg.connect(admin_url, autocommit=True) as admin:
-                    exists = admin.execute(
-                        "SELECT 1 FROM pg_database WHERE datname = %s", [DEMO_DATABASE]
-                    ).fetchone()
-                    if not exists:
-                        admin.execute(
-                            sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DEMO_DATABASE))
-                        )
-                database_url = f"postgresql://127.0.0.1:5432/{DEMO_DATABASE}"
-                print(f"demo: using the local PostgreSQL, database {DEMO_DATABASE}")
-            else:
-                pg = PostgresServer()
-                started.append(pg)
-                database_url = pg.url
-                print(f"demo: started a throwaway PostgreSQL on port {pg.port}")
+            pg = PostgresServer()
+            started.append(pg)
+            database_url = pg.url
+            print(f"demo: started a throwaway PostgreSQL on port {pg.port}")
         redis_url = os.environ.get("REDIS_URL", "")
         if not redis_url:
-            if answers(6379):
-                redis_url = "redis://127.0.0.1:6379/0"
-                print("demo: using the local Redis")
-            else:
-                rs = RedisServer()
-                started.append(rs)
-                redis_url = rs.url
-                print(f"demo: started a throwaway Redis on port {rs.port}")
+            rs = RedisServer()
+            started.append(rs)
+            redis_url = rs.url
+            print(f"demo: started a throwaway Redis on port {rs.port}")
 
         env = {**os.environ, "DATABASE_URL": database_url, "REDIS_URL": redis_url}
         reactor = [sys.executable, "-m", "reactor"]
         subprocess.run([*reactor, "migrate"], env=env, check=True)
-        procs.append(subprocess.Popen([*reactor, "run"], env=env))
+        procs.append(subprocess.Popen([*reactor, "run", "--route", DEMO_ROUTE], env=env))
         procs.append(
             subprocess.Popen(
                 [sys.executable, "-m", "rq.cli", "worker", "photo-process", "--url", redis_url],

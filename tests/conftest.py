@@ -1,10 +1,13 @@
 """Test harness: real Postgres and Redis, one fresh database and Redis db per test.
 
-Where the servers come from, in order:
-1. `REACTOR_TEST_DATABASE_URL` / `REACTOR_TEST_REDIS_URL` (a server URL; the database named in
-   it is only used to create and drop the test databases);
-2. testcontainers, when a Docker engine answers;
-3. throwaway servers started from the `postgres`/`initdb`/`redis-server` binaries on PATH.
+Where the servers come from:
+- by default, throwaway servers the suite starts from the `postgres`/`initdb`/`redis-server`
+  binaries (PATH or /usr/lib/postgresql) and removes at the end: no local server is touched;
+- only when told by URL, `REACTOR_TEST_DATABASE_URL` / `REACTOR_TEST_REDIS_URL` (the database
+  named in the Postgres URL is only used to create and drop the test databases; the suite
+  flushes Redis databases 1-12 of that server, and refuses to start if one of them holds keys
+  it did not write);
+- `REACTOR_TEST_DOCKER=1`: testcontainers instead of the binaries.
 Every URL must point at a loopback address: tests never touch anything else.
 
 Isolation: the schema is migrated once into a template database; every test gets its own
@@ -37,6 +40,7 @@ import redis
 from psycopg import sql
 
 from reactor.migrate import migrate
+from reactor.routes import DEMO_ROUTE
 from tests.servers import PostgresServer, RedisServer
 
 T = TypeVar("T")
@@ -78,6 +82,8 @@ def with_path(url: str, path: str) -> str:
 
 
 def _docker_answers() -> bool:
+    if os.environ.get("REACTOR_TEST_DOCKER") != "1":
+        return False
     sock_path = "/var/run/docker.sock"
     if os.environ.get("DOCKER_HOST"):
         return True
@@ -114,11 +120,35 @@ def pg_server_url() -> Iterator[str]:
         server.stop()
 
 
+#: Redis databases the tests use (one per test, in turn), and the key that marks a database as
+#: the suite's own: the suite flushes a database only if it is empty or holds this key.
+TEST_REDIS_DBS = range(1, 13)
+SUITE_MARKER_KEY = "photo-reactor:test-suite"
+
+
+def refuse_foreign_redis_data(url: str) -> None:
+    """Stop the run if a Redis database the suite would flush holds keys it did not write."""
+    for number in TEST_REDIS_DBS:
+        client = redis.Redis.from_url(with_path(url, str(number)))
+        try:
+            foreign = client.dbsize() > 0 and not client.exists(SUITE_MARKER_KEY)
+        finally:
+            client.close()
+        if foreign:
+            pytest.exit(
+                f"refusing to use REACTOR_TEST_REDIS_URL: its database {number} holds keys "
+                f"the test suite did not write (it flushes databases 1-12); give a Redis of "
+                f"its own, or unset the variable to let the suite start one",
+                returncode=2,
+            )
+
+
 @pytest.fixture(scope="session")
 def redis_server_url() -> Iterator[str]:
     url = os.environ.get("REACTOR_TEST_REDIS_URL")
     if url:
         assert_loopback(url)
+        refuse_foreign_redis_data(url)
         yield url
         return
     if _docker_answers():
@@ -194,13 +224,14 @@ class Env:
             DATABASE_URL=self.database_url,
             REDIS_URL=self.redis_url,
             PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
+            # Tests name the demo route (no process falls back to it); override to test others.
+            REACTOR_ROUTES=DEMO_ROUTE,
         )
         env.update(extra)
         return env
 
 
-# Redis databases 1-12 for tests (0 is the default, 13-15 are left to the demo and benchmarks).
-_redis_dbs = itertools.cycle(range(1, 13))
+_redis_dbs = itertools.cycle(TEST_REDIS_DBS)
 
 
 def _new_database(pg_server_url: str, template: str) -> str:
@@ -225,7 +256,10 @@ def _drop_database(pg_server_url: str, name: str) -> None:
 def env(pg_server_url: str, redis_server_url: str, template_db: str) -> Iterator[Env]:
     name = _new_database(pg_server_url, template_db)
     redis_url = with_path(redis_server_url, str(next(_redis_dbs)))
-    redis.Redis.from_url(redis_url).flushdb()
+    client = redis.Redis.from_url(redis_url)
+    client.flushdb()
+    client.set(SUITE_MARKER_KEY, "1")
+    client.close()
     test_env = Env(pg_server_url, with_path(pg_server_url, name), name, redis_url)
     try:
         yield test_env

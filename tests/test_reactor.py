@@ -28,7 +28,7 @@ from reactor.dispatch import Dispatcher
 from reactor.enqueue import SCRIPT_MAX_JOBS, Enqueuer, connect_redis
 from reactor.errors import DatabaseError
 from reactor.jobs import JobRef, job_id
-from reactor.routes import parse_routes
+from reactor.routes import DEMO_ROUTE, parse_routes
 from tests.conftest import ROOT, Env, Process, start_reactor, wait_for
 from tests.helpers import insert_rows, jobs_missing, listener_pids, queue_ids, rows, states
 from tests.servers import PostgresServer, RedisServer, free_port
@@ -315,7 +315,7 @@ def test_sigterm_during_a_large_drain_exits_cleanly(
 def run_cli(args: list[str], env_vars: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "reactor", *args],
-        env={**env_vars, "PYTHONPATH": str(ROOT)},
+        env={"REACTOR_ROUTES": DEMO_ROUTE, **env_vars, "PYTHONPATH": str(ROOT)},
         capture_output=True,
         text=True,
         cwd=ROOT,

@@ -9,6 +9,7 @@ import pytest
 
 from reactor.admin import parse_duration
 from reactor.errors import ConfigError
+from reactor.job_errors import MAX_ERROR_CHARS, last_line
 from reactor.jobs import job_id, parse_job_id
 from reactor.redact import redact
 from reactor.routes import Route, parse_route, parse_routes
@@ -136,3 +137,28 @@ def test_settings_validation() -> None:
         WorkerSettings.from_env({"REACTOR_RETRY_BASE_SECONDS": "soon"})
     settings = WorkerSettings.from_env({"DATABASE_URL": "x", "REACTOR_HEARTBEAT_SECONDS": "2"})
     assert settings.heartbeat_seconds == 2.0
+
+
+def test_last_line_of_a_traceback_names_the_exception() -> None:
+    chained = (
+        "Traceback (most recent call last):\n"
+        '  File "w.py", line 3, in f\n'
+        "    g()\n"
+        "KeyError: 'x'\n\n"
+        "During handling of the above exception, another exception occurred:\n\n"
+        "Traceback (most recent call last):\n"
+        '  File "w.py", line 9, in perform\n'
+        "    conn.execute(query)\n"
+        "    ~~~~~~~~~~~~^^^^^^^\n"
+        'psycopg.errors.UndefinedTable: relation "photo_jobs" does not exist\n'
+        "LINE 1: UPDATE photo_jobs SET state = 'active'\n"
+        "               ^\n"
+    )
+    assert (
+        last_line(chained) == 'psycopg.errors.UndefinedTable: relation "photo_jobs" does not exist'
+    )
+    assert last_line("Work-horse terminated unexpectedly; waitpid returned 9\n") == (
+        "Work-horse terminated unexpectedly; waitpid returned 9"
+    )
+    assert last_line("") == ""
+    assert len(last_line("ValueError: " + "x" * 2000)) == MAX_ERROR_CHARS

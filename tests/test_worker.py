@@ -260,7 +260,7 @@ def test_requeue_in_batches_and_dispatch_at_once(
     insert_rows(conn, 100_000, state="failed", attempts=5, last_error="boom")
     start_reactor(spawn, "--sweep-interval", "600")
     before = commits(conn, env.database_name)
-    assert env.cli_json("requeue", "--failed") == {"requeued": 100_000}
+    assert env.cli_json("requeue", "--failed") == {"requeued": 100_000, "not_found": []}
     wait_for(
         lambda: commits(conn, env.database_name) - before >= 20, timeout=5, what="batch commits"
     )
@@ -279,7 +279,8 @@ def test_requeue_in_batches_and_dispatch_at_once(
 
 def test_requeue_named_photos(env: Env, conn: psycopg.Connection[Any]) -> None:
     insert_rows(conn, 3, state="done", attempts=1)
-    assert env.cli_json("requeue", "p1", "p3", "absent") == {"requeued": 2}
+    # (ids with no row: tests/test_cli_errors.py)
+    assert env.cli_json("requeue", "p1", "p3") == {"requeued": 2, "not_found": []}
     assert [s for _, _, s, _ in rows(conn)] == ["pending", "done", "pending"]
 
 

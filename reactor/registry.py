@@ -1,0 +1,142 @@
+"""The routes recorded in the database (`reactor_routes`): one routing truth for every process.
+
+A process that dispatches with routes it was given (`--route`, `REACTOR_ROUTES`) records them
+at start (`RouteRegistration.register`) and keeps them *live* by holding a session-level
+advisory lock of its own: a route is live exactly while the session of a reactor that uses it
+is connected. Registration refuses a route that differs from one a live reactor uses for the
+same type (one `ConfigError` line), so two running reactors never route a type differently.
+Routes of reactors that stopped stay recorded as the last routes used, until a reactor records
+another route for the type: that is how an operator changes a route on purpose (stop the
+reactors of the type, start one with the new route).
+
+A process given no routes (`reactor sweep`, a second `reactor run`, `reactor status`, the
+worker side) reads them with `load_routes`. Nothing here falls back to a built-in handler:
+no route recorded and none given is a `ConfigError` that says how to route.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+
+import psycopg
+
+from reactor import queries
+from reactor.db import Connection, describe_error
+from reactor.errors import ConfigError, DatabaseError
+from reactor.routes import Route, format_route
+
+__all__ = [
+    "NO_ROUTE_HINT",
+    "RecordedRoute",
+    "RouteRegistration",
+    "load_routes",
+    "read_recorded_routes",
+]
+
+#: The error when a dispatching process has no route from anywhere.
+NO_ROUTE_HINT = "no route: pass --route TYPE=module.func or set REACTOR_ROUTES"
+
+_LOCK_KEY_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class RecordedRoute:
+    """One route of `reactor_routes`, with the live reactors that use it."""
+
+    route: Route
+    registered_at: datetime
+    live_reactors: int
+    live_by: str
+
+
+def read_recorded_routes(conn: Connection) -> list[RecordedRoute]:
+    """Every recorded route, per type the newest first (one read-only transaction).
+
+    Raises:
+        DatabaseError: the query failed.
+    """
+    try:
+        with conn.transaction():
+            rows = conn.execute(queries.RECORDED_ROUTES).fetchall()
+    except psycopg.Error as exc:
+        raise DatabaseError(f"cannot read the routes: {describe_error(exc)}") from exc
+    return [
+        RecordedRoute(Route(t, h, q), at, int(live), by or "") for t, h, q, at, live, by in rows
+    ]
+
+
+def load_routes(conn: Connection) -> dict[str, Route]:
+    """The routes a process given none uses: per type, the route of the live reactors, else
+    the last one recorded. Empty when no reactor ever recorded a route.
+
+    Raises:
+        DatabaseError: the query failed.
+    """
+    routes: dict[str, Route] = {}
+    recorded = read_recorded_routes(conn)
+    for entry in sorted(recorded, key=lambda r: r.live_reactors == 0):
+        routes.setdefault(entry.route.type, entry.route)
+    return dict(sorted(routes.items()))
+
+
+class RouteRegistration:
+    """This process's routes, recorded in `reactor_routes` and kept live on one connection."""
+
+    def __init__(self, routes: Mapping[str, Route], *, registered_by: str | None = None) -> None:
+        self.routes = dict(routes)
+        self.registered_by = registered_by or f"{socket.gethostname()} pid {os.getpid()}"
+        self.lock_key = random.randint(1, _LOCK_KEY_MAX)
+
+    def register(self, conn: Connection) -> None:
+        """Record the routes and hold their liveness lock on `conn` (a non-autocommit
+        connection that stays open while the routes are used; call again after a reconnect).
+
+        Raises:
+            ConfigError: a live reactor routes one of the types differently.
+            DatabaseError: Postgres failed.
+        """
+        routes = list(self.routes.values())
+        params = {
+            "types": [r.type for r in routes],
+            "handlers": [r.handler for r in routes],
+            "queues": [r.queue for r in routes],
+            "lock_key": self.lock_key,
+            "registered_by": self.registered_by,
+        }
+        try:
+            with conn.transaction():
+                conn.execute(queries.LOCK_ROUTES)
+                conflicts = conn.execute(queries.LIVE_ROUTE_CONFLICTS, params).fetchall()
+                if not conflicts:
+                    row = conn.execute(queries.ROUTES_LOCK_TRY, params).fetchone()
+                    if not (row and row[0]):
+                        # Another session holds this random key: take another one.
+                        self.lock_key = random.randint(1, _LOCK_KEY_MAX)
+                        params["lock_key"] = self.lock_key
+                        conn.execute(queries.ROUTES_LOCK_TRY, params)
+                    conn.execute(queries.FORGET_DEAD_ROUTES, params)
+                    conn.execute(queries.RECORD_ROUTE, params)
+        except psycopg.Error as exc:
+            raise DatabaseError(f"cannot record the routes: {describe_error(exc)}") from exc
+        if conflicts:
+            job_type, handler, queue, by, _ = conflicts[0]
+            mine = format_route(self.routes[job_type])
+            theirs = format_route(Route(job_type, handler, queue))
+            raise ConfigError(
+                f"route {mine} conflicts with {theirs} of the running reactor {by}: "
+                f"use the same route, or stop the reactors of {job_type!r} to change it"
+            )
+
+    def release(self, conn: Connection) -> None:
+        """Stop holding the liveness lock (the routes stay recorded as the last ones used).
+        Closing the connection has the same effect."""
+        try:
+            with conn.transaction():
+                conn.execute(queries.ROUTES_UNLOCK, {"lock_key": self.lock_key})
+        except psycopg.Error:
+            pass  # a broken connection has released it already

@@ -1,0 +1,203 @@
+"""One routing truth: routes recorded by the reactors, no fallback to the demo handler.
+
+Real reactors, sweeps and `rq worker` processes on real Postgres and Redis. Every process here
+starts with REACTOR_ROUTES empty unless a test names a route, as on a user's machine.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+
+from reactor import submit
+from reactor.demo import DEMO_RUNS_KEY
+from reactor.jobs import job_id
+from reactor.registry import NO_ROUTE_HINT, load_routes
+from reactor.routes import Route
+from tests.conftest import ROOT, Env, Process, start_reactor, start_worker
+from tests.handlers import SCHEMA
+from tests.helpers import queue_ids, states
+
+OK = "photo.process=tests.handlers.ok"
+FAILS = "photo.process=tests.handlers.always_fails"
+NO_ROUTES = {"REACTOR_ROUTES": ""}
+NO_SWEEP = ("--sweep-interval", "600")
+
+
+@pytest.fixture
+def conn(env: Env) -> psycopg.Connection[Any]:
+    connection = env.connect()
+    connection.execute(SCHEMA)
+    return connection
+
+
+def cli(env: Env, *args: str, **extra_env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "reactor", *args],
+        env=env.process_env(**{**NO_ROUTES, **extra_env}),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+
+
+def one_line(result: subprocess.CompletedProcess[str], code: int) -> str:
+    out = (result.stdout + result.stderr).strip()
+    assert result.returncode == code, out
+    assert len(out.splitlines()) == 1, out
+    assert "Traceback" not in out
+    return out
+
+
+def reactor(spawn: Callable[..., Process], *args: str, name: str = "reactor") -> Process:
+    return start_reactor(spawn, *args, *NO_SWEEP, name=name, **NO_ROUTES)
+
+
+def handler_runs(conn: psycopg.Connection[Any]) -> list[tuple[str, int]]:
+    return [tuple(r) for r in conn.execute("SELECT photo_id, attempt FROM handler_runs ORDER BY 1")]
+
+
+def test_with_no_route_anywhere_run_and_sweep_refuse_and_dispatch_nothing(
+    env: Env, conn: psycopg.Connection[Any]
+) -> None:
+    for i in range(3):
+        submit(conn, f"p{i}")
+    for command in ("sweep", "run"):
+        out = one_line(cli(env, command), 2)
+        assert out == f"reactor: error: {NO_ROUTE_HINT}"
+    assert states(conn) == {"pending": 3}
+    assert queue_ids(env.redis()) == []
+    assert load_routes(conn) == {}
+
+
+def test_a_sweep_without_routes_uses_the_recorded_route_never_the_demo(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
+) -> None:
+    # The issue's scenario: a reactor routed photo.process to the user's handler and stopped;
+    # a later `reactor sweep` started without routes finds pending rows.
+    first = reactor(spawn, "--route", OK)
+    assert first.stop() == 0
+    for i in range(3):
+        submit(conn, f"p{i}")
+    result = cli(env, "sweep")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["enqueued"] == 3
+    assert "reactor_started" not in result.stderr
+    worker = start_worker(spawn, env, burst=True)
+    assert worker.proc.wait(timeout=60) == 0, worker.output()
+    assert states(conn) == {"done": 3}
+    assert handler_runs(conn) == [("p0", 1), ("p1", 1), ("p2", 1)]
+    assert env.redis().llen(DEMO_RUNS_KEY) == 0
+    assert load_routes(conn) == {
+        "photo.process": Route("photo.process", "tests.handlers.ok", "photo-process")
+    }
+
+
+def test_a_conflicting_route_is_refused_while_its_reactor_runs(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
+) -> None:
+    first = reactor(spawn, "--route", OK, name="first")
+    expected = (
+        "reactor: error: route photo.process=tests.handlers.always_fails@photo-process "
+        "conflicts with photo.process=tests.handlers.ok@photo-process of the running reactor "
+    )
+    for command in ("run", "sweep"):
+        out = one_line(cli(env, command, "--route", FAILS), 2)
+        assert out.startswith(expected), out
+        assert out.endswith("to change it"), out
+    # Same route by flag, and no route at all (the recorded one): both join the first.
+    second = reactor(spawn, "--route", OK, name="second")
+    third = reactor(spawn, name="third")
+    assert "routes=photo.process=tests.handlers.ok@photo-process" in third.output()
+
+    status = cli(env, "status", "--json")
+    assert status.returncode == 0, status.stderr
+    routes = json.loads(status.stdout)["routes"]
+    assert [(r["type"], r["handler"], r["queue"], r["running_reactors"]) for r in routes] == [
+        ("photo.process", "tests.handlers.ok", "photo-process", 3)
+    ]
+    table = cli(env, "status").stdout
+    assert "photo.process=tests.handlers.ok@photo-process  used by 3 running reactors" in table
+    assert "NO ROUTE" not in table
+
+    # A reactor killed outright stops holding its route at once (its session ends); the
+    # route changes on purpose once every reactor of the type has stopped.
+    first.proc.send_signal(signal.SIGKILL)
+    first.proc.wait(timeout=10)
+    assert second.stop() == 0
+    one_line(cli(env, "sweep", "--route", FAILS), 2)  # the third still runs
+    assert third.stop() == 0
+    changed = cli(env, "sweep", "--route", FAILS)
+    assert changed.returncode == 0, changed.stderr
+    assert load_routes(conn)["photo.process"].handler == "tests.handlers.always_fails"
+    after = cli(env, "status").stdout
+    assert "photo.process=tests.handlers.always_fails@photo-process  no running reactor" in after
+
+
+def test_status_without_any_route_says_no_route(env: Env, conn: psycopg.Connection[Any]) -> None:
+    submit(conn, "p1")
+    table = cli(env, "status")
+    assert table.returncode == 0, table.stderr
+    assert "NO ROUTE" in table.stdout
+    assert "unrouted types with pending rows (left alone): photo.process" in table.stdout
+    assert json.loads(cli(env, "status", "--json").stdout)["routes"] == []
+
+
+def test_a_job_that_failed_in_rq_without_an_outcome_gets_rqs_error(
+    env: Env,
+    conn: psycopg.Connection[Any],
+    spawn: Callable[..., Process],
+    empty_database: str,
+) -> None:
+    # The worker reaches a database without photo_jobs: the lifecycle cannot record anything
+    # and the RQ job ends `failed` with psycopg's error; the sweep must say so.
+    submit(conn, "p1", max_attempts=2)
+    for attempt in (1, 2):
+        dispatched = cli(env, "sweep", "--route", OK, "--stale-after", "3600")
+        assert dispatched.returncode == 0, dispatched.stderr
+        row = conn.execute("SELECT state, attempts FROM photo_jobs").fetchone()
+        assert row == ("active", attempt)
+        worker = start_worker(spawn, env, burst=True, DATABASE_URL=empty_database)
+        worker.proc.wait(timeout=60)
+        status = env.redis().hget(f"rq:job:{job_id('photo.process', 'p1', attempt)}", "status")
+        assert status == b"failed", worker.output()
+    final = cli(env, "sweep", "--route", OK, "--stale-after", "3600")
+    assert final.returncode == 0, final.stderr
+    assert json.loads(final.stdout)["rescue_failed"] == 1
+    row = conn.execute("SELECT state, last_error FROM photo_jobs").fetchone()
+    assert row is not None
+    state, last_error = row
+    assert state == "failed"
+    assert last_error == (
+        "job failed in RQ without recording an outcome: psycopg.errors.UndefinedTable: "
+        'relation "photo_jobs" does not exist: attempt 2 of 2'
+    )
+    assert "vanished" not in last_error
+
+
+def test_the_sweep_records_rqs_error_on_a_re_dispatch(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], empty_database: str
+) -> None:
+    submit(conn, "p1", max_attempts=3)
+    assert cli(env, "sweep", "--route", OK).returncode == 0
+    worker = start_worker(spawn, env, burst=True, DATABASE_URL=empty_database)
+    worker.proc.wait(timeout=60)
+    again = cli(env, "sweep", "--route", OK)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["lost"] == 1
+    assert job_id("photo.process", "p1", 2) in queue_ids(env.redis())
+    row = conn.execute("SELECT state, attempts, last_error FROM photo_jobs").fetchone()
+    assert row == (
+        "active",
+        2,
+        "job failed in RQ without recording an outcome: psycopg.errors.UndefinedTable: "
+        'relation "photo_jobs" does not exist',
+    )
