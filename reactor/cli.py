@@ -1,5 +1,5 @@
-"""The `reactor` command (also `python -m reactor`): migrate, run, sweep, status, requeue, prune,
-submit.
+"""The `reactor` command (also `python -m reactor`): migrate, run, sweep, status, pause, resume,
+requeue, prune, submit, dashboard.
 
 Every setting is a flag and an environment variable; the flag wins. Errors are one line on
 stderr with no password and no traceback (unless `--debug`); exit codes: 0 ok, 2 usage or
@@ -24,6 +24,7 @@ from reactor.errors import ReactorError
 from reactor.logs import configure_logging
 from reactor.loop import Reactor
 from reactor.migrate import migrate as apply_migrations
+from reactor.pause import pause_types, resume_types, who
 from reactor.producer import DEFAULT_JOB_TYPE, submit
 from reactor.redact import redact
 from reactor.routes import DEMO_ROUTE, Route, parse_routes
@@ -287,6 +288,32 @@ def status(database_url: str, routes: tuple[str, ...], stale_after: float, as_js
         db.check_schema(conn)
         result = read_status(conn, routed, stale_after)
     click.echo(json.dumps(result.as_dict()) if as_json else format_status(result))
+
+
+@cli.command()
+@_database_option
+@_routes_option
+@click.argument("types", nargs=-1, required=True)
+def pause(database_url: str, routes: tuple[str, ...], types: tuple[str, ...]) -> None:
+    """Stop dispatching TYPE... on every reactor (rows stay pending; running jobs finish)."""
+    conn = db.connect(database_url, purpose="pause")
+    with conn:
+        db.check_schema(conn)
+        result = pause_types(conn, types, resolve_routes(routes), who())
+    click.echo(json.dumps({"paused": result.changed, "already_paused": result.unchanged}))
+
+
+@cli.command()
+@_database_option
+@_routes_option
+@click.argument("types", nargs=-1, required=True)
+def resume(database_url: str, routes: tuple[str, ...], types: tuple[str, ...]) -> None:
+    """Dispatch TYPE... again (listening reactors start at once)."""
+    conn = db.connect(database_url, purpose="resume")
+    with conn:
+        db.check_schema(conn)
+        result = resume_types(conn, types, resolve_routes(routes))
+    click.echo(json.dumps({"resumed": result.changed, "not_paused": result.unchanged}))
 
 
 @cli.command()

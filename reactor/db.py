@@ -26,7 +26,7 @@ __all__ = [
 ]
 
 #: The migration version this release of the code needs (the last file in sql/).
-LATEST_SCHEMA_VERSION = 4
+LATEST_SCHEMA_VERSION = 5
 
 Connection = psycopg.Connection[TupleRow]
 

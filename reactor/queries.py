@@ -14,14 +14,20 @@ from __future__ import annotations
 __all__ = [
     "BACKLOG",
     "CLAIM_DUE",
+    "KNOWN_TYPES",
     "LIST_ACTIVE",
     "NEXT_DUE_IN",
     "OLDEST_DUE_AGE",
+    "PAUSED_TYPES",
+    "PAUSE_TYPES",
     "PENDING_TYPES",
     "REDISPATCH",
+    "RESUME_TYPES",
 ]
 
 #: Claim up to `limit` due pending rows of one type: a new attempt each, now `active`.
+#: Nothing while the type is paused (the check does not depend on the row, so it is planned
+#: as a one-time filter: one primary-key probe per claim, no extra round trip).
 CLAIM_DUE = """
 UPDATE photo_jobs AS j
    SET state = 'active', attempts = j.attempts + 1
@@ -31,6 +37,7 @@ UPDATE photo_jobs AS j
           WHERE p.type = %(type)s
             AND p.state = 'pending'
             AND coalesce(p.next_retry_at, p.created_at) <= now()
+            AND NOT EXISTS (SELECT FROM reactor_paused_types AS x WHERE x.type = %(type)s)
           ORDER BY coalesce(p.next_retry_at, p.created_at)
           LIMIT %(limit)s
             FOR UPDATE SKIP LOCKED))
@@ -40,6 +47,7 @@ RETURNING j.type, j.photo_id, j.attempts, j.state
 
 #: Seconds until the earliest pending row of the given types becomes due (NULL if none).
 #: Capped at a day, so a row parked at 'infinity' neither breaks the arithmetic nor matters.
+#: Paused types are left out: their rows becoming due is no reason to wake up.
 NEXT_DUE_IN = """
 SELECT extract(epoch FROM least(min(d.due), now() + interval '1 day') - now())::float8
   FROM unnest(%(types)s::text[]) AS t(type)
@@ -51,18 +59,21 @@ SELECT extract(epoch FROM least(min(d.due), now() + interval '1 day') - now())::
            AND coalesce(p.next_retry_at, p.created_at) > now()
          ORDER BY coalesce(p.next_retry_at, p.created_at)
          LIMIT 1) AS d
+ WHERE NOT EXISTS (SELECT FROM reactor_paused_types AS x WHERE x.type = t.type)
 """
 
 #: One page of active rows of the given types, for the rescue pass, with whether each is
 #: stale (no heartbeat for `stale_after` seconds). Keyset-paged in (updated_at, type,
 #: photo_id) order up to `until` (the sweep's start), so rows re-dispatched during the sweep
-#: (their updated_at moves to now) are not visited twice.
+#: (their updated_at moves to now) are not visited twice. Rows of paused types are left
+#: active: rescuing them would dispatch the type.
 LIST_ACTIVE = """
 SELECT type, photo_id, attempts, updated_at,
        updated_at < now() - make_interval(secs => %(stale_after)s::float8) AS stale
   FROM photo_jobs
  WHERE state = 'active'
    AND type = ANY (%(types)s::text[])
+   AND NOT EXISTS (SELECT FROM reactor_paused_types AS x WHERE x.type = photo_jobs.type)
    AND updated_at <= %(until)s
    AND (updated_at, type, photo_id) > (%(after_at)s, %(after_type)s, %(after_id)s)
  ORDER BY updated_at, type, photo_id
@@ -71,7 +82,8 @@ SELECT type, photo_id, attempts, updated_at,
 
 #: Re-dispatch the listed active rows as a new attempt (or fail them when their attempts are
 #: spent, with `%(why)s` in last_error), if they are still at the attempt seen and, when
-#: `stale_after` is given, still without a heartbeat for that long (re-checked under the lock).
+#: `stale_after` is given, still without a heartbeat for that long (re-checked under the lock),
+#: and their type is not paused.
 REDISPATCH = """
 UPDATE photo_jobs AS j
    SET attempts = CASE WHEN j.attempts < j.max_attempts THEN j.attempts + 1 ELSE j.attempts END,
@@ -86,6 +98,7 @@ UPDATE photo_jobs AS j
                 AS l(type, photo_id, attempts)
              ON (a.type, a.photo_id, a.attempts) = (l.type, l.photo_id, l.attempts)
           WHERE a.state = 'active'
+            AND NOT EXISTS (SELECT FROM reactor_paused_types AS x WHERE x.type = a.type)
             AND (%(stale_after)s::float8 IS NULL
                  OR a.updated_at < now() - make_interval(secs => %(stale_after)s::float8))
             FOR UPDATE SKIP LOCKED))
@@ -129,4 +142,32 @@ SELECT t.type,
            AND coalesce(p.next_retry_at, p.created_at) <= now()
          ORDER BY coalesce(p.next_retry_at, p.created_at)
          LIMIT 1) AS d ON true
+"""
+
+#: Pause the given types (already paused ones are left as they are); returns those paused now.
+PAUSE_TYPES = """
+INSERT INTO reactor_paused_types (type, paused_by)
+SELECT t.type, %(paused_by)s FROM unnest(%(types)s::text[]) AS t(type)
+    ON CONFLICT (type) DO NOTHING
+RETURNING type
+"""
+
+#: Resume the given types; returns those that were paused. The table's DELETE trigger
+#: notifies the reactors.
+RESUME_TYPES = """
+DELETE FROM reactor_paused_types WHERE type = ANY (%(types)s::text[]) RETURNING type
+"""
+
+#: Every paused type, with when and by whom.
+PAUSED_TYPES = """
+SELECT type, paused_at, paused_by FROM reactor_paused_types ORDER BY type
+"""
+
+#: Which of the given types the database knows: it has rows or is paused. (An unknown type
+#: reads the whole table once; this runs only for `reactor pause`/`resume` of unrouted types.)
+KNOWN_TYPES = """
+SELECT t.type
+  FROM unnest(%(types)s::text[]) AS t(type)
+ WHERE EXISTS (SELECT FROM reactor_paused_types AS x WHERE x.type = t.type)
+    OR EXISTS (SELECT FROM photo_jobs AS p WHERE p.type = t.type)
 """

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from reactor.errors import ConfigError
 
-__all__ = ["DEMO_ROUTE", "Route", "default_queue", "parse_route", "parse_routes"]
+__all__ = ["DEMO_ROUTE", "Route", "default_queue", "is_valid_type", "parse_route", "parse_routes"]
 
 #: The route used when none is configured: the built-in demo handler, a stand-in to replace.
 DEMO_ROUTE = "photo.process=reactor.demo.process_photo"
@@ -32,6 +32,11 @@ class Route:
     type: str
     handler: str
     queue: str
+
+
+def is_valid_type(job_type: str) -> bool:
+    """Whether the table would accept `job_type` as a type."""
+    return _TYPE.fullmatch(job_type) is not None
 
 
 def default_queue(job_type: str) -> str:
