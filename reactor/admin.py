@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import psycopg
 
+from reactor import queries
 from reactor.db import Connection, describe_error
 from reactor.errors import ConfigError, DatabaseError
 
@@ -38,18 +39,6 @@ UPDATE photo_jobs SET {_REARM}
  WHERE photo_id = ANY (%(photo_ids)s::text[])
    AND (%(type)s::text IS NULL OR type = %(type)s)
    AND state IN ('done', 'failed')
-"""
-
-_PRUNE = """
-DELETE FROM photo_jobs
- WHERE ctid = ANY (ARRAY(
-         SELECT ctid FROM photo_jobs
-          WHERE state = %(state)s
-            AND updated_at < now() - make_interval(secs => %(age)s::float8)
-          ORDER BY updated_at
-          LIMIT %(limit)s
-            FOR UPDATE SKIP LOCKED))
-   AND state = %(state)s
 """
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw]?)")
@@ -127,7 +116,11 @@ def prune(
     """Delete `done` (and `failed`) rows last updated longer ago than the given seconds."""
     done = failed = 0
     if done_older_than is not None:
-        done = _batched(conn, _PRUNE, {"state": "done", "age": done_older_than}, batch_size)
+        done = _batched(
+            conn, queries.PRUNE_FINISHED, {"state": "done", "age": done_older_than}, batch_size
+        )
     if failed_older_than is not None:
-        failed = _batched(conn, _PRUNE, {"state": "failed", "age": failed_older_than}, batch_size)
+        failed = _batched(
+            conn, queries.PRUNE_FINISHED, {"state": "failed", "age": failed_older_than}, batch_size
+        )
     return PruneResult(done, failed)

@@ -27,6 +27,7 @@ from reactor.migrate import migrate as apply_migrations
 from reactor.pause import pause_types, resume_types, who
 from reactor.producer import DEFAULT_JOB_TYPE, submit
 from reactor.redact import redact
+from reactor.retention import DEFAULT_PRUNE_BATCH_SIZE
 from reactor.routes import DEMO_ROUTE, Route, parse_routes
 from reactor.settings import (
     DEFAULT_BATCH_SIZE,
@@ -252,13 +253,53 @@ def migrate(database_url: str) -> None:
 
 @cli.command()
 @_dispatch_options
-def run(**options: Any) -> None:
+@click.option(
+    "--prune-done-after",
+    metavar="DURATION",
+    envvar="REACTOR_PRUNE_DONE_AFTER",
+    default=None,
+    show_envvar=True,
+    help="Delete done rows older than this (e.g. 7d), in small batches (default: off).",
+)
+@click.option(
+    "--prune-failed-after",
+    metavar="DURATION",
+    envvar="REACTOR_PRUNE_FAILED_AFTER",
+    default=None,
+    show_envvar=True,
+    help="Also delete failed rows older than this (e.g. 30d; needs --prune-done-after).",
+)
+@click.option(
+    "--prune-batch-size",
+    type=click.IntRange(1, 10_000),
+    envvar="REACTOR_PRUNE_BATCH_SIZE",
+    default=DEFAULT_PRUNE_BATCH_SIZE,
+    show_default=True,
+    show_envvar=True,
+    help="Rows deleted per retention transaction.",
+)
+def run(
+    prune_done_after: str | None,
+    prune_failed_after: str | None,
+    prune_batch_size: int,
+    **options: Any,
+) -> None:
     """Run the reactor until SIGTERM/SIGINT (a second signal exits at once)."""
+    settings = replace(
+        _settings(options),
+        prune_done_after_seconds=_duration(prune_done_after),
+        prune_failed_after_seconds=_duration(prune_failed_after),
+        prune_batch_size=prune_batch_size,
+    )
     stopper = Stopper()
     stopper.install()
-    reactor = Reactor(_settings(options), stopper=stopper)
+    reactor = Reactor(settings, stopper=stopper)
     reactor.start()
     reactor.run()
+
+
+def _duration(text: str | None) -> float | None:
+    return None if text is None else admin.parse_duration(text)
 
 
 @cli.command()

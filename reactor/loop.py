@@ -34,6 +34,7 @@ from reactor.errors import ConfigError, DatabaseError, EnqueueError
 from reactor.listener import Listener
 from reactor.metrics import HealthCheck, Metrics, serve
 from reactor.redact import redact
+from reactor.retention import Pruner
 from reactor.settings import ReactorSettings
 from reactor.signals import Stopper
 from reactor.sweep import Sweeper, SweepResult
@@ -92,6 +93,7 @@ class Reactor:
         interval = settings.sweep_interval_seconds
         self.health = HealthCheck(settings.listen, max(2 * interval, interval + 10))
         self._http: ThreadingHTTPServer | None = None
+        self._pruner: Pruner | None = None
 
     # -- connections -------------------------------------------------------------------------
 
@@ -163,6 +165,16 @@ class Reactor:
                 raise ConfigError(
                     f"cannot serve metrics on port {self.settings.metrics_port}: {exc}"
                 ) from None
+        if self.settings.prune_done_after_seconds is not None:
+            # Its own thread and connection: DELETE batches never sit in the dispatch path.
+            self._pruner = Pruner(
+                self.settings.database_url,
+                done_after_seconds=self.settings.prune_done_after_seconds,
+                failed_after_seconds=self.settings.prune_failed_after_seconds,
+                batch_size=self.settings.prune_batch_size,
+                metrics=self.metrics,
+            )
+            self._pruner.start()
         self._listener_ok()
         logger.info(
             "reactor_started types=%s doorbell=%s batch_size=%d sweep_interval=%.1fs",
@@ -335,6 +347,9 @@ class Reactor:
         logger.info("reactor_stopped")
 
     def close(self) -> None:
+        if self._pruner is not None:
+            self._pruner.stop()
+            self._pruner = None
         if self._http is not None:
             self._http.shutdown()
             self._http.server_close()

@@ -21,6 +21,7 @@ __all__ = [
     "PAUSED_TYPES",
     "PAUSE_TYPES",
     "PENDING_TYPES",
+    "PRUNE_FINISHED",
     "REDISPATCH",
     "RESUME_TYPES",
 ]
@@ -170,4 +171,18 @@ SELECT t.type
   FROM unnest(%(types)s::text[]) AS t(type)
  WHERE EXISTS (SELECT FROM reactor_paused_types AS x WHERE x.type = t.type)
     OR EXISTS (SELECT FROM photo_jobs AS p WHERE p.type = t.type)
+"""
+
+#: Delete up to `limit` rows in `state` (done or failed) last updated more than `age` seconds
+#: ago, oldest first: one range of the finished-rows index, rows locked by others skipped.
+PRUNE_FINISHED = """
+DELETE FROM photo_jobs
+ WHERE ctid = ANY (ARRAY(
+         SELECT ctid FROM photo_jobs
+          WHERE state = %(state)s
+            AND updated_at < now() - make_interval(secs => %(age)s::float8)
+          ORDER BY updated_at
+          LIMIT %(limit)s
+            FOR UPDATE SKIP LOCKED))
+   AND state = %(state)s
 """
