@@ -20,7 +20,7 @@ import click
 
 from reactor import __version__, admin, db
 from reactor.doorbell import DoorbellMode
-from reactor.errors import ReactorError
+from reactor.errors import ConfigError, ReactorError
 from reactor.logs import configure_logging
 from reactor.loop import Reactor
 from reactor.migrate import migrate as apply_migrations
@@ -411,6 +411,68 @@ def submit_command(
                 for photo_id in photo_ids
             )
     click.echo(json.dumps({"submitted": submitted, "unchanged": len(photo_ids) - submitted}))
+
+
+@cli.command()
+@_database_option
+@_routes_option
+@_stale_option
+@click.option(
+    "--redis-url",
+    envvar="REDIS_URL",
+    default=DEFAULT_REDIS_URL,
+    show_default=True,
+    show_envvar=True,
+    help="Redis URL of the RQ queues.",
+)
+@click.option(
+    "--host",
+    envvar="REACTOR_DASHBOARD_HOST",
+    default="127.0.0.1",
+    show_default=True,
+    show_envvar=True,
+    help="Address to bind.",
+)
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    envvar="REACTOR_DASHBOARD_PORT",
+    default=9180,
+    show_default=True,
+    show_envvar=True,
+)
+@click.option(
+    "--refresh",
+    type=click.IntRange(1, 3600),
+    default=5,
+    show_default=True,
+    help="Seconds between page reloads.",
+)
+def dashboard(**options: Any) -> None:
+    """Serve a read-only web page of the table, the reactors and RQ (and /api/overview)."""
+    try:
+        from reactor.dashboard import Dashboard, serve_dashboard  # noqa: PLC0415
+    except ImportError as exc:
+        raise ConfigError(
+            f"reactor dashboard needs {exc.name}: pip install 'photo-reactor[dashboard]'"
+        ) from None
+    board = Dashboard(
+        options["database_url"],
+        options["redis_url"],
+        resolve_routes(options["routes"]),
+        stale_after_seconds=options["stale_after"],
+        refresh_seconds=options["refresh"],
+    )
+    stopper = Stopper()
+    stopper.install()
+    server = serve_dashboard(board, options["host"], options["port"])
+    bound_host, bound_port = server.server_address[:2]
+    logger.info("dashboard_serving url=http://%s:%d/", bound_host, bound_port)
+    while not stopper.sleep(3600):
+        pass
+    server.shutdown()
+    server.server_close()
+    board.close()
 
 
 def main() -> None:

@@ -14,6 +14,8 @@ from __future__ import annotations
 __all__ = [
     "BACKLOG",
     "CLAIM_DUE",
+    "CURRENT_MINUTE",
+    "FINISHED_BY_MINUTE",
     "KNOWN_TYPES",
     "LIST_ACTIVE",
     "NEXT_DUE_IN",
@@ -22,6 +24,8 @@ __all__ = [
     "PAUSE_TYPES",
     "PENDING_TYPES",
     "PRUNE_FINISHED",
+    "REACTOR_SESSIONS",
+    "RECENT_FAILURES",
     "REDISPATCH",
     "RESUME_TYPES",
 ]
@@ -185,4 +189,59 @@ DELETE FROM photo_jobs
           LIMIT %(limit)s
             FOR UPDATE SKIP LOCKED))
    AND state = %(state)s
+"""
+
+#: The dashboard: the database's clock, and its current minute (the right end of the
+#: per-minute charts).
+CURRENT_MINUTE = """
+SELECT now(), date_trunc('minute', now())
+"""
+
+#: The dashboard: rows finished in the last 60 minutes (up to `minute`), by the minute of
+#: their last update, type and state, with the attempts they took. Rows re-submitted or
+#: pruned since are not counted. One range of the finished-rows index per state.
+FINISHED_BY_MINUTE = """
+SELECT date_trunc('minute', updated_at) AS minute, type, state, count(*), sum(attempts)
+  FROM photo_jobs
+ WHERE state IN ('done', 'failed')
+   AND updated_at >= %(minute)s::timestamptz - interval '59 minutes'
+ GROUP BY 1, 2, 3
+"""
+
+#: The dashboard: the last `limit` failures: failed rows and pending rows waiting for a retry
+#: after an error, newest first (last_error cut at 2,000 characters).
+RECENT_FAILURES = """
+SELECT f.type, f.photo_id, f.state, f.attempts, f.max_attempts, left(f.last_error, 2000),
+       f.updated_at, f.next_retry_at::text  -- text: 'infinity' has no Python datetime
+  FROM ((SELECT * FROM photo_jobs
+          WHERE state = 'failed'
+          ORDER BY updated_at DESC LIMIT %(limit)s)
+        UNION ALL
+        (SELECT * FROM photo_jobs
+          WHERE state = 'pending' AND last_error IS NOT NULL
+          ORDER BY updated_at DESC LIMIT %(limit)s)) AS f
+ ORDER BY f.updated_at DESC
+ LIMIT %(limit)s
+"""
+
+#: The dashboard: the reactors' connections to this database (the listener of each listening
+#: reactor, the work connection of each), and whether the session holds every doorbell key in
+#: exclusive mode (armed: writers ring it). Other roles' sessions are visible only to a
+#: superuser or a member of pg_read_all_stats.
+REACTOR_SESSIONS = """
+SELECT a.pid, substr(a.application_name, 15), host(a.client_addr), a.backend_start,
+       a.pid IN (SELECT l.pid
+                   FROM pg_locks AS l
+                  WHERE l.locktype = 'advisory' AND l.mode = 'ExclusiveLock' AND l.granted
+                    AND l.database = (SELECT oid FROM pg_database
+                                       WHERE datname = current_database())
+                    AND l.classid = (photo_jobs_doorbell_key() >> 32)::oid
+                    AND l.objid::bigint - (photo_jobs_doorbell_key() & 4294967295)
+                        BETWEEN 0 AND photo_jobs_doorbell_stripes() - 1
+                  GROUP BY l.pid
+                 HAVING count(DISTINCT l.objid) = photo_jobs_doorbell_stripes()) AS armed
+  FROM pg_stat_activity AS a
+ WHERE a.datname = current_database()
+   AND a.application_name IN ('photo-reactor listener', 'photo-reactor work')
+ ORDER BY a.backend_start, a.pid
 """
