@@ -17,12 +17,11 @@ import logging
 import re
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import psycopg
-import redis
 from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup
 
@@ -106,12 +105,13 @@ class Dashboard:
 
     def _read(self) -> tuple[Overview | None, str | None]:
         try:
-            return self.overview(), None
+            found = self.overview()
         except ReactorError as exc:
             logger.warning("dashboard_read_failed error=%s", public_reason(str(exc)))
             return None, public_reason(str(exc))
-        except redis.RedisError as exc:  # pragma: no cover - read_overview reports these
-            return None, public_reason(str(exc))
+        if found.redis_error is not None:
+            found = replace(found, redis_error=public_reason(found.redis_error))
+        return found, None
 
     def json_page(self) -> Page:
         found, error = self._read()

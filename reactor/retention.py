@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 #: Rows deleted per transaction.
 DEFAULT_PRUNE_BATCH_SIZE = 500
 #: Pause between two batches of one round (caps the pace at batch_size / pause rows a second).
-PRUNE_PAUSE_SECONDS = 0.1
+PRUNE_PAUSE_SECONDS = 0.5
 #: Time between rounds, once a round found nothing more to delete (or failed).
 PRUNE_INTERVAL_SECONDS = 60.0
 

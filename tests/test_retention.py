@@ -55,7 +55,7 @@ def test_old_rows_disappear_in_batches_while_new_rows_are_dispatched(
     env: Env, spawn: Callable[..., Process]
 ) -> None:
     conn = env.connect()
-    plant(conn, "old-done-", "done", 8000, "8 days")
+    plant(conn, "old-done-", "done", 4000, "8 days")
     plant(conn, "new-done-", "done", 50, "1 hour")
     plant(conn, "old-failed-", "failed", 300, "40 days")
     plant(conn, "new-failed-", "failed", 20, "10 days")
@@ -91,9 +91,9 @@ def test_old_rows_disappear_in_batches_while_new_rows_are_dispatched(
     )
     # Batches, not one DELETE: many intermediate counts, each a multiple of the batch size
     # below the start (nothing else deletes these rows).
-    intermediate = {n for n in seen if 0 < n < 8000}
+    intermediate = {n for n in seen if 0 < n < 4000}
     assert len(intermediate) >= 5, sorted(seen)
-    assert all((8000 - n) % 200 == 0 for n in intermediate), sorted(seen)
+    assert all((4000 - n) % 200 == 0 for n in intermediate), sorted(seen)
     # New rows kept flowing during the pruning, each promptly.
     assert len(during) >= 5
     assert max(during) < 1.0, sorted(during)
@@ -101,9 +101,9 @@ def test_old_rows_disappear_in_batches_while_new_rows_are_dispatched(
     assert count(conn, "new-done-") == 50
     assert count(conn, "new-failed-") == 20
     assert count(conn, "during-") == len(during)
-    reactor.wait_for_line("rows_pruned done=8000 failed=300")
+    reactor.wait_for_line("rows_pruned done=4000 failed=300")
     text = scrape(port)
-    assert metric(text, 'reactor_pruned_total{state="done"}') == 8000
+    assert metric(text, 'reactor_pruned_total{state="done"}') == 4000
     assert metric(text, 'reactor_pruned_total{state="failed"}') == 300
     # It pruned on a connection of its own, not the work connection.
     assert conn.execute(
