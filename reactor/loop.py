@@ -9,6 +9,9 @@ wake-up. On start and on every reconnect the listener LISTENs first and the reac
 at once, catching up on whatever was committed while nobody listened; it then polls until
 the table is quiet and arms the doorbell again (a lost connection released it).
 
+With retention on (`--prune-done-after`), a `reactor.retention.Pruner` thread deletes old
+finished rows on a connection of its own, outside this loop.
+
 Failure policy: at start-up a bad URL, an unreachable or unmigrated database, or a Redis that
 refuses our credentials is a `ConfigError` (exit 2). At runtime, Postgres failures reconnect
 with exponential backoff and jitter, forever; Redis failures roll the batch back (rows stay
