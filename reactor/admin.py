@@ -48,18 +48,6 @@ UPDATE photo_jobs SET {_REARM}
    AND state IN ('done', 'failed')
 """
 
-_PRUNE = """
-DELETE FROM photo_jobs
- WHERE ctid = ANY (ARRAY(
-         SELECT ctid FROM photo_jobs
-          WHERE state = %(state)s
-            AND updated_at < now() - make_interval(secs => %(age)s::float8)
-          ORDER BY updated_at
-          LIMIT %(limit)s
-            FOR UPDATE SKIP LOCKED))
-   AND state = %(state)s
-"""
-
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw]?)")
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
@@ -152,7 +140,11 @@ def prune(
     """Delete `done` (and `failed`) rows last updated longer ago than the given seconds."""
     done = failed = 0
     if done_older_than is not None:
-        done = _batched(conn, _PRUNE, {"state": "done", "age": done_older_than}, batch_size)
+        done = _batched(
+            conn, queries.PRUNE_FINISHED, {"state": "done", "age": done_older_than}, batch_size
+        )
     if failed_older_than is not None:
-        failed = _batched(conn, _PRUNE, {"state": "failed", "age": failed_older_than}, batch_size)
+        failed = _batched(
+            conn, queries.PRUNE_FINISHED, {"state": "failed", "age": failed_older_than}, batch_size
+        )
     return PruneResult(done, failed)

@@ -1,5 +1,5 @@
 """The `reactor` command (also `python -m reactor`): migrate, run, sweep, status, failures,
-requeue, prune, submit.
+pause, resume, requeue, prune, submit, dashboard.
 
 Every setting is a flag and an environment variable; the flag wins. Errors are one line on
 stderr with no password and no traceback (unless `--debug`); exit codes: 0 ok, 2 usage or
@@ -25,8 +25,11 @@ from reactor.failures import format_failures, read_failures
 from reactor.logs import configure_logging
 from reactor.loop import Reactor
 from reactor.migrate import migrate as apply_migrations
+from reactor.pause import pause_types, resume_types, who
 from reactor.producer import DEFAULT_JOB_TYPE, submit, validate_job
 from reactor.redact import redact
+from reactor.registry import load_routes
+from reactor.retention import DEFAULT_PRUNE_BATCH_SIZE
 from reactor.routes import Route, parse_routes
 from reactor.settings import (
     DEFAULT_BATCH_SIZE,
@@ -286,13 +289,53 @@ def migrate(database_url: str) -> None:
 
 @cli.command()
 @_run_options
-def run(**options: Any) -> None:
+@click.option(
+    "--prune-done-after",
+    metavar="DURATION",
+    envvar="REACTOR_PRUNE_DONE_AFTER",
+    default=None,
+    show_envvar=True,
+    help="Delete done rows older than this (e.g. 7d), in small batches (default: off).",
+)
+@click.option(
+    "--prune-failed-after",
+    metavar="DURATION",
+    envvar="REACTOR_PRUNE_FAILED_AFTER",
+    default=None,
+    show_envvar=True,
+    help="Also delete failed rows older than this (e.g. 30d; needs --prune-done-after).",
+)
+@click.option(
+    "--prune-batch-size",
+    type=click.IntRange(1, 10_000),
+    envvar="REACTOR_PRUNE_BATCH_SIZE",
+    default=DEFAULT_PRUNE_BATCH_SIZE,
+    show_default=True,
+    show_envvar=True,
+    help="Rows deleted per retention transaction.",
+)
+def run(
+    prune_done_after: str | None,
+    prune_failed_after: str | None,
+    prune_batch_size: int,
+    **options: Any,
+) -> None:
     """Run the reactor until SIGTERM/SIGINT (a second signal exits at once)."""
+    settings = replace(
+        _settings(options),
+        prune_done_after_seconds=_duration(prune_done_after),
+        prune_failed_after_seconds=_duration(prune_failed_after),
+        prune_batch_size=prune_batch_size,
+    )
     stopper = Stopper()
     stopper.install()
-    reactor = Reactor(_settings(options), stopper=stopper)
+    reactor = Reactor(settings, stopper=stopper)
     reactor.start()
     reactor.run()
+
+
+def _duration(text: str | None) -> float | None:
+    return None if text is None else admin.parse_duration(text)
 
 
 @cli.command()
@@ -345,6 +388,33 @@ def failures(database_url: str, job_type: str | None, limit: int, as_json: bool)
         click.echo(json.dumps({"failures": [r.as_dict() for r in rows]}))
     else:
         click.echo(format_failures(rows))
+
+
+@cli.command()
+@_database_option
+@_routes_option
+@click.argument("types", nargs=-1, required=True)
+def pause(database_url: str, routes: tuple[str, ...], types: tuple[str, ...]) -> None:
+    """Stop dispatching TYPE... on every reactor (rows stay pending; running jobs finish)."""
+    with _connect(database_url, "pause") as conn:
+        result = pause_types(conn, types, _known_routes(conn, routes), who())
+    click.echo(json.dumps({"paused": result.changed, "already_paused": result.unchanged}))
+
+
+@cli.command()
+@_database_option
+@_routes_option
+@click.argument("types", nargs=-1, required=True)
+def resume(database_url: str, routes: tuple[str, ...], types: tuple[str, ...]) -> None:
+    """Dispatch TYPE... again (listening reactors start at once)."""
+    with _connect(database_url, "resume") as conn:
+        result = resume_types(conn, types, _known_routes(conn, routes))
+    click.echo(json.dumps({"resumed": result.changed, "not_paused": result.unchanged}))
+
+
+def _known_routes(conn: db.Connection, flags: tuple[str, ...]) -> dict[str, Route]:
+    """The routes named on the command line, else those the reactors recorded."""
+    return resolve_routes(flags) or dict(load_routes(conn))
 
 
 @cli.command()
@@ -409,6 +479,68 @@ def submit_command(
             submit(conn, photo_id, job_type, max_attempts=max_attempts) for photo_id in photo_ids
         )
     click.echo(json.dumps({"submitted": submitted, "unchanged": len(photo_ids) - submitted}))
+
+
+@cli.command()
+@_database_option
+@_routes_option
+@_stale_option
+@click.option(
+    "--redis-url",
+    envvar="REDIS_URL",
+    default=DEFAULT_REDIS_URL,
+    show_default=True,
+    show_envvar=True,
+    help="Redis URL of the RQ queues.",
+)
+@click.option(
+    "--host",
+    envvar="REACTOR_DASHBOARD_HOST",
+    default="127.0.0.1",
+    show_default=True,
+    show_envvar=True,
+    help="Address to bind.",
+)
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    envvar="REACTOR_DASHBOARD_PORT",
+    default=9180,
+    show_default=True,
+    show_envvar=True,
+)
+@click.option(
+    "--refresh",
+    type=click.IntRange(1, 3600),
+    default=5,
+    show_default=True,
+    help="Seconds between page reloads.",
+)
+def dashboard(**options: Any) -> None:
+    """Serve a read-only web page of the table, the reactors and RQ (and /api/overview)."""
+    try:
+        from reactor.dashboard import Dashboard, serve_dashboard  # noqa: PLC0415
+    except ImportError as exc:
+        raise ConfigError(
+            f"reactor dashboard needs {exc.name}: pip install 'photo-reactor[dashboard]'"
+        ) from None
+    board = Dashboard(
+        options["database_url"],
+        options["redis_url"],
+        resolve_routes(options["routes"]),
+        stale_after_seconds=options["stale_after"],
+        refresh_seconds=options["refresh"],
+    )
+    stopper = Stopper()
+    stopper.install()
+    server = serve_dashboard(board, options["host"], options["port"])
+    bound_host, bound_port = server.server_address[:2]
+    logger.info("dashboard_serving url=http://%s:%d/", bound_host, bound_port)
+    while not stopper.sleep(3600):
+        pass
+    server.shutdown()
+    server.server_close()
+    board.close()
 
 
 def main() -> None:

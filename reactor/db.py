@@ -26,7 +26,7 @@ __all__ = [
 ]
 
 #: The migration version this release of the code needs (the last file in sql/).
-LATEST_SCHEMA_VERSION = 5
+LATEST_SCHEMA_VERSION = 6
 
 Connection = psycopg.Connection[TupleRow]
 

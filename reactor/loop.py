@@ -9,6 +9,9 @@ wake-up. On start and on every reconnect the listener LISTENs first and the reac
 at once, catching up on whatever was committed while nobody listened; it then polls until
 the table is quiet and arms the doorbell again (a lost connection released it).
 
+With retention on (`--prune-done-after`), a `reactor.retention.Pruner` thread deletes old
+finished rows on a connection of its own, outside this loop.
+
 Failure policy: at start-up a bad URL, an unreachable or unmigrated database, or a Redis that
 refuses our credentials is a `ConfigError` (exit 2). At runtime, Postgres failures reconnect
 with exponential backoff and jitter, forever; Redis failures roll the batch back (rows stay
@@ -35,6 +38,7 @@ from reactor.listener import Listener
 from reactor.metrics import HealthCheck, Metrics, serve
 from reactor.redact import redact
 from reactor.registry import NO_ROUTE_HINT, RouteRegistration, load_routes
+from reactor.retention import Pruner
 from reactor.routes import Route, format_route
 from reactor.settings import ReactorSettings
 from reactor.signals import Stopper
@@ -98,6 +102,7 @@ class Reactor:
         interval = settings.sweep_interval_seconds
         self.health = HealthCheck(settings.listen, max(2 * interval, interval + 10))
         self._http: ThreadingHTTPServer | None = None
+        self._pruner: Pruner | None = None
 
     # -- connections -------------------------------------------------------------------------
 
@@ -183,6 +188,16 @@ class Reactor:
                 raise ConfigError(
                     f"cannot serve metrics on port {self.settings.metrics_port}: {exc}"
                 ) from None
+        if self.settings.prune_done_after_seconds is not None:
+            # Its own thread and connection: DELETE batches never sit in the dispatch path.
+            self._pruner = Pruner(
+                self.settings.database_url,
+                done_after_seconds=self.settings.prune_done_after_seconds,
+                failed_after_seconds=self.settings.prune_failed_after_seconds,
+                batch_size=self.settings.prune_batch_size,
+                metrics=self.metrics,
+            )
+            self._pruner.start()
         self._listener_ok()
 
     def _register_routes(self, conn: db.Connection) -> None:
@@ -374,6 +389,9 @@ class Reactor:
                 break
 
     def close(self) -> None:
+        if self._pruner is not None:
+            self._pruner.stop()
+            self._pruner = None
         if self._http is not None:
             self._http.shutdown()
             self._http.server_close()

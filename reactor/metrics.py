@@ -51,6 +51,12 @@ class Metrics:
         self.enqueue_failures = Counter(
             "reactor_enqueue_failures", "Batches rolled back because Redis failed.", registry=r
         )
+        self.pruned = Counter(
+            "reactor_pruned",
+            "Finished rows deleted by retention (run --prune-*-after), by state.",
+            ["state"],
+            registry=r,
+        )
         self.rescued = Counter(
             "reactor_rescued",
             "Active rows re-dispatched by the sweep, by reason (stale, lost).",

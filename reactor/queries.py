@@ -14,23 +14,34 @@ from __future__ import annotations
 __all__ = [
     "BACKLOG",
     "CLAIM_DUE",
+    "CURRENT_MINUTE",
     "FAILURES",
+    "FINISHED_BY_MINUTE",
     "FORGET_DEAD_ROUTES",
     "FOUND_PHOTO_IDS",
+    "KNOWN_TYPES",
     "LIST_ACTIVE",
     "LIVE_ROUTE_CONFLICTS",
     "LOCK_ROUTES",
     "NEXT_DUE_IN",
     "OLDEST_DUE_AGE",
+    "PAUSED_TYPES",
+    "PAUSE_TYPES",
     "PENDING_TYPES",
+    "PRUNE_FINISHED",
+    "REACTOR_SESSIONS",
+    "RECENT_FAILURES",
     "RECORDED_ROUTES",
     "RECORD_ROUTE",
     "REDISPATCH",
+    "RESUME_TYPES",
     "ROUTES_LOCK_TRY",
     "ROUTES_UNLOCK",
 ]
 
 #: Claim up to `limit` due pending rows of one type: a new attempt each, now `active`.
+#: Nothing while the type is paused (the check does not depend on the row, so it is planned
+#: as a one-time filter: one primary-key probe per claim, no extra round trip).
 CLAIM_DUE = """
 UPDATE photo_jobs AS j
    SET state = 'active', attempts = j.attempts + 1
@@ -40,6 +51,7 @@ UPDATE photo_jobs AS j
           WHERE p.type = %(type)s
             AND p.state = 'pending'
             AND coalesce(p.next_retry_at, p.created_at) <= now()
+            AND NOT EXISTS (SELECT FROM reactor_paused_types AS x WHERE x.type = %(type)s)
           ORDER BY coalesce(p.next_retry_at, p.created_at)
           LIMIT %(limit)s
             FOR UPDATE SKIP LOCKED))
@@ -49,6 +61,7 @@ RETURNING j.type, j.photo_id, j.attempts, j.state
 
 #: Seconds until the earliest pending row of the given types becomes due (NULL if none).
 #: Capped at a day, so a row parked at 'infinity' neither breaks the arithmetic nor matters.
+#: Paused types are left out: their rows becoming due is no reason to wake up.
 NEXT_DUE_IN = """
 SELECT extract(epoch FROM least(min(d.due), now() + interval '1 day') - now())::float8
   FROM unnest(%(types)s::text[]) AS t(type)
@@ -60,18 +73,21 @@ SELECT extract(epoch FROM least(min(d.due), now() + interval '1 day') - now())::
            AND coalesce(p.next_retry_at, p.created_at) > now()
          ORDER BY coalesce(p.next_retry_at, p.created_at)
          LIMIT 1) AS d
+ WHERE NOT EXISTS (SELECT FROM reactor_paused_types AS x WHERE x.type = t.type)
 """
 
 #: One page of active rows of the given types, for the rescue pass, with whether each is
 #: stale (no heartbeat for `stale_after` seconds). Keyset-paged in (updated_at, type,
 #: photo_id) order up to `until` (the sweep's start), so rows re-dispatched during the sweep
-#: (their updated_at moves to now) are not visited twice.
+#: (their updated_at moves to now) are not visited twice. Rows of paused types are left
+#: active: rescuing them would dispatch the type.
 LIST_ACTIVE = """
 SELECT type, photo_id, attempts, updated_at,
        updated_at < now() - make_interval(secs => %(stale_after)s::float8) AS stale
   FROM photo_jobs
  WHERE state = 'active'
    AND type = ANY (%(types)s::text[])
+   AND NOT EXISTS (SELECT FROM reactor_paused_types AS x WHERE x.type = photo_jobs.type)
    AND updated_at <= %(until)s
    AND (updated_at, type, photo_id) > (%(after_at)s, %(after_type)s, %(after_id)s)
  ORDER BY updated_at, type, photo_id
@@ -80,8 +96,9 @@ SELECT type, photo_id, attempts, updated_at,
 
 #: Re-dispatch the listed active rows as a new attempt (or fail them when their attempts are
 #: spent, with `%(why)s` in last_error), if they are still at the attempt seen and, when
-#: `stale_after` is given, still without a heartbeat for that long (re-checked under the lock).
-#: A re-dispatched row keeps its last_error, or takes `%(error)s` when one is given.
+#: `stale_after` is given, still without a heartbeat for that long (re-checked under the lock),
+#: and their type is not paused. A re-dispatched row keeps its last_error, or takes
+#: `%(error)s` when one is given.
 REDISPATCH = """
 UPDATE photo_jobs AS j
    SET attempts = CASE WHEN j.attempts < j.max_attempts THEN j.attempts + 1 ELSE j.attempts END,
@@ -97,6 +114,7 @@ UPDATE photo_jobs AS j
                 AS l(type, photo_id, attempts)
              ON (a.type, a.photo_id, a.attempts) = (l.type, l.photo_id, l.attempts)
           WHERE a.state = 'active'
+            AND NOT EXISTS (SELECT FROM reactor_paused_types AS x WHERE x.type = a.type)
             AND (%(stale_after)s::float8 IS NULL
                  OR a.updated_at < now() - make_interval(secs => %(stale_after)s::float8))
             FOR UPDATE SKIP LOCKED))
@@ -206,4 +224,100 @@ SELECT type, photo_id, state, attempts, max_attempts, last_error, updated_at, ne
    AND (%(type)s::text IS NULL OR type = %(type)s)
  ORDER BY updated_at DESC
  LIMIT %(limit)s
+"""
+#: Pause the given types (already paused ones are left as they are); returns those paused now.
+PAUSE_TYPES = """
+INSERT INTO reactor_paused_types (type, paused_by)
+SELECT t.type, %(paused_by)s FROM unnest(%(types)s::text[]) AS t(type)
+    ON CONFLICT (type) DO NOTHING
+RETURNING type
+"""
+
+#: Resume the given types; returns those that were paused. The table's DELETE trigger
+#: notifies the reactors.
+RESUME_TYPES = """
+DELETE FROM reactor_paused_types WHERE type = ANY (%(types)s::text[]) RETURNING type
+"""
+
+#: Every paused type, with when and by whom.
+PAUSED_TYPES = """
+SELECT type, paused_at, paused_by FROM reactor_paused_types ORDER BY type
+"""
+
+#: Which of the given types the database knows: it has rows or is paused. (An unknown type
+#: reads the whole table once; this runs only for `reactor pause`/`resume` of unrouted types.)
+KNOWN_TYPES = """
+SELECT t.type
+  FROM unnest(%(types)s::text[]) AS t(type)
+ WHERE EXISTS (SELECT FROM reactor_paused_types AS x WHERE x.type = t.type)
+    OR EXISTS (SELECT FROM photo_jobs AS p WHERE p.type = t.type)
+"""
+
+#: Delete up to `limit` rows in `state` (done or failed) last updated more than `age` seconds
+#: ago, oldest first: one range of the finished-rows index, rows locked by others skipped.
+PRUNE_FINISHED = """
+DELETE FROM photo_jobs
+ WHERE ctid = ANY (ARRAY(
+         SELECT ctid FROM photo_jobs
+          WHERE state = %(state)s
+            AND updated_at < now() - make_interval(secs => %(age)s::float8)
+          ORDER BY updated_at
+          LIMIT %(limit)s
+            FOR UPDATE SKIP LOCKED))
+   AND state = %(state)s
+"""
+
+#: The dashboard: the database's clock, and its current minute (the right end of the
+#: per-minute charts).
+CURRENT_MINUTE = """
+SELECT now(), date_trunc('minute', now())
+"""
+
+#: The dashboard: rows finished in the last 60 minutes (up to `minute`), by the minute of
+#: their last update, type and state, with the attempts they took. Rows re-submitted or
+#: pruned since are not counted. One range of the finished-rows index per state.
+FINISHED_BY_MINUTE = """
+SELECT date_trunc('minute', updated_at) AS minute, type, state, count(*), sum(attempts)
+  FROM photo_jobs
+ WHERE state IN ('done', 'failed')
+   AND updated_at >= %(minute)s::timestamptz - interval '59 minutes'
+ GROUP BY 1, 2, 3
+"""
+
+#: The dashboard: the last `limit` failures: failed rows and pending rows waiting for a retry
+#: after an error, newest first (last_error cut at 2,000 characters).
+RECENT_FAILURES = """
+SELECT f.type, f.photo_id, f.state, f.attempts, f.max_attempts, left(f.last_error, 2000),
+       f.updated_at, f.next_retry_at::text  -- text: 'infinity' has no Python datetime
+  FROM ((SELECT * FROM photo_jobs
+          WHERE state = 'failed'
+          ORDER BY updated_at DESC LIMIT %(limit)s)
+        UNION ALL
+        (SELECT * FROM photo_jobs
+          WHERE state = 'pending' AND last_error IS NOT NULL
+          ORDER BY updated_at DESC LIMIT %(limit)s)) AS f
+ ORDER BY f.updated_at DESC
+ LIMIT %(limit)s
+"""
+
+#: The dashboard: the reactors' connections to this database (the listener of each listening
+#: reactor, the work connection of each), and whether the session holds every doorbell key in
+#: exclusive mode (armed: writers ring it). Other roles' sessions are visible only to a
+#: superuser or a member of pg_read_all_stats.
+REACTOR_SESSIONS = """
+SELECT a.pid, substr(a.application_name, 15), host(a.client_addr), a.backend_start,
+       a.pid IN (SELECT l.pid
+                   FROM pg_locks AS l
+                  WHERE l.locktype = 'advisory' AND l.mode = 'ExclusiveLock' AND l.granted
+                    AND l.database = (SELECT oid FROM pg_database
+                                       WHERE datname = current_database())
+                    AND l.classid = (photo_jobs_doorbell_key() >> 32)::oid
+                    AND l.objid::bigint - (photo_jobs_doorbell_key() & 4294967295)
+                        BETWEEN 0 AND photo_jobs_doorbell_stripes() - 1
+                  GROUP BY l.pid
+                 HAVING count(DISTINCT l.objid) = photo_jobs_doorbell_stripes()) AS armed
+  FROM pg_stat_activity AS a
+ WHERE a.datname = current_database()
+   AND a.application_name IN ('photo-reactor listener', 'photo-reactor work')
+ ORDER BY a.backend_start, a.pid
 """

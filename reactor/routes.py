@@ -14,7 +14,15 @@ from dataclasses import dataclass
 
 from reactor.errors import ConfigError
 
-__all__ = ["DEMO_ROUTE", "Route", "default_queue", "format_route", "parse_route", "parse_routes"]
+__all__ = [
+    "DEMO_ROUTE",
+    "Route",
+    "default_queue",
+    "format_route",
+    "is_valid_type",
+    "parse_route",
+    "parse_routes",
+]
 
 #: The built-in demo handler's route. Used only where it is named (`scripts/demo`): a process
 #: with no route never falls back to it.
@@ -33,6 +41,11 @@ class Route:
     type: str
     handler: str
     queue: str
+
+
+def is_valid_type(job_type: str) -> bool:
+    """Whether the table would accept `job_type` as a type."""
+    return _TYPE.fullmatch(job_type) is not None
 
 
 def default_queue(job_type: str) -> str:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from reactor.doorbell import DoorbellMode
 from reactor.errors import ConfigError
+from reactor.retention import DEFAULT_PRUNE_BATCH_SIZE
 from reactor.routes import Route
 
 __all__ = [
@@ -58,6 +59,10 @@ class ReactorSettings:
     metrics_port: int | None = None
     metrics_host: str = "0.0.0.0"
     job_timeout_seconds: int | None = None
+    #: Retention (`run` only): delete done/failed rows older than this many seconds.
+    prune_done_after_seconds: float | None = None
+    prune_failed_after_seconds: float | None = None
+    prune_batch_size: int = DEFAULT_PRUNE_BATCH_SIZE
 
     def __post_init__(self) -> None:
         if not 1 <= self.batch_size <= 10_000:
@@ -68,6 +73,11 @@ class ReactorSettings:
             raise ConfigError("stale-after must be positive")
         if self.poll_interval_seconds <= 0:
             raise ConfigError("poll interval must be positive")
+        if self.prune_failed_after_seconds is not None and self.prune_done_after_seconds is None:
+            raise ConfigError("--prune-failed-after needs --prune-done-after")
+        for age in (self.prune_done_after_seconds, self.prune_failed_after_seconds):
+            if age is not None and age <= 0:
+                raise ConfigError("prune ages must be positive")
 
     @property
     def listen(self) -> bool:

@@ -1,8 +1,8 @@
 """`reactor status`: what the table holds, for people and (as JSON) for scripts.
 
 Counts by type and state, the age of the oldest due pending row, the next scheduled retry,
-stale `active` rows, the routes recorded by the reactors (and how many running reactors use
-each), and pending types that no route covers. The counts scan the table; the
+stale `active` rows, paused types, the routes recorded by the reactors (and how many running
+reactors use each), and pending types that no route covers. The counts scan the table; the
 other figures use the partial indexes.
 """
 
@@ -16,6 +16,7 @@ import psycopg
 from reactor import queries
 from reactor.db import Connection, describe_error
 from reactor.errors import DatabaseError
+from reactor.pause import PausedType, paused_types
 from reactor.registry import RecordedRoute, read_recorded_routes
 from reactor.routes import format_route
 
@@ -55,6 +56,7 @@ class TypeStatus:
     next_retry_at: str | None
     stale_active: int
     routed: bool
+    paused: bool = False
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,7 @@ class Status:
     types: list[TypeStatus] = field(default_factory=list)
     unrouted_types: list[str] = field(default_factory=list)
     routes: list[RecordedRoute] = field(default_factory=list)
+    paused_types: list[PausedType] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -79,6 +82,10 @@ class Status:
                     "registered_at": r.registered_at.isoformat(),
                 }
                 for r in self.routes
+            ],
+            "paused_types": [
+                {"type": p.type, "paused_at": p.paused_at.isoformat(), "paused_by": p.paused_by}
+                for p in self.paused_types
             ],
         }
 
@@ -97,7 +104,9 @@ def read_status(conn: Connection, stale_after_seconds: float) -> Status:
             for job_type, state, count in conn.execute(_COUNTS):
                 counts.setdefault(job_type, dict.fromkeys(_STATES, 0))[state] = int(count)
             pending_types = [row[0] for row in conn.execute(queries.PENDING_TYPES)]
-            all_types = sorted(set(counts) | set(routed))
+            paused = paused_types(conn)
+            paused_names = {p.type for p in paused}
+            all_types = sorted(set(counts) | set(routed) | paused_names)
             rows = conn.execute(
                 _PER_TYPE, {"types": all_types, "stale_after": stale_after_seconds}
             ).fetchall()
@@ -111,10 +120,11 @@ def read_status(conn: Connection, stale_after_seconds: float) -> Status:
             next_retry_at=next_at,
             stale_active=int(stale),
             routed=job_type in routed,
+            paused=job_type in paused_names,
         )
         for job_type, age, next_at, stale in rows
     ]
-    return Status(types, sorted(t for t in pending_types if t not in routed), routes)
+    return Status(types, sorted(t for t in pending_types if t not in routed), routes, paused)
 
 
 def format_status(status: Status) -> str:
@@ -129,6 +139,8 @@ def format_status(status: Status) -> str:
             details.append(f"next retry {t.next_retry_at}")
         if t.stale_active:
             details.append(f"{t.stale_active} stale active")
+        if t.paused:
+            details.append("PAUSED")
         if not t.routed:
             details.append("NO ROUTE")
         c = t.counts
@@ -150,4 +162,6 @@ def format_status(status: Status) -> str:
         lines.append(
             "unrouted types with pending rows (left alone): " + ", ".join(status.unrouted_types)
         )
+    for p in status.paused_types:
+        lines.append(f"paused: {p.type} since {p.paused_at.isoformat()} by {p.paused_by}")
     return "\n".join(lines)

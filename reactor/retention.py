@@ -1,0 +1,146 @@
+"""Retention inside `reactor run`: delete old `done` (and `failed`) rows at a low, steady pace.
+
+`Pruner` runs in a thread of its own with a connection of its own (`application_name`
+'photo-reactor prune'), never on the loop's thread or work connection: a DELETE batch then
+never delays a claim, and a reactor without retention pays nothing. Every
+`PRUNE_INTERVAL_SECONDS` it deletes the rows older than the configured ages, `batch_size` rows
+per short transaction (`FOR UPDATE SKIP LOCKED`, oldest first, one range of the finished-rows
+index), sleeping `PRUNE_PAUSE_SECONDS` between batches, so it never holds many locks or long
+transactions and never floods the WAL. Several reactors pruning at once skip each other's
+rows. A Postgres failure is logged and the round tried again later; it never stops the reactor.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+import psycopg
+
+from reactor import db, queries
+from reactor.db import Connection, describe_error
+from reactor.errors import DatabaseError, ReactorError
+from reactor.metrics import Metrics
+
+__all__ = [
+    "DEFAULT_PRUNE_BATCH_SIZE",
+    "PRUNE_INTERVAL_SECONDS",
+    "PRUNE_PAUSE_SECONDS",
+    "PruneRound",
+    "Pruner",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Rows deleted per transaction.
+DEFAULT_PRUNE_BATCH_SIZE = 500
+#: Pause between two batches of one round (caps the pace at batch_size / pause rows a second).
+PRUNE_PAUSE_SECONDS = 0.5
+#: Time between rounds, once a round found nothing more to delete (or failed).
+PRUNE_INTERVAL_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class PruneRound:
+    """Rows one round deleted, and in how many batches."""
+
+    done: int = 0
+    failed: int = 0
+    batches: int = 0
+
+
+class Pruner:
+    """Deletes finished rows older than the given ages, from its own thread."""
+
+    def __init__(
+        self,
+        database_url: str,
+        *,
+        done_after_seconds: float | None,
+        failed_after_seconds: float | None = None,
+        batch_size: int = DEFAULT_PRUNE_BATCH_SIZE,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self._database_url = database_url
+        self._ages = [
+            (state, age)
+            for state, age in (("done", done_after_seconds), ("failed", failed_after_seconds))
+            if age is not None
+        ]
+        self._batch_size = batch_size
+        self._metrics = metrics
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._conn: Connection | None = None
+
+    def start(self) -> None:
+        """Start the thread (its first round begins at once)."""
+        self._thread = threading.Thread(target=self._run, name="reactor-prune", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop after the batch in hand and close the connection."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.run_once()
+            except ReactorError as exc:
+                logger.warning(
+                    "prune_failed error=%s (next round in %gs)", exc, PRUNE_INTERVAL_SECONDS
+                )
+                self._close()
+            self._stop.wait(PRUNE_INTERVAL_SECONDS)
+        self._close()
+
+    def _close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def run_once(self) -> PruneRound:
+        """Delete batches until each state comes back short or a stop is requested.
+
+        Raises:
+            DatabaseError: Postgres failed (the rows of the failed batch are kept).
+        """
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            self._close()
+            self._conn = db.connect(self._database_url, purpose="prune")
+        conn = self._conn
+        started = time.monotonic()
+        deleted = {"done": 0, "failed": 0}
+        batches = 0
+        for state, age in self._ages:
+            while not self._stop.is_set():
+                try:
+                    with conn.transaction():
+                        count = conn.execute(
+                            queries.PRUNE_FINISHED,
+                            {"state": state, "age": age, "limit": self._batch_size},
+                        ).rowcount
+                except psycopg.Error as exc:
+                    raise DatabaseError(f"prune batch failed: {describe_error(exc)}") from exc
+                batches += 1
+                deleted[state] += count
+                if self._metrics is not None and count:
+                    self._metrics.pruned.labels(state).inc(count)
+                if count < self._batch_size:
+                    break
+                self._stop.wait(PRUNE_PAUSE_SECONDS)
+        result = PruneRound(deleted["done"], deleted["failed"], batches)
+        if result.done or result.failed:
+            logger.info(
+                "rows_pruned done=%d failed=%d batches=%d seconds=%.1f",
+                result.done,
+                result.failed,
+                result.batches,
+                time.monotonic() - started,
+            )
+        return result

@@ -1,0 +1,426 @@
+"""`reactor dashboard`: the page in a real headless browser, the JSON endpoint's numbers, 503
+when Postgres is down, and bad input.
+
+The browser is Debian's `chromium`; the fixture installs it with apt-get when it is missing
+and skips (saying why) only when that is impossible.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from rq import Worker
+
+from reactor.migrate import migrate
+from tests.conftest import ROOT, Env, Process, start_reactor, start_worker, wait_for
+from tests.helpers import armed_by
+from tests.servers import PostgresServer, free_port
+
+TITLE = "photo-reactor dashboard"
+# Markup in a photo id and in a last_error: either would change the page if it ran or were
+# parsed as HTML (a new title, an attribute on <body>, a new element).
+EVIL_ID = "<script>document.body.setAttribute('data-pwned','1')</script>"
+EVIL_ERROR = (
+    "ValueError: <script>document.title='pwned'</script>"
+    '<img src=x onerror="document.title=\'pwned-img\'"><b id="injected-b">bold</b> & more'
+)
+IDLE_ROUTE = "photo.idle=reactor.demo.process_photo@photo-idle"
+
+
+# -- the browser ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """The path of a Chromium binary, installed from Debian's packages when missing."""
+    found = shutil.which("chromium")
+    if found:
+        return found
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        pytest.skip("chromium is not installed and apt-get cannot install it (not root/Debian)")
+    for step in (["apt-get", "update"], ["apt-get", "install", "-y", "chromium"]):
+        done = subprocess.run(
+            step,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+        )
+        if done.returncode != 0:
+            pytest.skip(f"cannot install chromium: {' '.join(step)} failed: {done.stderr[-300:]}")
+    found = shutil.which("chromium")
+    if not found:
+        pytest.skip("apt-get installed chromium, but no chromium binary is on PATH")
+    return found
+
+
+def browse(chromium: str, url: str, tmp_path: Path, *extra: str) -> str:
+    """Load `url` in headless Chromium (scripts allowed by the browser); its stdout."""
+    result = subprocess.run(
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--no-first-run",
+            f"--user-data-dir={tmp_path / 'chromium-profile'}",
+            "--window-size=1400,2200",
+            *extra,
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout
+
+
+class Page(HTMLParser):
+    """The rendered DOM: texts of `data-k` elements, the title, every attribute seen."""
+
+    def __init__(self, html: str) -> None:
+        super().__init__(convert_charrefs=True)
+        self.values: dict[str, list[str]] = {}
+        self.title = ""
+        self.attributes: list[tuple[str, str | None]] = []
+        self.ids: list[str] = []
+        self._open: list[tuple[str, str | None]] = []  # (tag, data-k)
+        self.feed(html)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.attributes.extend(attrs)
+        self.ids.extend(v for k, v in attrs if k == "id" and v)
+        if tag in ("br", "img", "meta", "rect", "path", "circle", "line", "use"):
+            return
+        self._open.append((tag, dict(attrs).get("data-k")))
+        key = self._open[-1][1]
+        if key is not None:
+            self.values.setdefault(key, []).append("")
+
+    def handle_endtag(self, tag: str) -> None:
+        while self._open:
+            open_tag, _ = self._open.pop()
+            if open_tag == tag:
+                break
+
+    def handle_data(self, data: str) -> None:
+        if self._open and self._open[-1][0] == "title" and not self.title:
+            self.title = data
+        for _, key in self._open:
+            if key is not None:
+                self.values[key][-1] += data
+
+    def one(self, key: str) -> str:
+        found = self.values.get(key)
+        assert found and len(found) == 1, (key, found)
+        return found[0].strip()
+
+
+# -- the data ------------------------------------------------------------------------------
+
+
+def seed(conn: psycopg.Connection[Any]) -> None:
+    """Rows of several types and states, finished at several minutes of the last hour."""
+    with conn.transaction():
+        conn.execute("SET LOCAL session_replication_role = replica")  # keep updated_at as given
+        conn.execute(
+            "INSERT INTO photo_jobs (photo_id, type, state, attempts, last_error, next_retry_at,"
+            " created_at, updated_at) VALUES"
+            " ('due-1', 'photo.process', 'pending', 0, NULL, NULL, now() - interval '90 s', now()),"
+            " ('due-2', 'photo.process', 'pending', 0, NULL, NULL, now() - interval '30 s', now()),"
+            " ('later', 'photo.process', 'pending', 1, 'TimeoutError: slow', now() + interval '1 hour',"
+            "  now() - interval '10 min', now() - interval '9 min'),"
+            " ('busy', 'photo.process', 'active', 1, NULL, NULL, now(), now()),"
+            " ('stale', 'photo.process', 'active', 2, NULL, NULL, now() - interval '2 h',"
+            "  now() - interval '1 h'),"
+            " ('thumb-1', 'photo.thumb', 'pending', 0, NULL, NULL, now() - interval '5 s', now()),"
+            " ('thumb-2', 'photo.thumb', 'pending', 0, NULL, NULL, now() - interval '5 s', now()),"
+            " (%s, 'photo.thumb', 'failed', 5, %s, NULL, now() - interval '1 h',"
+            "  now() - interval '3 min'),"
+            " ('old-fail', 'photo.process', 'failed', 5, 'RuntimeError: old', NULL,"
+            "  now() - interval '3 h', now() - interval '2 h')",
+            [EVIL_ID, EVIL_ERROR],
+        )
+        # Done rows spread over the last 40 minutes (1-3 attempts), and some older ones.
+        conn.execute(
+            "INSERT INTO photo_jobs (photo_id, type, state, attempts, created_at, updated_at)"
+            " SELECT 'd' || i, CASE WHEN i % 3 = 0 THEN 'photo.thumb' ELSE 'photo.process' END,"
+            "        'done', 1 + i % 3, now() - interval '2 h',"
+            "        now() - make_interval(mins => i % 40, secs => i % 7)"
+            "   FROM generate_series(1, 120) AS i"
+        )
+        conn.execute(
+            "INSERT INTO photo_jobs (photo_id, type, state, attempts, created_at, updated_at)"
+            " SELECT 'old' || i, 'photo.process', 'done', 1, now() - interval '3 h',"
+            "        now() - interval '2 h' FROM generate_series(1, 30) AS i"
+        )
+    conn.execute("INSERT INTO reactor_paused_types (type, paused_by) VALUES ('photo.thumb', 'ops')")
+
+
+def table_counts(conn: psycopg.Connection[Any]) -> dict[tuple[str, str], int]:
+    return {
+        (t, s): int(n)
+        for t, s, n in conn.execute("SELECT type, state, count(*) FROM photo_jobs GROUP BY 1, 2")
+    }
+
+
+def finished_last_hour(conn: psycopg.Connection[Any]) -> tuple[int, int, int]:
+    """(done rows, failed rows, their attempts) charted: finished in the last 60 minutes."""
+    row = conn.execute(
+        "SELECT count(*) FILTER (WHERE state = 'done'), count(*) FILTER (WHERE state = 'failed'),"
+        "       coalesce(sum(attempts), 0)"
+        "  FROM photo_jobs WHERE state IN ('done', 'failed')"
+        "   AND updated_at >= date_trunc('minute', now()) - interval '59 minutes'"
+    ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1]), int(row[2])
+
+
+def start_dashboard(
+    spawn: Callable[..., Process], *args: str, database_url: str | None = None
+) -> tuple[Process, str]:
+    port = free_port()
+    extra = {} if database_url is None else {"DATABASE_URL": database_url}
+    proc = spawn(
+        "-m",
+        "reactor",
+        "dashboard",
+        "--port",
+        str(port),
+        *args,
+        name="dashboard",
+        extra_env=extra,
+    )
+    proc.wait_for_line("dashboard_serving")
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def get(url: str) -> tuple[int, str, dict[str, str]]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            return response.status, response.read().decode(), dict(response.headers)
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(), dict(exc.headers)
+
+
+# -- tests ---------------------------------------------------------------------------------
+
+
+def test_the_page_in_a_browser_matches_the_table_and_shows_markup_as_text(
+    env: Env, spawn: Callable[..., Process], chromium: str, tmp_path: Path
+) -> None:
+    conn = env.connect()
+    seed(conn)
+    # A reactor (routed to a type without rows: it leaves the seeded rows alone) and a worker.
+    start_reactor(spawn, "--route", IDLE_ROUTE)
+    wait_for(lambda: armed_by(conn), what="the reactor arming its doorbell")
+    start_worker(spawn, env, "photo-idle")
+    client = env.redis()
+    wait_for(lambda: Worker.all(connection=client), what="the RQ worker registering")
+    _, base = start_dashboard(spawn, "--route", IDLE_ROUTE)
+
+    screenshot = tmp_path / "dashboard.png"
+    browse(chromium, base + "/", tmp_path, f"--screenshot={screenshot}")
+    assert screenshot.stat().st_size > 20_000
+    dom = browse(chromium, base + "/", tmp_path, "--dump-dom")
+    page = Page(dom)
+
+    # Numbers: every (type, state) cell equals the table, and so do the totals.
+    counts = table_counts(conn)
+    types = sorted({t for t, _ in counts} | {"photo.idle"})
+    for job_type in types:
+        for state in ("pending", "active", "done", "failed"):
+            shown = page.one(f"count:{job_type}:{state}")
+            assert shown == str(counts.get((job_type, state), 0)), (job_type, state)
+    for state in ("pending", "active", "done", "failed"):
+        total = sum(n for (_, s), n in counts.items() if s == state)
+        assert page.one(f"total:{state}") == str(total)
+    assert page.one("stale:photo.process") == "1"
+    assert page.one("stale:photo.thumb") == "0"
+    oldest = float(page.one("oldest:photo.process").split()[0])
+    assert 90 <= oldest < 200  # due-1 was due 90 s before the seeding
+    assert page.one(
+        "retry:photo.process"
+    ).startswith(
+        str(
+            conn.execute(
+                "SELECT min(next_retry_at)::text FROM photo_jobs WHERE photo_id = 'later'"
+            ).fetchone()[0]  # type: ignore[index]
+        )[:19]
+    )
+    assert page.one("paused:photo.thumb") == "photo.thumb"
+
+    # Charts: three SVGs, whose bars add up to what the table holds for the last hour.
+    charts = dom.split("<svg")[1:]
+    assert len(charts) == 3
+    done, failed, attempts = finished_last_hour(conn)
+    assert done > 0 and failed > 0
+    bar_sums = [
+        sum(int(v) for v in re.findall(r'<desc class="value">(\d+)</desc>', chart))
+        for chart in charts
+    ]
+    assert bar_sums == [done, failed, attempts]
+    assert "photo.thumb" in charts[0] and "photo.process" in charts[0]  # the legend
+
+    # Failures: newest first, the markup shown as text, character for character.
+    assert page.values["failure-error"][0] == EVIL_ERROR
+    assert page.values["failure-photo"][0] == EVIL_ID
+    assert "TimeoutError: slow" in page.values["failure-error"]
+    assert "&lt;script&gt;document.title='pwned'&lt;/script&gt;" in dom
+    # Nothing of it ran or became markup.
+    assert page.title == TITLE
+    assert "injected-b" not in page.ids
+    assert not any(name == "data-pwned" for name, _ in page.attributes)
+    assert not any(name == "onerror" for name, _ in page.attributes)
+
+    # Reactors and RQ.
+    assert sorted(page.values["reactor-role"]) == ["listener", "work"]
+    assert any("armed" in v for v in page.values["reactor-armed"])
+    assert page.one("waiting:photo-idle") == "0"
+    assert Worker.all(connection=client)[0].name in page.one("workers:photo-idle")
+
+
+def test_the_json_endpoint_reports_the_table(env: Env, spawn: Callable[..., Process]) -> None:
+    conn = env.connect()
+    seed(conn)
+    client = env.redis()
+    client.rpush("rq:queue:photo-process", "job-a", "job-b")  # two jobs waiting
+    _, base = start_dashboard(spawn)
+    status, body, headers = get(base + "/api/overview")
+    assert status == 200, body
+    assert headers["Content-Type"] == "application/json"
+    data = json.loads(body)
+
+    counts = table_counts(conn)
+    shown = {(t["type"], state): n for t in data["types"] for state, n in t["counts"].items() if n}
+    assert shown == counts
+    by_type = {t["type"]: t for t in data["types"]}
+    assert by_type["photo.process"]["stale_active"] == 1
+    assert by_type["photo.thumb"]["paused"] is True
+    assert by_type["photo.process"]["paused"] is False
+    assert by_type["photo.thumb"]["routed"] is False
+    assert [(p["type"], p["paused_by"]) for p in data["paused_types"]] == [("photo.thumb", "ops")]
+
+    per_minute = data["finished_per_minute"]
+    assert len(per_minute["minutes"]) == 60
+    done, failed, attempts = finished_last_hour(conn)
+    assert sum(sum(v) for v in per_minute["done"].values()) == done
+    assert sum(sum(v) for v in per_minute["failed"].values()) == failed
+    assert sum(per_minute["attempts"]) == attempts
+    # Per minute and type, too: the newest minute of photo.thumb's done rows.
+    expected = dict(
+        conn.execute(
+            "SELECT to_char(date_trunc('minute', updated_at) AT TIME ZONE 'UTC',"
+            "               'YYYY-MM-DD\"T\"HH24:MI'), count(*)"
+            "  FROM photo_jobs WHERE state = 'done' AND type = 'photo.thumb'"
+            "   AND updated_at >= date_trunc('minute', now()) - interval '59 minutes'"
+            " GROUP BY 1"
+        ).fetchall()
+    )
+    thumbs = {
+        minute[:16]: n
+        for minute, n in zip(per_minute["minutes"], per_minute["done"]["photo.thumb"], strict=True)
+        if n
+    }
+    assert thumbs == expected
+
+    failures = data["failures"]
+    assert [f["photo_id"] for f in failures] == [EVIL_ID, "later", "old-fail"]
+    assert failures[0]["last_error"] == EVIL_ERROR
+    assert (failures[0]["attempts"], failures[0]["max_attempts"]) == (5, 5)
+    assert failures[1]["state"] == "pending" and failures[1]["next_retry_at"] is not None
+    assert data["reactors"] == []
+    queues = {q["name"]: q for q in data["queues"]}
+    assert queues["photo-process"]["waiting"] == 2
+    assert queues["photo-process"]["workers"] == []
+    assert data["redis_error"] is None
+
+
+def test_503_with_the_reason_when_postgres_is_down(
+    env: Env, spawn: Callable[..., Process], chromium: str, tmp_path: Path
+) -> None:
+    server = PostgresServer(password="dash-secret-pw")
+    try:
+        with psycopg.connect(server.url, autocommit=True) as conn:
+            migrate(conn)
+        _, base = start_dashboard(spawn, database_url=server.url)
+        assert get(base + "/api/overview")[0] == 200
+    finally:
+        server.stop()
+    for path in ("/api/overview", "/"):
+        status, body, _headers = get(base + path)
+        assert status == 503, body
+        assert "dash-secret-pw" not in body and "postgresql://" not in body
+        assert "postgres unavailable: cannot connect to Postgres" in body
+    status, body, _ = get(base + "/api/overview")
+    assert list(json.loads(body)) == ["error"]
+    page = Page(browse(chromium, base + "/", tmp_path, "--dump-dom"))
+    assert page.title == TITLE
+    assert page.one("error").startswith("postgres unavailable: cannot connect to Postgres")
+
+
+def test_redis_down_leaves_the_rest_of_the_page(env: Env, spawn: Callable[..., Process]) -> None:
+    conn = env.connect()
+    seed(conn)
+    _, base = start_dashboard(spawn, "--redis-url", f"redis://:hunter2@127.0.0.1:{free_port()}/0")
+    status, body, _ = get(base + "/api/overview")
+    assert status == 200
+    data = json.loads(body)
+    assert data["queues"] == [] and "refused" in data["redis_error"].lower()
+    assert "hunter2" not in body
+    assert sum(t["counts"]["done"] for t in data["types"]) == 150
+
+
+def test_bad_input_is_one_line_and_exit_2(env: Env) -> None:
+    def run(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "reactor", "dashboard", *args],
+            env=env.process_env(**extra),
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=60,
+        )
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        busy = run("--port", str(port))
+    assert busy.returncode == 2
+    assert busy.stderr.strip().splitlines() == [
+        f"reactor: error: cannot serve the dashboard on 127.0.0.1:{port}: "
+        "[Errno 98] Address already in use"
+    ]
+    secret_url = "postgresql://u:hunter2@127.0.0.1:5432/x?nosuchoption=1"
+    bad_url = run(DATABASE_URL=secret_url)
+    assert bad_url.returncode == 2
+    assert len(bad_url.stderr.strip().splitlines()) == 1, bad_url.stderr
+    assert "hunter2" not in bad_url.stderr and "postgresql://" not in bad_url.stderr
+    bad_host = run("--host", "no.such.host.invalid")
+    assert bad_host.returncode == 2 and len(bad_host.stderr.strip().splitlines()) == 1
+
+
+@pytest.fixture(autouse=True)
+def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """urllib must talk to 127.0.0.1 directly, whatever the environment's proxy settings."""
+    for name in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    yield

@@ -1,0 +1,142 @@
+"""Retention inside `reactor run` (--prune-done-after / --prune-failed-after)."""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+
+from tests.conftest import ROOT, Env, Process, start_reactor, wait_for
+from tests.helpers import metric, scrape
+from tests.servers import free_port
+
+
+def plant(conn: psycopg.Connection[Any], prefix: str, state: str, count: int, age: str) -> None:
+    """`count` finished rows last updated `age` ago (an INSERT keeps the given updated_at)."""
+    conn.execute(
+        "INSERT INTO photo_jobs (photo_id, type, state, attempts, created_at, updated_at)"
+        " SELECT %s || i, 'photo.process', %s, 1, now() - %s::interval, now() - %s::interval"
+        " FROM generate_series(1, %s) AS i",
+        [prefix, state, age, age, count],
+    )
+
+
+def count(conn: psycopg.Connection[Any], prefix: str) -> int:
+    row = conn.execute(
+        "SELECT count(*) FROM photo_jobs WHERE photo_id LIKE %s", [prefix + "%"]
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def dispatch_delay(conn: psycopg.Connection[Any], photo_id: str) -> float:
+    """Seconds from the insert's commit until the row is claimed."""
+    conn.execute("INSERT INTO photo_jobs (photo_id, type) VALUES (%s, 'photo.process')", [photo_id])
+    committed = time.monotonic()
+    wait_for(
+        lambda: (
+            conn.execute(
+                "SELECT state = 'active' FROM photo_jobs WHERE photo_id = %s", [photo_id]
+            ).fetchone()
+            == (True,)
+        ),
+        timeout=10,
+        interval=0.001,
+        what=f"{photo_id} dispatched",
+    )
+    return time.monotonic() - committed
+
+
+def test_old_rows_disappear_in_batches_while_new_rows_are_dispatched(
+    env: Env, spawn: Callable[..., Process]
+) -> None:
+    conn = env.connect()
+    plant(conn, "old-done-", "done", 4000, "8 days")
+    plant(conn, "new-done-", "done", 50, "1 hour")
+    plant(conn, "old-failed-", "failed", 300, "40 days")
+    plant(conn, "new-failed-", "failed", 20, "10 days")
+    port = free_port()
+    reactor = start_reactor(
+        spawn,
+        "--prune-done-after",
+        "7d",
+        "--prune-failed-after",
+        "30d",
+        "--prune-batch-size",
+        "200",
+        "--metrics-port",
+        str(port),
+        "--metrics-host",
+        "127.0.0.1",
+    )
+    seen: set[int] = set()
+    during: list[float] = []
+    i = 0
+    # Dispatch new rows while the old ones go, 200 at a time.
+    while (left := count(conn, "old-done-")) > 0:
+        seen.add(left)
+        during.append(dispatch_delay(conn, f"during-{i}"))
+        i += 1
+        assert i < 5000, "pruning never finished"
+    wait_for(lambda: count(conn, "old-failed-") == 0, what="old failed rows pruned")
+    after = [dispatch_delay(conn, f"after-{j}") for j in range(20)]
+    print(
+        f"dispatch delay while pruning: median {statistics.median(during) * 1e3:.1f} ms, "
+        f"max {max(during) * 1e3:.1f} ms ({len(during)} rows); after: median "
+        f"{statistics.median(after) * 1e3:.1f} ms, max {max(after) * 1e3:.1f} ms"
+    )
+    # Batches, not one DELETE: many intermediate counts, each a multiple of the batch size
+    # below the start (nothing else deletes these rows).
+    intermediate = {n for n in seen if 0 < n < 4000}
+    assert len(intermediate) >= 5, sorted(seen)
+    assert all((4000 - n) % 200 == 0 for n in intermediate), sorted(seen)
+    # New rows kept flowing during the pruning, each promptly.
+    assert len(during) >= 5
+    assert max(during) < 1.0, sorted(during)
+    # Only the old finished rows went; new and pending/active rows stayed.
+    assert count(conn, "new-done-") == 50
+    assert count(conn, "new-failed-") == 20
+    assert count(conn, "during-") == len(during)
+    reactor.wait_for_line("rows_pruned done=4000 failed=300")
+    text = scrape(port)
+    assert metric(text, 'reactor_pruned_total{state="done"}') == 4000
+    assert metric(text, 'reactor_pruned_total{state="failed"}') == 300
+    # It pruned on a connection of its own, not the work connection.
+    assert conn.execute(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND application_name = 'photo-reactor prune'"
+    ).fetchone() == (1,)
+
+
+def test_retention_is_off_by_default_and_checks_its_durations(
+    env: Env, spawn: Callable[..., Process]
+) -> None:
+    conn = env.connect()
+    plant(conn, "old-done-", "done", 10, "800 days")
+    start_reactor(spawn)
+    # The reactor has caught up and is idle; no prune connection, nothing deleted.
+    assert conn.execute(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND application_name = 'photo-reactor prune'"
+    ).fetchone() == (0,)
+    assert count(conn, "old-done-") == 10
+    for args, needle in (
+        (["--prune-done-after", "soon"], "bad duration 'soon'"),
+        (["--prune-done-after", "0"], "prune ages must be positive"),
+        (["--prune-failed-after", "30d"], "--prune-failed-after needs --prune-done-after"),
+    ):
+        result = subprocess.run(
+            [sys.executable, "-m", "reactor", "run", *args],
+            env=env.process_env(),
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=60,
+        )
+        assert result.returncode == 2, result.stderr
+        assert needle in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
