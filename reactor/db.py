@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import TupleRow
 
-from reactor.errors import ConfigError, DatabaseError, SchemaError
+from reactor.errors import ConfigError, DatabaseError, SchemaError, StatementError
 from reactor.redact import redact
 
 __all__ = [
@@ -23,10 +23,11 @@ __all__ = [
     "connect",
     "describe_error",
     "schema_version",
+    "translate_error",
 ]
 
 #: The migration version this release of the code needs (the last file in sql/).
-LATEST_SCHEMA_VERSION = 4
+LATEST_SCHEMA_VERSION = 5
 
 Connection = psycopg.Connection[TupleRow]
 
@@ -46,6 +47,18 @@ def describe_error(exc: BaseException) -> str:
     line = text[0] if text else type(exc).__name__
     # libpq prefixes "connection failed: connection to server at ... failed:"; keep the cause.
     return redact(line)
+
+
+def translate_error(exc: psycopg.Error, what: str, conn: Connection | None = None) -> DatabaseError:
+    """The project error for a psycopg error: `DatabaseError` when the connection is lost or
+    the server is in trouble (reconnect and retry), `StatementError` when one statement failed
+    on a healthy connection (DataError, IntegrityError, ProgrammingError...: retrying the same
+    statement cannot help)."""
+    message = f"{what}: {describe_error(exc)}"
+    lost = isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)) or (
+        conn is not None and (conn.closed or conn.broken)
+    )
+    return DatabaseError(message) if lost else StatementError(message)
 
 
 def connect(url: str, *, autocommit: bool = False, purpose: str = "work") -> Connection:

@@ -33,14 +33,14 @@ import psycopg
 from psycopg.pq import TransactionStatus
 
 from reactor import db, queries
-from reactor.db import Connection, describe_error
+from reactor.db import Connection
 from reactor.enqueue import Enqueuer
-from reactor.errors import DatabaseError, EnqueueError, ReactorError
+from reactor.errors import DatabaseError, EnqueueError, ReactorError, StatementError
 from reactor.jobs import JobRef
 from reactor.metrics import Metrics
 from reactor.routes import Route
 
-__all__ = ["BatchResult", "Dispatcher", "DrainResult"]
+__all__ = ["BatchResult", "Dispatcher", "DrainResult", "Quarantine"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +49,19 @@ Row = tuple[str, str, int, str]
 #: After the prefetch connection of a backlog drain could not be opened, drain on one
 #: connection for this long before trying again.
 PREFETCH_RETRY_SECONDS = 30.0
+#: A type whose claim fails with a statement error is left out of drains for this long,
+#: doubling on each further failure up to the maximum.
+QUARANTINE_BASE_SECONDS = 1.0
+QUARANTINE_MAX_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class Quarantine:
+    """A type left out of drains because its claim fails (a row the claim cannot handle)."""
+
+    failures: int
+    until: float
+    error: str
 
 
 @dataclass(frozen=True)
@@ -107,6 +120,8 @@ class Dispatcher:
         self._database_url = database_url
         self._prefetch_conn: Connection | None = None
         self._prefetch_retry_at = 0.0
+        #: Types whose claim failed with a statement error, and until when they are skipped.
+        self.quarantined: dict[str, Quarantine] = {}
         self._executor: ThreadPoolExecutor | None = None
 
     # -- one transaction, in two halves ----------------------------------------------------
@@ -125,8 +140,9 @@ class Dispatcher:
                 cursor = conn.execute(query, params)
             rows = cursor.fetchall()
         except psycopg.Error as exc:
+            error = db.translate_error(exc, "claim failed", conn)
             _abandon(conn)
-            raise DatabaseError(f"claim failed: {describe_error(exc)}") from exc
+            raise error from exc
         self.metrics.claim_seconds.observe(time.perf_counter() - started)
         return rows
 
@@ -151,8 +167,9 @@ class Dispatcher:
                 self._before_commit()
             conn.commit()
         except psycopg.Error as exc:
+            error = db.translate_error(exc, "COMMIT failed", conn)
             _abandon(conn)
-            raise DatabaseError(f"COMMIT failed: {describe_error(exc)}") from exc
+            raise error from exc
         for job_type, count in result.by_type.items():
             metrics.dispatched.labels(job_type).inc(count)
         if result.already_enqueued:
@@ -174,6 +191,30 @@ class Dispatcher:
         """
         return self._deliver(self.conn, self._claim(self.conn, query, params))
 
+    def _claim_type(self, conn: Connection, job_type: str) -> list[Row]:
+        """Claim a batch of `job_type`; a statement error quarantines the type (logged once)
+        and claims nothing, so one row the claim cannot handle does not stop the others."""
+        try:
+            rows = self._claim(conn, queries.CLAIM_DUE, self._claim_params(job_type))
+        except StatementError as exc:
+            previous = self.quarantined.get(job_type)
+            failures = 1 if previous is None else previous.failures + 1
+            pause = min(QUARANTINE_MAX_SECONDS, QUARANTINE_BASE_SECONDS * 2 ** (failures - 1))
+            self.quarantined[job_type] = Quarantine(failures, time.monotonic() + pause, str(exc))
+            if previous is None:
+                logger.error(
+                    "type_quarantined type=%s error=%s (other types go on; retried with "
+                    "backoff up to %gs)",
+                    job_type,
+                    exc,
+                    QUARANTINE_MAX_SECONDS,
+                )
+            return []
+        if job_type in self.quarantined:
+            del self.quarantined[job_type]
+            logger.info("type_recovered type=%s", job_type)
+        return rows
+
     def claim_batch(self, job_type: str) -> BatchResult:
         """Claim and dispatch up to one batch of due pending rows of `job_type`."""
         return self.dispatch(queries.CLAIM_DUE, self._claim_params(job_type))
@@ -194,7 +235,12 @@ class Dispatcher:
         requested (checked between batches: a batch, once claimed, is always finished) or
         `slice_seconds` have passed (then `more` is set and the caller drains again later)."""
         started = time.monotonic()
-        rotation = deque(t for t in dict.fromkeys(types) if t in self._routes)
+        now = time.monotonic()
+        rotation = deque(
+            t
+            for t in dict.fromkeys(types)
+            if t in self._routes and (t not in self.quarantined or self.quarantined[t].until <= now)
+        )
         total = DrainResult()
         if rotation and not should_stop():
             total = self._drain_rotation(rotation, should_stop, started, slice_seconds)
@@ -220,7 +266,7 @@ class Dispatcher:
         total = DrainResult()
         conn = self.conn
         job_type = rotation.popleft()
-        rows = self._claim(conn, queries.CLAIM_DUE, self._claim_params(job_type))
+        rows = self._claim_type(conn, job_type)
         ahead: Future[list[Row]] | None = None
         other: Connection | None = None
         try:
@@ -239,8 +285,7 @@ class Dispatcher:
                     # A backlog: claim the next batch on the other connection meanwhile.
                     other = self._other_connection(conn)
                     if other is not None:
-                        params = self._claim_params(next_type)
-                        ahead = self._pool().submit(self._claim, other, queries.CLAIM_DUE, params)
+                        ahead = self._pool().submit(self._claim_type, other, next_type)
                 total = total.add(self._deliver(conn, rows))
                 if next_type is None:
                     return total
@@ -248,7 +293,7 @@ class Dispatcher:
                     rows, conn = ahead.result(), other
                     ahead = None
                 else:
-                    rows = self._claim(conn, queries.CLAIM_DUE, self._claim_params(next_type))
+                    rows = self._claim_type(conn, next_type)
                 job_type = next_type
         except BaseException:
             # Whatever failed, no claim of this drain stays open: an open claim would be
@@ -309,7 +354,7 @@ class Dispatcher:
                     queries.NEXT_DUE_IN, {"types": list(self._routes)}
                 ).fetchone()
         except psycopg.Error as exc:
-            raise DatabaseError(f"next-due query failed: {describe_error(exc)}") from exc
+            raise db.translate_error(exc, "next-due query failed", self.conn) from exc
         return None if row is None or row[0] is None else max(0.0, float(row[0]))
 
 

@@ -15,6 +15,7 @@ __all__ = [
     "PermanentError",
     "ReactorError",
     "SchemaError",
+    "StatementError",
 ]
 
 
@@ -36,6 +37,11 @@ class SchemaError(ConfigError):
 
 class DatabaseError(ReactorError):
     """A Postgres operation failed at runtime (the caller reconnects and retries)."""
+
+
+class StatementError(DatabaseError):
+    """A statement failed on a healthy connection (bad data, a constraint, a user's trigger):
+    running it again will fail again, so the caller isolates it instead of reconnecting."""
 
 
 class EnqueueError(ReactorError):

@@ -30,7 +30,7 @@ from reactor import db
 from reactor.dispatch import Dispatcher, DrainResult
 from reactor.doorbell import ArmOutcome, Doorbell
 from reactor.enqueue import Enqueuer, connect_redis
-from reactor.errors import ConfigError, DatabaseError, EnqueueError
+from reactor.errors import ConfigError, DatabaseError, EnqueueError, StatementError
 from reactor.listener import Listener
 from reactor.metrics import HealthCheck, Metrics, serve
 from reactor.redact import redact
@@ -110,6 +110,8 @@ class Reactor:
             metrics=self.metrics,
             database_url=self.settings.database_url,
         )
+        quarantined = self._dispatcher.quarantined
+        self.health.failing_types = lambda: [(t, q.error) for t, q in list(quarantined.items())]
         self._sweeper = Sweeper(
             self._dispatcher,
             self._enqueuer,
@@ -189,6 +191,7 @@ class Reactor:
     def _retrying(self, kind: type[Exception], what: str) -> tenacity.Retrying:
         def log_retry(state: tenacity.RetryCallState) -> None:
             exc = state.outcome.exception() if state.outcome else None
+            self.health.failed(f"{what}: {exc}")
             logger.warning(
                 "%s_retry attempt=%d next_in=%.2fs error=%s",
                 what,
@@ -307,8 +310,9 @@ class Reactor:
                 now = time.monotonic()
                 result: DrainResult | SweepResult
                 if now >= next_sweep:
-                    result = self._sweep()
+                    # Scheduled first: a sweep that fails is retried at the next interval.
                     next_sweep = now + _jittered(interval)
+                    result = self._sweep()
                 elif backlog or (next_due is not None and now >= next_due):
                     result = self._drain(self._types)
                 elif types:
@@ -321,13 +325,21 @@ class Reactor:
                 bell.drained(result.claimed)
                 backlog = result.more
                 due_known = False
+                self.health.succeeded()
             except DatabaseError as exc:
                 if self.stopper.requested:
                     break
                 self._listener_ok()
-                logger.warning("connection_lost error=%s", exc)
-                # A short pause, so an error that a reconnect cannot fix does not spin.
-                self.stopper.sleep(_jittered(ERROR_PAUSE_SECONDS))
+                self.health.failed(str(exc))
+                pause = ERROR_PAUSE_SECONDS
+                if isinstance(exc, StatementError):
+                    # Not a lost connection: the same statement would fail again at once.
+                    logger.error("loop_failed error=%s", exc)
+                    pause = min(BACKOFF_MAX_SECONDS, pause * 2 ** min(self.health.failures, 8))
+                else:
+                    logger.warning("connection_lost error=%s", exc)
+                # A pause, so an error that a reconnect cannot fix does not spin.
+                self.stopper.sleep(_jittered(pause))
             except EnqueueError:
                 # Only reached when a stop interrupted the retries.
                 break

@@ -105,6 +105,10 @@ class Metrics:
         )
 
 
+#: `/healthz` turns 503 after this many failed drains or sweeps in a row.
+FAILURES_BEFORE_UNHEALTHY = 3
+
+
 class HealthCheck:
     """Decides what `/healthz` answers."""
 
@@ -113,14 +117,32 @@ class HealthCheck:
         self._max_age = max_loop_age_seconds
         self.listener_connected = False
         self.last_turn = time.monotonic()
+        self.failures = 0
+        self.last_error = ""
+        #: Job types whose claims fail (set by the loop): (type, error) pairs.
+        self.failing_types: Callable[[], list[tuple[str, str]]] = list
 
     def turned(self) -> None:
         self.last_turn = time.monotonic()
+
+    def failed(self, error: str) -> None:
+        """A drain or a sweep failed (any cause)."""
+        self.failures += 1
+        self.last_error = error
+
+    def succeeded(self) -> None:
+        self.failures = 0
 
     def problem(self) -> str | None:
         """None when healthy, else the reason."""
         if self._listening and not self.listener_connected:
             return "listener disconnected"
+        if self.failures >= FAILURES_BEFORE_UNHEALTHY:
+            return f"{self.failures} failed drains or sweeps in a row: {self.last_error}"
+        failing = self.failing_types()
+        if failing:
+            names = ",".join(sorted(t for t, _ in failing)[:5])
+            return f"claims failing for type {names}: {failing[0][1]}"
         age = time.monotonic() - self.last_turn
         if age > self._max_age:
             return f"main loop stalled for {age:.0f}s"

@@ -21,10 +21,16 @@ __all__ = [
     "REDISPATCH",
 ]
 
-#: Claim up to `limit` due pending rows of one type: a new attempt each, now `active`.
+#: Claim up to `limit` due pending rows of one type: a new attempt each, now `active`. A row
+#: whose attempts are already spent (max_attempts lowered by hand) is failed instead, never
+#: counted past its limit: it comes back with state `failed` and is not enqueued.
 CLAIM_DUE = """
 UPDATE photo_jobs AS j
-   SET state = 'active', attempts = j.attempts + 1
+   SET state = CASE WHEN j.attempts < j.max_attempts THEN 'active' ELSE 'failed' END,
+       attempts = CASE WHEN j.attempts < j.max_attempts THEN j.attempts + 1 ELSE j.attempts END,
+       last_error = CASE WHEN j.attempts < j.max_attempts THEN j.last_error
+                    ELSE format('attempts spent before dispatch: attempt %%s of %%s',
+                                j.attempts, j.max_attempts) END
  WHERE j.ctid = ANY (ARRAY(
          SELECT p.ctid
            FROM photo_jobs AS p

@@ -27,10 +27,10 @@ from datetime import datetime
 import psycopg
 
 from reactor import queries
-from reactor.db import describe_error
+from reactor.db import translate_error
 from reactor.dispatch import BatchResult, Dispatcher
 from reactor.enqueue import ALIVE_STATUSES, QUEUED, STARTED, Enqueuer
-from reactor.errors import DatabaseError, EnqueueError
+from reactor.errors import EnqueueError
 from reactor.jobs import JobRef
 from reactor.routes import Route
 
@@ -193,7 +193,7 @@ class Sweeper:
                 lost += batch.claimed
                 failed += batch.failed
         except psycopg.Error as exc:
-            raise DatabaseError(f"rescue pass failed: {describe_error(exc)}") from exc
+            raise translate_error(exc, "rescue pass failed", conn) from exc
         if rescued or lost or failed:
             logger.warning("rows_rescued stale=%d lost=%d failed=%d", rescued, lost, failed)
         return rescued, lost, failed
@@ -221,7 +221,7 @@ class Sweeper:
                 backlog = conn.execute(queries.BACKLOG).fetchall()
                 ages = conn.execute(queries.OLDEST_DUE_AGE, {"types": self._types}).fetchall()
         except psycopg.Error as exc:
-            raise DatabaseError(f"backlog query failed: {describe_error(exc)}") from exc
+            raise translate_error(exc, "backlog query failed", conn) from exc
         self._metrics.backlog.clear()
         for job_type in self._types:
             for state in ("pending", "active"):
@@ -237,7 +237,7 @@ class Sweeper:
             with conn.transaction():
                 types = [row[0] for row in conn.execute(queries.PENDING_TYPES)]
         except psycopg.Error as exc:
-            raise DatabaseError(f"pending-types query failed: {describe_error(exc)}") from exc
+            raise translate_error(exc, "pending-types query failed", conn) from exc
         unrouted = [t for t in types if t not in self._routes]
         for job_type in unrouted:
             if job_type not in self._warned_unrouted:

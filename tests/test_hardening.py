@@ -9,8 +9,11 @@ idle sockets, a flood from a test connection) and checks the guarantee, not a mo
 from __future__ import annotations
 
 import contextlib
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -19,6 +22,7 @@ from psycopg import sql
 
 from tests.conftest import Env, Process, start_reactor, wait_for
 from tests.helpers import insert_rows, jobs_missing, states
+from tests.servers import free_port
 
 
 def _as_role(url: str, role: str) -> str:
@@ -107,3 +111,93 @@ def test_no_active_row_without_its_job_under_a_connection_limit(
     assert jobs_missing(conn, client) == []
     assert reactor.proc.poll() is None
     assert any("prefetch_unavailable" in line for line in reactor.lines), reactor.output()
+
+
+# -- 2. a row the dispatcher cannot handle is isolated, and /healthz says so ----------------
+
+
+def _health(port: int) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as response:
+            return int(response.status), response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), exc.read().decode()
+
+
+def _by_type(conn: psycopg.Connection[Any]) -> dict[tuple[str, str], int]:
+    return {
+        (t, s): n
+        for t, s, n in conn.execute(
+            "SELECT type, state, count(*) FROM photo_jobs GROUP BY 1, 2"
+        ).fetchall()
+    }
+
+
+def test_poison_row_is_isolated_while_other_types_flow(
+    env: Env, spawn: Callable[..., Process]
+) -> None:
+    conn, client = env.connect(), env.redis()
+    # The schema refuses the row that used to overflow the claim's attempts + 1.
+    with pytest.raises(psycopg.errors.CheckViolation):
+        conn.execute(
+            "INSERT INTO photo_jobs (photo_id, type, attempts) VALUES ('x', 'photo.thumb', 6)"
+        )
+    # A row at its limit is failed by the claim, not counted past it.
+    conn.execute(
+        "INSERT INTO photo_jobs (photo_id, type, attempts, max_attempts)"
+        " VALUES ('spent', 'photo.thumb', 2147483647, 2147483647)"
+    )
+    # A poison row: a user's trigger makes every claim of it fail with a statement error.
+    conn.execute(
+        """CREATE FUNCTION poison() RETURNS trigger LANGUAGE plpgsql AS $$
+           BEGIN RAISE EXCEPTION 'integer out of range' USING ERRCODE = '22003'; END $$;
+           CREATE TRIGGER poison BEFORE UPDATE ON photo_jobs FOR EACH ROW
+           WHEN (NEW.photo_id = 'poison' AND NEW.state = 'active') EXECUTE FUNCTION poison();"""
+    )
+    conn.execute("INSERT INTO photo_jobs (photo_id, type) VALUES ('poison', 'photo.process')")
+    insert_rows(conn, 10)
+    port = free_port()
+    reactor = start_reactor(
+        spawn,
+        "--route",
+        "photo.process=reactor.demo.process_photo",
+        "--route",
+        "photo.thumb=reactor.demo.process_photo",
+        "--sweep-interval",
+        "1",
+        "--metrics-port",
+        str(port),
+        "--metrics-host",
+        "127.0.0.1",
+    )
+    conn.execute(
+        "INSERT INTO photo_jobs (photo_id, type) SELECT 't' || i, 'photo.thumb'"
+        " FROM generate_series(1, 20) AS i"
+    )
+    # The other type flows while the poisoned one is left aside, and health says why.
+    wait_for(
+        lambda: _by_type(conn).get(("photo.thumb", "active")) == 20,
+        timeout=30,
+        what="thumbs dispatched",
+    )
+    _code, body = wait_for(
+        lambda: (h := _health(port))[0] == 503 and h, timeout=30, what="/healthz 503"
+    )
+    assert "photo.process" in body and "integer out of range" in body, body
+    assert _by_type(conn)[("photo.process", "pending")] == 11
+    spent = conn.execute(
+        "SELECT state, attempts, last_error FROM photo_jobs WHERE photo_id = 'spent'"
+    ).fetchone()
+    assert spent is not None and spent[:2] == ("failed", 2147483647), spent
+    assert jobs_missing(conn, client) == []
+    # The cure: the type is retried with backoff and recovers.
+    conn.execute("DROP TRIGGER poison ON photo_jobs")
+    wait_for(
+        lambda: _by_type(conn).get(("photo.process", "active")) == 11,
+        timeout=90,
+        what="the poisoned type recovered",
+    )
+    wait_for(lambda: _health(port)[0] == 200, timeout=30, what="/healthz 200 again")
+    assert sum("type_quarantined" in line for line in reactor.lines) == 1, reactor.output()
+    assert any("type_recovered" in line for line in reactor.lines)
+    assert not any("connection_lost" in line for line in reactor.lines), reactor.output()
