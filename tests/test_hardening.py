@@ -180,9 +180,8 @@ def test_poison_row_is_isolated_while_other_types_flow(
         timeout=30,
         what="thumbs dispatched",
     )
-    _code, body = wait_for(
-        lambda: (h := _health(port))[0] == 503 and h, timeout=30, what="/healthz 503"
-    )
+    wait_for(lambda: _health(port)[0] == 503, timeout=30, what="/healthz 503")
+    body = _health(port)[1]
     assert "photo.process" in body and "integer out of range" in body, body
     assert _by_type(conn)[("photo.process", "pending")] == 11
     spent = conn.execute(
