@@ -14,6 +14,7 @@ from __future__ import annotations
 __all__ = [
     "BACKLOG",
     "CLAIM_DUE",
+    "LEDGER_PROBLEM",
     "LIST_ACTIVE",
     "NEXT_DUE_IN",
     "OLDEST_DUE_AGE",
@@ -135,4 +136,57 @@ SELECT t.type,
            AND coalesce(p.next_retry_at, p.created_at) <= now()
          ORDER BY coalesce(p.next_retry_at, p.created_at)
          LIMIT 1) AS d ON true
+"""
+
+#: Why the migrations must not touch `public.reactor_migrations` and
+#: `public.reactor_migration_begin` as they are (NULL: they are absent, or exactly what sql/0001
+#: makes, owned by the role running the migrations). Migrations insert into that table with
+#: the migrating role's rights, often a superuser's: a table someone else made could run their
+#: code then (a trigger, a rule, a default, an index expression, a policy). sql/0001 runs the
+#: same checks before it creates anything.
+LEDGER_PROBLEM = """
+WITH t AS (SELECT c.oid, c.relkind, c.relowner, c.relrowsecurity
+             FROM pg_catalog.pg_class AS c
+            WHERE c.oid = pg_catalog.to_regclass('public.reactor_migrations')),
+     f AS (SELECT p.proowner
+             FROM pg_catalog.pg_proc AS p
+            WHERE p.oid = pg_catalog.to_regprocedure(
+                      'public.reactor_migration_begin(integer, text)'))
+SELECT CASE
+  WHEN (SELECT relkind FROM t) <> 'r' THEN 'is not a plain table'
+  WHEN (SELECT relowner FROM t) <> (SELECT oid FROM pg_catalog.pg_roles
+                                     WHERE rolname = current_user)
+    THEN pg_catalog.format('is owned by role %%I, not by %%I (the role running the migrations)',
+                           (SELECT relowner FROM t)::regrole, current_user)
+  WHEN (SELECT proowner FROM f) <> (SELECT oid FROM pg_catalog.pg_roles
+                                     WHERE rolname = current_user)
+    THEN pg_catalog.format('has a function reactor_migration_begin owned by role %%I, not by %%I',
+                           (SELECT proowner FROM f)::regrole, current_user)
+  WHEN NOT EXISTS (SELECT 1 FROM t) THEN NULL
+  WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_trigger WHERE tgrelid = (SELECT oid FROM t))
+    THEN 'has triggers'
+  WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_rewrite WHERE ev_class = (SELECT oid FROM t))
+    THEN 'has rules'
+  WHEN (SELECT relrowsecurity FROM t)
+       OR EXISTS (SELECT 1 FROM pg_catalog.pg_policy WHERE polrelid = (SELECT oid FROM t))
+    THEN 'has row-level security policies'
+  WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_inherits
+                WHERE (SELECT oid FROM t) IN (inhrelid, inhparent))
+    THEN 'is part of an inheritance tree'
+  WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_constraint
+                WHERE conrelid = (SELECT oid FROM t) AND contype NOT IN ('p', 'n'))
+       OR EXISTS (SELECT 1 FROM pg_catalog.pg_index
+                   WHERE indrelid = (SELECT oid FROM t) AND NOT indisprimary)
+    THEN 'has constraints or indexes that sql/0001 does not make'
+  WHEN (SELECT pg_catalog.array_agg(a.attname::text || ' ' || a.atttypid::regtype::text
+                                    || ' ' || coalesce(pg_catalog.pg_get_expr(d.adbin, d.adrelid),
+                                                       '')
+                                    ORDER BY a.attnum)
+          FROM pg_catalog.pg_attribute AS a
+          LEFT JOIN pg_catalog.pg_attrdef AS d ON (d.adrelid, d.adnum) = (a.attrelid, a.attnum)
+         WHERE a.attrelid = (SELECT oid FROM t) AND a.attnum > 0 AND NOT a.attisdropped)
+       IS DISTINCT FROM ARRAY['version integer ', 'name text ',
+                              'applied_at timestamp with time zone now()']
+    THEN 'has columns, types or defaults that sql/0001 does not make'
+END
 """

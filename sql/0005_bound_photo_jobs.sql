@@ -7,8 +7,9 @@
 
 SELECT reactor_migration_begin(5, 'bound_photo_jobs');
 
--- Names in this file resolve in pg_catalog, then public, whatever the session's search_path.
-SET LOCAL search_path = pg_catalog, public;
+-- Names in this file resolve in pg_catalog (searched first when not listed), then public, and
+-- objects are created in public, whatever the session's search_path was.
+SET LOCAL search_path = public, pg_temp;
 
 DO $$
 DECLARE
@@ -35,9 +36,9 @@ ALTER TABLE public.photo_jobs
 -- Functions run with the search_path they were made for, not the caller's: a role that can
 -- create objects in a schema on the caller's path cannot shadow what they call.
 ALTER FUNCTION public.reactor_migration_begin(integer, text)
-    SET search_path = pg_catalog, public;
-ALTER FUNCTION public.photo_jobs_touch_updated_at() SET search_path = pg_catalog, public;
-ALTER FUNCTION public.photo_jobs_notify_inserted() SET search_path = pg_catalog, public;
-ALTER FUNCTION public.photo_jobs_notify_pending() SET search_path = pg_catalog, public;
-ALTER FUNCTION public.photo_jobs_doorbell_key() SET search_path = pg_catalog, public;
-ALTER FUNCTION public.photo_jobs_doorbell_stripes() SET search_path = pg_catalog, public;
+    SET search_path = public, pg_temp;
+ALTER FUNCTION public.photo_jobs_touch_updated_at() SET search_path = public, pg_temp;
+ALTER FUNCTION public.photo_jobs_notify_inserted() SET search_path = public, pg_temp;
+ALTER FUNCTION public.photo_jobs_notify_pending() SET search_path = public, pg_temp;
+ALTER FUNCTION public.photo_jobs_doorbell_key() SET search_path = public, pg_temp;
+ALTER FUNCTION public.photo_jobs_doorbell_stripes() SET search_path = public, pg_temp;

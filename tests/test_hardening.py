@@ -9,6 +9,8 @@ idle sockets, a flood from a test connection) and checks the guarantee, not a mo
 from __future__ import annotations
 
 import contextlib
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 import uuid
@@ -20,7 +22,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from tests.conftest import Env, Process, start_reactor, wait_for
+from reactor.db import LATEST_SCHEMA_VERSION
+from tests.conftest import ROOT, Env, Process, start_reactor, wait_for
 from tests.helpers import insert_rows, jobs_missing, states
 from tests.servers import free_port
 
@@ -200,3 +203,104 @@ def test_poison_row_is_isolated_while_other_types_flow(
     assert sum("type_quarantined" in line for line in reactor.lines) == 1, reactor.output()
     assert any("type_recovered" in line for line in reactor.lines)
     assert not any("connection_lost" in line for line in reactor.lines), reactor.output()
+
+
+# -- 3. a migration ledger planted by another role is refused, not adopted -------------------
+
+_PLANT = """
+CREATE TABLE {schema}.reactor_migrations (
+    version    integer PRIMARY KEY,
+    name       text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE FUNCTION {schema}.escalate() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE format('ALTER ROLE %I SUPERUSER', '{role}');
+    RETURN NEW;
+END $$;
+CREATE TRIGGER escalate AFTER INSERT ON {schema}.reactor_migrations
+    FOR EACH ROW EXECUTE FUNCTION {schema}.escalate();
+"""
+
+
+def _is_superuser(env: Env, role: str) -> bool:
+    with psycopg.connect(env.pg_server_url, autocommit=True) as admin:
+        row = admin.execute("SELECT rolsuper FROM pg_roles WHERE rolname = %s", [role]).fetchone()
+    assert row is not None
+    return bool(row[0])
+
+
+def test_migrate_refuses_a_ledger_planted_by_the_database_owner(
+    env: Env, make_empty_database: Callable[[], str]
+) -> None:
+    with _role(env) as attacker:
+        url = make_empty_database()
+        dbname = urlsplit(url).path.lstrip("/")
+        with psycopg.connect(env.pg_server_url, autocommit=True) as admin:
+            admin.execute(
+                sql.SQL("ALTER DATABASE {} OWNER TO {}").format(
+                    sql.Identifier(dbname), sql.Identifier(attacker)
+                )
+            )
+            superuser = str(admin.execute("SELECT current_user").fetchone()[0])  # type: ignore[index]
+        # The database owner (not a superuser) plants a ledger whose trigger makes it one, in
+        # public, and in a schema named after the superuser (first on its default search_path).
+        with psycopg.connect(_as_role(url, attacker), autocommit=True) as conn:
+            conn.execute(_PLANT.format(schema="public", role=attacker).encode())
+        run_env = env.process_env(DATABASE_URL=url)
+        result = subprocess.run(
+            [sys.executable, "-m", "reactor", "migrate"],
+            env=run_env,
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=60,
+        )
+        assert result.returncode != 0
+        assert result.stderr.count("\n") == 1, result.stderr
+        assert "refusing to migrate: public.reactor_migrations is owned by role" in result.stderr
+        assert not _is_superuser(env, attacker)
+        # psql runs sql/0001 by hand: refused by the file itself.
+        psql = subprocess.run(
+            [
+                "psql",
+                "-X",
+                "-q",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-1",
+                "-d",
+                url,
+                "-f",
+                str(ROOT / "sql" / "0001_create_photo_jobs.sql"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert psql.returncode != 0
+        assert "refusing to migrate: public.reactor_migrations is owned by role" in psql.stderr
+        assert not _is_superuser(env, attacker)
+        # The same trap in a schema named after the superuser: never looked at.
+        with psycopg.connect(_as_role(url, attacker), autocommit=True) as conn:
+            conn.execute("DROP TABLE public.reactor_migrations")
+            conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(superuser)))
+            conn.execute(_PLANT.format(schema=f'"{superuser}"', role=attacker).encode())
+        result = subprocess.run(
+            [sys.executable, "-m", "reactor", "migrate"],
+            env=run_env,
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=60,
+        )
+        assert result.returncode == 0, result.stderr
+        assert not _is_superuser(env, attacker)
+        with psycopg.connect(url, autocommit=True) as conn:
+            planted = sql.SQL("SELECT count(*) FROM {}.reactor_migrations").format(
+                sql.Identifier(superuser)
+            )
+            assert conn.execute(planted).fetchone() == (0,)
+            assert conn.execute("SELECT count(*) FROM public.reactor_migrations").fetchone() == (
+                LATEST_SCHEMA_VERSION,
+            )
