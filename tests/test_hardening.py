@@ -9,12 +9,16 @@ idle sockets, a flood from a test connection) and checks the guarantee, not a mo
 from __future__ import annotations
 
 import contextlib
+import os
+import pickle
 import subprocess
 import sys
 import urllib.error
 import urllib.request
 import uuid
+import zlib
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -23,6 +27,7 @@ import pytest
 from psycopg import sql
 
 from reactor.db import LATEST_SCHEMA_VERSION
+from reactor.jobs import job_id
 from tests.conftest import ROOT, Env, Process, start_reactor, wait_for
 from tests.helpers import insert_rows, jobs_missing, states
 from tests.servers import free_port
@@ -304,3 +309,52 @@ def test_migrate_refuses_a_ledger_planted_by_the_database_owner(
             assert conn.execute("SELECT count(*) FROM public.reactor_migrations").fetchone() == (
                 LATEST_SCHEMA_VERSION,
             )
+
+
+# -- 4. the reactor never unpickles what it finds in Redis ------------------------------------
+
+
+class _Payload:
+    """Unpickling this runs `touch MARKER`."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_planted_pickle_in_a_leftover_job_is_never_unpickled(
+    env: Env, spawn: Callable[..., Process], tmp_path: Path
+) -> None:
+    conn, client = env.connect(), env.redis()
+    marker = tmp_path / "pwned"
+    planted = job_id("photo.process", "p1", 1)
+    evil = pickle.dumps(_Payload(marker))
+    # A finished job "left over" under the id of the row's first attempt, with pickled fields
+    # that run code when loaded (RQ stores `data` zlib-compressed, `meta` plain).
+    client.hset(
+        f"rq:job:{planted}",
+        mapping={
+            "status": "finished",
+            "origin": "photo-process",
+            "data": zlib.compress(evil),
+            "meta": evil,
+            "created_at": "2026-01-01T00:00:00.000000Z",
+        },
+    )
+    client.zadd("rq:finished:photo-process", {planted: 1})
+    start_reactor(spawn)
+    conn.execute("INSERT INTO photo_jobs (photo_id, type) VALUES ('p1', 'photo.process')")
+    # The leftover is replaced by the new attempt's job ...
+    wait_for(
+        lambda: client.hget(f"rq:job:{planted}", "status") == b"queued",
+        timeout=20,
+        what="the leftover replaced",
+    )
+    wait_for(lambda: states(conn) == {"active": 1}, timeout=10, what="claim committed")
+    assert client.lrange("rq:queue:photo-process", 0, -1) == [planted.encode()]
+    assert client.zscore("rq:finished:photo-process", planted) is None
+    assert client.hget(f"rq:job:{planted}", "meta") != evil
+    # ... and the planted pickle never ran.
+    assert not marker.exists()
