@@ -171,7 +171,7 @@ def _dispatch_options(func: F) -> F:
     func = click.option(
         "--metrics-host",
         envvar="REACTOR_METRICS_HOST",
-        default="0.0.0.0",
+        default="127.0.0.1",
         show_default=True,
         show_envvar=True,
         help="Address the metrics server binds.",

@@ -56,7 +56,7 @@ class ReactorSettings:
     doorbell: DoorbellMode = DoorbellMode.ADAPTIVE
     poll_interval_seconds: float = DEFAULT_POLL_INTERVAL_SECONDS
     metrics_port: int | None = None
-    metrics_host: str = "0.0.0.0"
+    metrics_host: str = "127.0.0.1"
     job_timeout_seconds: int | None = None
 
     def __post_init__(self) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import socket
 import subprocess
 import sys
 import urllib.error
@@ -358,3 +359,48 @@ def test_planted_pickle_in_a_leftover_job_is_never_unpickled(
     assert client.hget(f"rq:job:{planted}", "meta") != evil
     # ... and the planted pickle never ran.
     assert not marker.exists()
+
+
+# -- 5. idle HTTP clients cannot starve /healthz, dispatch or the file descriptors -----------
+
+
+def _open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_idle_http_clients_do_not_starve_health_or_dispatch(
+    env: Env, spawn: Callable[..., Process]
+) -> None:
+    conn, client = env.connect(), env.redis()
+    port = free_port()
+    reactor = start_reactor(spawn, "--metrics-port", str(port))  # loopback by default
+    assert _health(port)[0] == 200
+    fds_before = _open_fds(reactor.proc.pid)
+    idle = []
+    try:
+        for _ in range(250):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+            idle.append(sock)
+        # Held open, sending nothing: health still answers, and rows are still dispatched.
+        for i in range(5):
+            assert _health(port) == (200, "ok\n")
+            conn.execute(
+                "INSERT INTO photo_jobs (photo_id, type) VALUES (%s, 'photo.process')", [f"h{i}"]
+            )
+            wanted = job_id("photo.process", f"h{i}", 1).encode()
+            wait_for(
+                lambda wanted=wanted: wanted in client.lrange("rq:queue:photo-process", 0, -1),  # type: ignore[misc]
+                timeout=10,
+                what="a row dispatched while 250 clients idle",
+            )
+        assert _open_fds(reactor.proc.pid) < fds_before + 64
+        # The idle ones are disconnected (capped at once, the rest after the client timeout).
+        for sock in idle:
+            sock.settimeout(30)
+            assert sock.recv(1) == b""
+    finally:
+        for sock in idle:
+            sock.close()
+    assert _health(port)[0] == 200
+    assert "Traceback" not in reactor.output()
+    assert reactor.proc.poll() is None
