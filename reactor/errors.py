@@ -11,6 +11,7 @@ __all__ = [
     "ConfigError",
     "DatabaseError",
     "EnqueueError",
+    "InvalidJobError",
     "MigrationError",
     "PermanentError",
     "ReactorError",
@@ -37,6 +38,12 @@ class SchemaError(ConfigError):
 
 class DatabaseError(ReactorError):
     """A Postgres operation failed at runtime (the caller reconnects and retries)."""
+
+
+class InvalidJobError(ReactorError):
+    """A job given to `submit()` is malformed (empty or too long photo id, bad type)."""
+
+    exit_code = 2
 
 
 class StatementError(DatabaseError):

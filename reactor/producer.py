@@ -11,6 +11,8 @@ from typing import Any
 
 import psycopg
 
+from reactor.validate import check_job_type, check_photo_id
+
 __all__ = ["DEFAULT_JOB_TYPE", "submit"]
 
 DEFAULT_JOB_TYPE = "photo.process"
@@ -54,8 +56,11 @@ def submit(
         True when a row was inserted or re-armed; False when it was already pending/active.
 
     Raises:
-        psycopg.Error: the insert failed (for example a type the table's CHECK rejects).
+        InvalidJobError: `photo_id` or `type` is out of bounds (checked before the database).
+        psycopg.Error: the insert failed.
     """
+    check_photo_id(photo_id)
+    check_job_type(type)
     row = conn.execute(
         _SUBMIT,
         {"photo_id": photo_id, "type": type, "run_at": run_at, "max_attempts": max_attempts},

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import re
 import socket
 import subprocess
 import sys
@@ -28,9 +29,11 @@ import pytest
 from psycopg import sql
 
 from reactor.db import LATEST_SCHEMA_VERSION
+from reactor.errors import InvalidJobError
 from reactor.jobs import job_id
+from reactor.producer import submit
 from tests.conftest import ROOT, Env, Process, start_reactor, wait_for
-from tests.helpers import insert_rows, jobs_missing, states
+from tests.helpers import insert_rows, jobs_missing, queue_ids, states
 from tests.servers import free_port
 
 
@@ -404,3 +407,57 @@ def test_idle_http_clients_do_not_starve_health_or_dispatch(
     assert _health(port)[0] == 200
     assert "Traceback" not in reactor.output()
     assert reactor.proc.poll() is None
+
+
+# -- 7. photo ids and types are bounded, and so are job ids -----------------------------------
+
+
+def test_long_or_empty_ids_are_refused_and_job_ids_stay_bounded(
+    env: Env, spawn: Callable[..., Process]
+) -> None:
+    conn, client = env.connect(), env.redis()
+    closed = env.connect()
+    closed.close()
+    # Refused before the database (the connection is closed: it is never used).
+    for photo_id, job_type in [
+        ("x" * 256, "photo.process"),
+        ("é" * 128, "photo.process"),  # 256 bytes
+        ("", "photo.process"),
+        ("ok", ""),
+        ("ok", "a" * 129),
+        ("ok", "photo process"),
+    ]:
+        with pytest.raises(InvalidJobError) as caught:
+            submit(closed, photo_id, job_type)
+        assert "\n" not in str(caught.value) and len(str(caught.value)) < 120
+    # The CLI: one line, exit 2, nothing inserted.
+    result = subprocess.run(
+        [sys.executable, "-m", "reactor", "submit", "y" * 100_000],
+        env=env.process_env(),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and len(result.stderr) < 200, result.stderr[:300]
+    # The schema holds the same bound for writers that bypass submit().
+    with pytest.raises(psycopg.errors.CheckViolation):
+        conn.execute(
+            "INSERT INTO photo_jobs (photo_id, type) VALUES (repeat('z', 256), 'photo.process')"
+        )
+    assert states(conn) == {}
+    # The longest ids allowed, of characters that each take 6 in the encoding, make bounded,
+    # distinct, RQ-valid job ids, and are dispatched.
+    longest = ["é" * 127 + "a", "é" * 127 + "b", "~" * 255]
+    ids = {job_id("photo.process", p, 1) for p in longest}
+    assert len(ids) == 3 and all(len(i) <= 412 and re.fullmatch(r"[A-Za-z0-9_-]+", i) for i in ids)
+    assert job_id("photo.process", longest[0], 1) in ids  # deterministic
+    start_reactor(spawn)
+    for photo_id in longest:
+        submit(conn, photo_id)
+    wait_for(lambda: states(conn) == {"active": 3}, timeout=20, what="long ids dispatched")
+    assert set(queue_ids(client)) == ids
+    for jid in ids:
+        assert client.memory_usage(f"rq:job:{jid}") < 8192  # type: ignore[operator]
+        assert client.hget(f"rq:job:{jid}", "status") == b"queued"
