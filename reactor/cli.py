@@ -17,6 +17,7 @@ from dataclasses import asdict, replace
 from typing import Any, TypeVar
 
 import click
+from click.core import ParameterSource
 
 from reactor import __version__, admin, db
 from reactor.doorbell import DoorbellMode
@@ -25,7 +26,7 @@ from reactor.logs import configure_logging
 from reactor.loop import Reactor
 from reactor.migrate import migrate as apply_migrations
 from reactor.producer import DEFAULT_JOB_TYPE, submit
-from reactor.redact import redact
+from reactor.redact import has_password, redact
 from reactor.routes import DEMO_ROUTE, Route, parse_routes
 from reactor.settings import (
     DEFAULT_BATCH_SIZE,
@@ -65,12 +66,26 @@ class _Group(click.Group):
             ctx.exit(1)
 
 
+def _warn_password_flag(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """A password given as a flag is visible to every local user (`ps`): say so, once."""
+    source = ctx.get_parameter_source(param.name or "")
+    if value and source is ParameterSource.COMMANDLINE and has_password(value):
+        logger.warning(
+            "password_on_command_line option=%s (visible to other users in ps; put the URL "
+            "in %s instead)",
+            param.opts[0],
+            param.envvar,
+        )
+    return value
+
+
 def _database_option(func: F) -> F:
     return click.option(
         "--database-url",
         envvar="DATABASE_URL",
         default="",
         show_envvar=True,
+        callback=_warn_password_flag,
         help="Postgres URL (default: libpq defaults, PG* variables, local socket).",
     )(func)
 
@@ -106,6 +121,7 @@ def _dispatch_options(func: F) -> F:
         default=DEFAULT_REDIS_URL,
         show_default=True,
         show_envvar=True,
+        callback=_warn_password_flag,
         help="Redis URL of the RQ queues.",
     )(func)
     func = click.option(

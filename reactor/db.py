@@ -14,7 +14,7 @@ import psycopg
 from psycopg.rows import TupleRow
 
 from reactor.errors import ConfigError, DatabaseError, SchemaError, StatementError
-from reactor.redact import redact
+from reactor.redact import ambiguous_userinfo, redact
 
 __all__ = [
     "LATEST_SCHEMA_VERSION",
@@ -30,6 +30,12 @@ __all__ = [
 LATEST_SCHEMA_VERSION = 5
 
 Connection = psycopg.Connection[TupleRow]
+
+#: Why a URL with a raw `@`, `/`, `?` or `#` in its password is refused (without echoing it).
+_AMBIGUOUS = (
+    "the user name or password holds a raw '@', '/', '?' or '#'; "
+    "percent-encode them (e.g. '@' as %40)"
+)
 
 _KEEPALIVES: dict[str, Any] = {
     "keepalives": 1,
@@ -68,6 +74,8 @@ def connect(url: str, *, autocommit: bool = False, purpose: str = "work") -> Con
         ConfigError: the URL is malformed (a retry cannot help).
         DatabaseError: the server could not be reached or refused us.
     """
+    if ambiguous_userinfo(url):
+        raise ConfigError(f"bad database URL: {_AMBIGUOUS}")
     try:
         return psycopg.connect(
             url,

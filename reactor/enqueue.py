@@ -38,7 +38,7 @@ from rq.results import Result
 
 from reactor.errors import ConfigError, EnqueueError
 from reactor.jobs import ENTRY_POINT, JobRef
-from reactor.redact import redact
+from reactor.redact import ambiguous_userinfo, redact
 from reactor.routes import Route
 from reactor.settings import FAILED_JOB_TTL_SECONDS
 
@@ -89,6 +89,11 @@ def connect_redis(url: str) -> redis.Redis:
     Raises:
         ConfigError: the URL is malformed.
     """
+    if ambiguous_userinfo(url):
+        raise ConfigError(
+            "bad Redis URL: the user name or password holds a raw '@', '/', '?' or '#'; "
+            "percent-encode them (e.g. '@' as %40)"
+        )
     try:
         return redis.Redis.from_url(url, health_check_interval=30)
     except ValueError as exc:

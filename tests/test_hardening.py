@@ -461,3 +461,42 @@ def test_long_or_empty_ids_are_refused_and_job_ids_stay_bounded(
     for jid in ids:
         assert client.memory_usage(f"rq:job:{jid}") < 8192  # type: ignore[operator]
         assert client.hget(f"rq:job:{jid}", "status") == b"queued"
+
+
+# -- 8. passwords: warned about on the command line, never echoed by a parse error ----------
+
+
+def _cli(env: Env, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "reactor", *args],
+        env=env.process_env(**extra),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+
+
+def test_password_flags_are_warned_about_and_never_echoed(env: Env) -> None:
+    parts = urlsplit(env.database_url)
+    host = f"{parts.hostname}:{parts.port or 5432}"
+    with_password = f"postgresql://postgres:S3cretPW@{host}{parts.path}"  # trust: ignored
+    flagged = _cli(env, "status", "--json", "--database-url", with_password)
+    assert flagged.returncode == 0, flagged.stderr
+    warnings = [line for line in flagged.stderr.splitlines() if "password_on_command_line" in line]
+    assert len(warnings) == 1 and "DATABASE_URL" in warnings[0], flagged.stderr
+    assert "S3cretPW" not in flagged.stderr + flagged.stdout
+    quiet = _cli(env, "status", "--json", DATABASE_URL=with_password)
+    assert quiet.returncode == 0 and "password_on_command_line" not in quiet.stderr
+    # A raw '@' or '/' in a password: refused in one line that holds no piece of it.
+    for name, url in [
+        ("DATABASE_URL", f"postgresql://u:pQ7@zX9@{host}/db"),
+        ("DATABASE_URL", f"postgresql://u:pQ7/zX9@{host}/db"),
+        ("DATABASE_URL", f"postgresql://u:pQ7@k/zX9@{host}/db"),
+        ("REDIS_URL", "redis://:pQ7@zX9@127.0.0.1:1/0"),
+        ("REDIS_URL", "redis://:pQ7/zX9@127.0.0.1:1/0"),
+    ]:
+        result = _cli(env, "sweep", **{name: url})
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.count("\n") == 1, result.stderr
+        assert "pQ7" not in result.stderr and "zX9" not in result.stderr, result.stderr
