@@ -37,6 +37,7 @@ from reactor.redact import redact
 from reactor.settings import ReactorSettings
 from reactor.signals import Stopper
 from reactor.sweep import Sweeper, SweepResult
+from reactor.throttle import LogThrottle
 
 __all__ = ["Reactor"]
 
@@ -82,6 +83,7 @@ class Reactor:
         self._sweeper: Sweeper | None = None
         self._before_commit = before_commit
         self._warned_unknown: set[str] = set()
+        self._ignored_log = LogThrottle(burst=10, interval_seconds=60.0)
         self.metrics = Metrics()
         self._bell = Doorbell(
             settings.doorbell,
@@ -269,9 +271,15 @@ class Reactor:
             if payload in self.settings.routes:
                 types.add(payload)
             elif payload not in self._warned_unknown and len(self._warned_unknown) < 1000:
-                # A hint for a type we do not route (or garbage on the channel): ignore it.
+                # A hint for a type we do not route (or garbage on the channel): ignore it,
+                # saying so a few times a minute at most (anyone may NOTIFY).
                 self._warned_unknown.add(payload)
-                logger.warning("notification_ignored payload=%r (no route)", payload[:200])
+                if self._ignored_log.allow():
+                    logger.warning(
+                        "notification_ignored payload=%r (no route) suppressed=%d",
+                        payload[:200],
+                        self._ignored_log.suppressed(),
+                    )
         return types
 
     def run(self) -> None:

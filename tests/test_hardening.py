@@ -33,7 +33,7 @@ from reactor.errors import InvalidJobError
 from reactor.jobs import job_id
 from reactor.producer import submit
 from tests.conftest import ROOT, Env, Process, start_reactor, wait_for
-from tests.helpers import insert_rows, jobs_missing, queue_ids, states
+from tests.helpers import insert_rows, jobs_missing, metric, queue_ids, scrape, states
 from tests.servers import free_port
 
 
@@ -500,3 +500,34 @@ def test_password_flags_are_warned_about_and_never_echoed(env: Env) -> None:
         assert result.returncode == 2, result.stderr
         assert result.stderr.count("\n") == 1, result.stderr
         assert "pQ7" not in result.stderr and "zX9" not in result.stderr, result.stderr
+
+
+# -- 6. junk types cannot flood metrics or logs -----------------------------------------------
+
+
+def test_junk_types_keep_metrics_series_and_log_lines_bounded(
+    env: Env, spawn: Callable[..., Process]
+) -> None:
+    conn = env.connect()
+    port = free_port()
+    reactor = start_reactor(spawn, "--metrics-port", str(port), "--sweep-interval", "1")
+    # 20,000 distinct types nobody routes (their notifications reach the reactor too).
+    conn.execute(
+        "INSERT INTO photo_jobs (photo_id, type)"
+        " SELECT 'p', 'junk.' || i FROM generate_series(1, 20000) AS i"
+    )
+    for i in range(2000):
+        conn.execute("SELECT pg_notify('photo_jobs', %s)", [f"noise.{i}"])
+    wait_for(
+        lambda: metric(scrape(port), "reactor_sweeps_total") >= 3, timeout=120, what="3 sweeps"
+    )
+    text = scrape(port)
+    typed = [line for line in text.splitlines() if 'type="' in line and not line.startswith("#")]
+    assert len(typed) <= 20, typed
+    assert 'reactor_backlog{state="pending",type="(unrouted)"} 20000.0' in text, text[-2000:]
+    assert len(text) < 20_000
+    log = reactor.lines
+    assert sum("unrouted_type " in line for line in log) == 10, reactor.output()[-3000:]
+    assert sum("unrouted_types count=20000" in line for line in log) == 1
+    assert sum("notification_ignored" in line for line in log) <= 10
+    assert len(reactor.output()) < 20_000
