@@ -51,6 +51,9 @@ ERROR_PAUSE_SECONDS = 0.2
 #: A drain returns to the loop after this long even if rows keep coming (and the loop drains
 #: again at once), so that sweeps, rescues, timers and stop requests are never starved.
 DRAIN_SLICE_SECONDS = 1.0
+#: After a drain for notified types found nothing, drain notified types again only this much
+#: later (a row's notification waits at most this long, and only during a flood of hints).
+HINT_DRAIN_GAP_SECONDS = 0.01
 #: Look up the next due time before any wait that may last longer than this (not before
 #: every 2 ms poll: a poll finds rows that became due anyway).
 NEXT_DUE_LOOKUP_SECONDS = 0.05
@@ -84,6 +87,8 @@ class Reactor:
         self._before_commit = before_commit
         self._warned_unknown: set[str] = set()
         self._ignored_log = LogThrottle(burst=10, interval_seconds=60.0)
+        self._hinted: set[str] = set()  # notified types waiting for the gap to end
+        self._hints_due = 0.0
         self.metrics = Metrics()
         self._bell = Doorbell(
             settings.doorbell,
@@ -260,6 +265,11 @@ class Reactor:
         if self._listener is None:
             self.stopper.sleep(timeout)
             return []
+        if self._hinted:
+            # Hints are held back until the gap ends: let notifications pile up meanwhile
+            # rather than wake for each (the listener reads them all at once afterwards).
+            self.stopper.sleep(timeout)
+            timeout = 0.0
         payloads = self._listener.wait(timeout, self.stopper.fileno())
         if payloads:
             self.metrics.notifications.inc(len(payloads))
@@ -280,6 +290,16 @@ class Reactor:
                         payload[:200],
                         self._ignored_log.suppressed(),
                     )
+        return types
+
+    def _hints(self, types: set[str]) -> set[str]:
+        """The notified types to drain now: none while the gap after an empty hinted drain
+        lasts (they are kept), all kept ones once it is over."""
+        if time.monotonic() < self._hints_due:
+            self._hinted |= types
+            return set()
+        types |= self._hinted
+        self._hinted = set()
         return types
 
     def run(self) -> None:
@@ -304,14 +324,20 @@ class Reactor:
                 bell_in = 0.0 if backlog else bell.timeout(now)
                 if not due_known and (bell_in is None or bell_in > NEXT_DUE_LOOKUP_SECONDS):
                     next_due, due_known = self._next_due(), True
+                hinted_at = self._hints_due if self._hinted else None
                 deadline = min(
                     t
-                    for t in (next_sweep, next_due, None if bell_in is None else now + bell_in)
+                    for t in (
+                        next_sweep,
+                        next_due,
+                        None if bell_in is None else now + bell_in,
+                        hinted_at,
+                    )
                     if t is not None
                 )
                 payloads = self._wait(deadline - now)
-                types = self._routed(payloads)
-                if payloads:
+                types = self._hints(self._routed(payloads))
+                if types or (payloads and not self._hinted):
                     bell.rung(routed=bool(types))
                 if self.stopper.requested:
                     break
@@ -325,6 +351,10 @@ class Reactor:
                     result = self._drain(self._types)
                 elif types:
                     result = self._drain(types)
+                    if not result.claimed:
+                        # Hints that find nothing (a NOTIFY flood costs us a claim each):
+                        # the next ones wait a little and are drained together.
+                        self._hints_due = time.monotonic() + HINT_DRAIN_GAP_SECONDS
                 elif bell.should_poll():
                     self.metrics.polls.inc()
                     result = self._drain(self._types)

@@ -15,6 +15,8 @@ import re
 import socket
 import subprocess
 import sys
+import threading
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -33,7 +35,7 @@ from reactor.errors import InvalidJobError
 from reactor.jobs import job_id
 from reactor.producer import submit
 from tests.conftest import ROOT, Env, Process, start_reactor, wait_for
-from tests.helpers import insert_rows, jobs_missing, metric, queue_ids, scrape, states
+from tests.helpers import armed_by, insert_rows, jobs_missing, metric, queue_ids, scrape, states
 from tests.servers import free_port
 
 
@@ -531,3 +533,81 @@ def test_junk_types_keep_metrics_series_and_log_lines_bounded(
     assert sum("unrouted_types count=20000" in line for line in log) == 1
     assert sum("notification_ignored" in line for line in log) <= 10
     assert len(reactor.output()) < 20_000
+
+
+# -- 9. a NOTIFY flood costs bounded CPU, and real rows still go out quickly ------------------
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_notify_flood_costs_bounded_cpu_and_rows_still_flow(
+    env: Env, spawn: Callable[..., Process]
+) -> None:
+    conn, client = env.connect(), env.redis()
+    reactor = start_reactor(spawn)
+    pid = reactor.proc.pid
+    wait_for(lambda: armed_by(conn) is not None, timeout=20, what="the doorbell armed")
+    # The flood runs in the server: a procedure that commits one NOTIFY per transaction
+    # (identical notifications of one transaction are folded into one) for a while.
+    conn.execute(
+        """CREATE PROCEDURE flood(seconds float8, per_second int, INOUT sent bigint)
+           LANGUAGE plpgsql AS $$
+           DECLARE
+               started float8 := extract(epoch FROM clock_timestamp());
+           BEGIN
+               sent := 0;
+               WHILE extract(epoch FROM clock_timestamp()) < started + seconds LOOP
+                   PERFORM pg_notify('photo_jobs', 'photo.process');
+                   COMMIT;
+                   sent := sent + 1;
+                   IF sent % 100 = 0 THEN  -- keep to the rate
+                       PERFORM pg_sleep(greatest(0, started + sent::float8 / per_second
+                                                    - extract(epoch FROM clock_timestamp())));
+                   END IF;
+               END LOOP;
+           END $$"""
+    )
+    flood_seconds = 8.0
+    sent: list[int] = []
+
+    def flood() -> None:
+        with psycopg.connect(env.database_url, autocommit=True) as noisy:
+            row = noisy.execute("CALL flood(%s, 10000, 0)", [flood_seconds]).fetchone()
+            sent.append(int(row[0]) if row else 0)
+
+    thread = threading.Thread(target=flood, daemon=True)
+    flood_started = time.monotonic()
+    thread.start()
+    time.sleep(1.0)  # the flood under way (a warm-up, not a synchronisation)
+    cpu_start, wall_start = _cpu_seconds(pid), time.monotonic()
+    delays = []
+    for i in range(10):
+        conn.execute(
+            "INSERT INTO photo_jobs (photo_id, type) VALUES (%s, 'photo.process')", [f"f{i}"]
+        )
+        committed = time.monotonic()
+        wanted = job_id("photo.process", f"f{i}", 1).encode()
+        wait_for(
+            lambda wanted=wanted: wanted in client.lrange("rq:queue:photo-process", 0, -1),  # type: ignore[misc]
+            timeout=10,
+            interval=0.001,
+            what="a row dispatched during the flood",
+        )
+        delays.append(time.monotonic() - committed)
+        time.sleep(0.4)  # spacing the rows out over the flood
+    wall = time.monotonic() - wall_start
+    cpu = (_cpu_seconds(pid) - cpu_start) / wall
+    thread.join(timeout=30)
+    assert wall_start + wall < flood_started + flood_seconds, "the flood ended too early"
+    rate = sent[0] / flood_seconds
+    print(
+        f"flood {rate:.0f} NOTIFY/s: reactor CPU {cpu:.3f} s/s; dispatch delay during the "
+        f"flood median {sorted(delays)[5] * 1000:.1f} ms, max {max(delays) * 1000:.1f} ms"
+    )
+    assert rate > 1000, f"the flood was too thin to test anything: {rate:.0f}/s"
+    assert cpu < 0.25, f"reactor CPU {cpu:.3f} s per s under {rate:.0f} NOTIFY/s"
+    assert max(delays) < 0.5, delays
+    assert reactor.proc.poll() is None
