@@ -611,3 +611,41 @@ def test_notify_flood_costs_bounded_cpu_and_rows_still_flow(
     assert cpu < 0.25, f"reactor CPU {cpu:.3f} s per s under {rate:.0f} NOTIFY/s"
     assert max(delays) < 0.5, delays
     assert reactor.proc.poll() is None
+
+
+def test_a_session_holding_a_doorbell_key_does_not_keep_the_reactor_spinning(
+    env: Env, spawn: Callable[..., Process]
+) -> None:
+    conn, client = env.connect(), env.redis()
+    port = free_port()
+    start_reactor(spawn, "--metrics-port", str(port))
+    wait_for(lambda: armed_by(conn) is not None, timeout=20, what="the doorbell armed")
+    # Wake the reactor (it releases the keys and polls), while a session holds one key in
+    # shared mode for good, as a writer in flight would: every arm attempt now fails.
+    holder = env.connect()
+    holder.execute("BEGIN")
+    conn.execute("INSERT INTO photo_jobs (photo_id, type) VALUES ('wake', 'photo.process')")
+    wait_for(lambda: armed_by(conn) is None, timeout=20, what="the doorbell released")
+    holder.execute("SELECT pg_advisory_lock_shared(photo_jobs_doorbell_key())")
+    wait_for(
+        lambda: metric(scrape(port), 'reactor_doorbell_arm_attempts_total{outcome="busy"}') >= 3,
+        timeout=20,
+        what="failed arms",
+    )
+    time.sleep(2.0)  # let the backoff reach its cap (a settling time, not a synchronisation)
+    before, started = scrape(port), time.monotonic()
+    time.sleep(3.0)  # the measurement window
+    after, wall = scrape(port), time.monotonic() - started
+    busy = 'reactor_doorbell_arm_attempts_total{outcome="busy"}'
+    arms = (metric(after, busy) - metric(before, busy)) / wall
+    polls = (metric(after, "reactor_polls_total") - metric(before, "reactor_polls_total")) / wall
+    print(f"key held: {arms:.1f} failed arms/s, {polls:.0f} polls/s")
+    assert arms <= 3, arms
+    assert polls <= 150, polls
+    # Rows still go out, by polling (their writers skip NOTIFY: nobody is armed).
+    conn.execute("INSERT INTO photo_jobs (photo_id, type) VALUES ('late', 'photo.process')")
+    committed = time.monotonic()
+    wanted = job_id("photo.process", "late", 1).encode()
+    wait_for(lambda: wanted in client.lrange("rq:queue:photo-process", 0, -1), timeout=5)
+    assert time.monotonic() - committed < 0.5
+    holder.execute("ROLLBACK")
