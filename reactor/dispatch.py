@@ -235,11 +235,11 @@ class Dispatcher:
         requested (checked between batches: a batch, once claimed, is always finished) or
         `slice_seconds` have passed (then `more` is set and the caller drains again later)."""
         started = time.monotonic()
-        now = time.monotonic()
+        quarantined = self.quarantined
         rotation = deque(
             t
             for t in dict.fromkeys(types)
-            if t in self._routes and (t not in self.quarantined or self.quarantined[t].until <= now)
+            if t in self._routes and (t not in quarantined or quarantined[t].until <= started)
         )
         total = DrainResult()
         if rotation and not should_stop():
@@ -314,7 +314,10 @@ class Dispatcher:
             return None
         if current is not self.conn:
             return self.conn
-        if self._prefetch_conn is None or self._prefetch_conn.closed:
+        prefetch = self._prefetch_conn
+        if prefetch is None or prefetch.closed or prefetch.broken:
+            if prefetch is not None:
+                prefetch.close()
             self._prefetch_conn = None
             now = time.monotonic()
             if now < self._prefetch_retry_at:
