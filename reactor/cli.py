@@ -17,6 +17,7 @@ from dataclasses import asdict, replace
 from typing import Any, TypeVar
 
 import click
+from click.core import ParameterSource
 
 from reactor import __version__, admin, db
 from reactor.doorbell import DoorbellMode
@@ -26,8 +27,8 @@ from reactor.logs import configure_logging
 from reactor.loop import Reactor
 from reactor.migrate import migrate as apply_migrations
 from reactor.pause import pause_types, resume_types, who
-from reactor.producer import DEFAULT_JOB_TYPE, submit, validate_job
-from reactor.redact import redact
+from reactor.producer import DEFAULT_JOB_TYPE, submit
+from reactor.redact import has_password, redact
 from reactor.registry import load_routes
 from reactor.retention import DEFAULT_PRUNE_BATCH_SIZE
 from reactor.routes import Route, parse_routes
@@ -41,6 +42,7 @@ from reactor.settings import (
 )
 from reactor.signals import Stopper
 from reactor.status import format_status, read_status
+from reactor.validate import validate_job
 
 __all__ = ["cli", "main"]
 
@@ -69,12 +71,26 @@ class _Group(click.Group):
             ctx.exit(1)
 
 
+def _warn_password_flag(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """A password given as a flag is visible to every local user (`ps`): say so, once."""
+    source = ctx.get_parameter_source(param.name or "")
+    if value and source is ParameterSource.COMMANDLINE and has_password(value):
+        logger.warning(
+            "password_on_command_line option=%s (visible to other users in ps; put the URL "
+            "in %s instead)",
+            param.opts[0],
+            param.envvar,
+        )
+    return value
+
+
 def _database_option(func: F) -> F:
     return click.option(
         "--database-url",
         envvar="DATABASE_URL",
         default="",
         show_envvar=True,
+        callback=_warn_password_flag,
         help="Postgres URL (default: libpq defaults, PG* variables, local socket).",
     )(func)
 
@@ -119,6 +135,7 @@ def _sweep_options(func: F) -> F:
         default=DEFAULT_REDIS_URL,
         show_default=True,
         show_envvar=True,
+        callback=_warn_password_flag,
         help="Redis URL of the RQ queues.",
     )(func)
     func = click.option(
@@ -181,7 +198,7 @@ def _run_options(func: F) -> F:
     func = click.option(
         "--metrics-host",
         envvar="REACTOR_METRICS_HOST",
-        default="0.0.0.0",
+        default="127.0.0.1",
         show_default=True,
         show_envvar=True,
         help="Address the metrics server binds.",

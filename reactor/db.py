@@ -13,8 +13,8 @@ from typing import Any
 import psycopg
 from psycopg.rows import TupleRow
 
-from reactor.errors import ConfigError, DatabaseError, SchemaError
-from reactor.redact import redact
+from reactor.errors import ConfigError, DatabaseError, SchemaError, StatementError
+from reactor.redact import ambiguous_userinfo, redact
 
 __all__ = [
     "LATEST_SCHEMA_VERSION",
@@ -23,12 +23,19 @@ __all__ = [
     "connect",
     "describe_error",
     "schema_version",
+    "translate_error",
 ]
 
 #: The migration version this release of the code needs (the last file in sql/).
-LATEST_SCHEMA_VERSION = 6
+LATEST_SCHEMA_VERSION = 7
 
 Connection = psycopg.Connection[TupleRow]
+
+#: Why a URL with a raw `@`, `/`, `?` or `#` in its password is refused (without echoing it).
+_AMBIGUOUS = (
+    "the user name or password holds a raw '@', '/', '?' or '#'; "
+    "percent-encode them (e.g. '@' as %40)"
+)
 
 _KEEPALIVES: dict[str, Any] = {
     "keepalives": 1,
@@ -48,6 +55,18 @@ def describe_error(exc: BaseException) -> str:
     return redact(line)
 
 
+def translate_error(exc: psycopg.Error, what: str, conn: Connection | None = None) -> DatabaseError:
+    """The project error for a psycopg error: `DatabaseError` when the connection is lost or
+    the server is in trouble (reconnect and retry), `StatementError` when one statement failed
+    on a healthy connection (DataError, IntegrityError, ProgrammingError...: retrying the same
+    statement cannot help)."""
+    message = f"{what}: {describe_error(exc)}"
+    lost = isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)) or (
+        conn is not None and (conn.closed or conn.broken)
+    )
+    return DatabaseError(message) if lost else StatementError(message)
+
+
 def connect(url: str, *, autocommit: bool = False, purpose: str = "work") -> Connection:
     """Open a connection for one role (`purpose` goes into `application_name`).
 
@@ -55,6 +74,8 @@ def connect(url: str, *, autocommit: bool = False, purpose: str = "work") -> Con
         ConfigError: the URL is malformed (a retry cannot help).
         DatabaseError: the server could not be reached or refused us.
     """
+    if ambiguous_userinfo(url):
+        raise ConfigError(f"bad database URL: {_AMBIGUOUS}")
     try:
         return psycopg.connect(
             url,

@@ -11,12 +11,16 @@ Guarantees (SPEC §1):
 Throughput: building RQ jobs is Python work and claiming is Postgres work, so a drain of a
 backlog overlaps them. While batch N is enqueued and committed on the work connection, a
 helper thread already claims batch N+1 on a second connection (opened only when a drain finds
-a full batch). Each batch is still its own claim → enqueue → COMMIT transaction; the two
-transactions never see each other's rows (`SKIP LOCKED`).
+a full batch; when it cannot be opened, a connection limit say, the drain goes on one batch at
+a time). Each batch is still its own claim → enqueue → COMMIT transaction; the two
+transactions never see each other's rows (`SKIP LOCKED`). Every failure of a drain rolls back
+the claims it holds open, and a claim refuses to run on a connection whose transaction is not
+idle, so a claim can never be committed by the next one without its jobs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import deque
@@ -26,20 +30,38 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import psycopg
+from psycopg.pq import TransactionStatus
 
 from reactor import db, queries
-from reactor.db import Connection, describe_error
+from reactor.db import Connection
 from reactor.enqueue import Enqueuer
-from reactor.errors import DatabaseError, EnqueueError
+from reactor.errors import DatabaseError, EnqueueError, ReactorError, StatementError
 from reactor.jobs import JobRef
 from reactor.metrics import Metrics
 from reactor.routes import Route
 
-__all__ = ["BatchResult", "Dispatcher", "DrainResult"]
+__all__ = ["BatchResult", "Dispatcher", "DrainResult", "Quarantine"]
 
 logger = logging.getLogger(__name__)
 
 Row = tuple[str, str, int, str]
+
+#: After the prefetch connection of a backlog drain could not be opened, drain on one
+#: connection for this long before trying again.
+PREFETCH_RETRY_SECONDS = 30.0
+#: A type whose claim fails with a statement error is left out of drains for this long,
+#: doubling on each further failure up to the maximum.
+QUARANTINE_BASE_SECONDS = 1.0
+QUARANTINE_MAX_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class Quarantine:
+    """A type left out of drains because its claim fails (a row the claim cannot handle)."""
+
+    failures: int
+    until: float
+    error: str
 
 
 @dataclass(frozen=True)
@@ -97,12 +119,20 @@ class Dispatcher:
         # The prefetch connection of backlog drains; without a URL, drains do not overlap.
         self._database_url = database_url
         self._prefetch_conn: Connection | None = None
+        self._prefetch_retry_at = 0.0
+        #: Types whose claim failed with a statement error, and until when they are skipped.
+        self.quarantined: dict[str, Quarantine] = {}
         self._executor: ThreadPoolExecutor | None = None
 
     # -- one transaction, in two halves ----------------------------------------------------
 
     def _claim(self, conn: Connection, query: str, params: Mapping[str, Any]) -> list[Row]:
         """Run the claiming UPDATE; its transaction stays open (locks held) until `_deliver`."""
+        if conn.info.transaction_status is not TransactionStatus.IDLE:
+            # Another claim's transaction is still open here: claiming now would commit those
+            # rows with ours, whether or not their jobs were enqueued. Give them back instead.
+            _abandon(conn)
+            raise DatabaseError("claim refused: the connection was inside a transaction")
         started = time.perf_counter()
         try:
             # Pipeline mode sends the BEGIN together with the claim: one round trip, not two.
@@ -110,8 +140,9 @@ class Dispatcher:
                 cursor = conn.execute(query, params)
             rows = cursor.fetchall()
         except psycopg.Error as exc:
+            error = db.translate_error(exc, "claim failed", conn)
             _abandon(conn)
-            raise DatabaseError(f"claim failed: {describe_error(exc)}") from exc
+            raise error from exc
         self.metrics.claim_seconds.observe(time.perf_counter() - started)
         return rows
 
@@ -136,8 +167,9 @@ class Dispatcher:
                 self._before_commit()
             conn.commit()
         except psycopg.Error as exc:
+            error = db.translate_error(exc, "COMMIT failed", conn)
             _abandon(conn)
-            raise DatabaseError(f"COMMIT failed: {describe_error(exc)}") from exc
+            raise error from exc
         for job_type, count in result.by_type.items():
             metrics.dispatched.labels(job_type).inc(count)
         if result.already_enqueued:
@@ -159,6 +191,30 @@ class Dispatcher:
         """
         return self._deliver(self.conn, self._claim(self.conn, query, params))
 
+    def _claim_type(self, conn: Connection, job_type: str) -> list[Row]:
+        """Claim a batch of `job_type`; a statement error quarantines the type (logged once)
+        and claims nothing, so one row the claim cannot handle does not stop the others."""
+        try:
+            rows = self._claim(conn, queries.CLAIM_DUE, self._claim_params(job_type))
+        except StatementError as exc:
+            previous = self.quarantined.get(job_type)
+            failures = 1 if previous is None else previous.failures + 1
+            pause = min(QUARANTINE_MAX_SECONDS, QUARANTINE_BASE_SECONDS * 2 ** (failures - 1))
+            self.quarantined[job_type] = Quarantine(failures, time.monotonic() + pause, str(exc))
+            if previous is None:
+                logger.error(
+                    "type_quarantined type=%s error=%s (other types go on; retried with "
+                    "backoff up to %gs)",
+                    job_type,
+                    exc,
+                    QUARANTINE_MAX_SECONDS,
+                )
+            return []
+        if job_type in self.quarantined:
+            del self.quarantined[job_type]
+            logger.info("type_recovered type=%s", job_type)
+        return rows
+
     def claim_batch(self, job_type: str) -> BatchResult:
         """Claim and dispatch up to one batch of due pending rows of `job_type`."""
         return self.dispatch(queries.CLAIM_DUE, self._claim_params(job_type))
@@ -179,7 +235,12 @@ class Dispatcher:
         requested (checked between batches: a batch, once claimed, is always finished) or
         `slice_seconds` have passed (then `more` is set and the caller drains again later)."""
         started = time.monotonic()
-        rotation = deque(t for t in dict.fromkeys(types) if t in self._routes)
+        quarantined = self.quarantined
+        rotation = deque(
+            t
+            for t in dict.fromkeys(types)
+            if t in self._routes and (t not in quarantined or quarantined[t].until <= started)
+        )
         total = DrainResult()
         if rotation and not should_stop():
             total = self._drain_rotation(rotation, should_stop, started, slice_seconds)
@@ -205,50 +266,73 @@ class Dispatcher:
         total = DrainResult()
         conn = self.conn
         job_type = rotation.popleft()
-        rows = self._claim(conn, queries.CLAIM_DUE, self._claim_params(job_type))
-        while True:
-            if len(rows) == self._batch_size:
-                rotation.append(job_type)  # a full batch: this type may have more
-            out_of_time = slice_seconds is not None and time.monotonic() - started > slice_seconds
-            next_type = rotation.popleft() if rotation and not should_stop() else None
-            if out_of_time and next_type is not None:
-                next_type = None
-                total = replace(total, more=True)
-            ahead: Future[list[Row]] | None = None
-            other: Connection | None = None
-            if next_type is not None and len(rows) == self._batch_size:
-                # A backlog: claim the next batch on the other connection meanwhile.
-                other = self._other_connection(conn)
-                if other is not None:
-                    params = self._claim_params(next_type)
-                    ahead = self._pool().submit(self._claim, other, queries.CLAIM_DUE, params)
-            try:
-                batch = self._deliver(conn, rows)
-            except BaseException:
+        rows = self._claim_type(conn, job_type)
+        ahead: Future[list[Row]] | None = None
+        other: Connection | None = None
+        try:
+            while True:
+                if len(rows) == self._batch_size:
+                    rotation.append(job_type)  # a full batch: this type may have more
+                out_of_time = (
+                    slice_seconds is not None and time.monotonic() - started > slice_seconds
+                )
+                next_type = rotation.popleft() if rotation and not should_stop() else None
+                if out_of_time and next_type is not None:
+                    next_type = None
+                    total = replace(total, more=True)
+                ahead, other = None, None
+                if next_type is not None and len(rows) == self._batch_size:
+                    # A backlog: claim the next batch on the other connection meanwhile.
+                    other = self._other_connection(conn)
+                    if other is not None:
+                        ahead = self._pool().submit(self._claim_type, other, next_type)
+                total = total.add(self._deliver(conn, rows))
+                if next_type is None:
+                    return total
                 if ahead is not None and other is not None:
-                    # Let the claim ahead finish, then give its rows back.
-                    try:
-                        ahead.result()
-                    finally:
-                        _abandon(other)
-                raise
-            total = total.add(batch)
-            if next_type is None:
-                return total
+                    rows, conn = ahead.result(), other
+                    ahead = None
+                else:
+                    rows = self._claim_type(conn, next_type)
+                job_type = next_type
+        except BaseException:
+            # Whatever failed, no claim of this drain stays open: an open claim would be
+            # committed by the next one, with no job behind its rows.
+            _abandon(conn)
             if ahead is not None and other is not None:
-                rows, conn = ahead.result(), other
-            else:
-                rows = self._claim(conn, queries.CLAIM_DUE, self._claim_params(next_type))
-            job_type = next_type
+                # Let the claim ahead finish, then give its rows back; the first failure is
+                # the one reported.
+                with contextlib.suppress(BaseException):
+                    ahead.result()
+                _abandon(other)
+            raise
 
     def _other_connection(self, current: Connection) -> Connection | None:
-        """The connection that is not `current` (opening the prefetch one if needed)."""
+        """The connection that is not `current` (opening the prefetch one if needed), or None
+        when there is none: then the drain goes on, one batch at a time, on `current`."""
         if self._database_url is None:
             return None
         if current is not self.conn:
             return self.conn
-        if self._prefetch_conn is None or self._prefetch_conn.closed:
-            self._prefetch_conn = db.connect(self._database_url, purpose="work-prefetch")
+        prefetch = self._prefetch_conn
+        if prefetch is None or prefetch.closed or prefetch.broken:
+            if prefetch is not None:
+                prefetch.close()
+            self._prefetch_conn = None
+            now = time.monotonic()
+            if now < self._prefetch_retry_at:
+                return None
+            try:
+                self._prefetch_conn = db.connect(self._database_url, purpose="work-prefetch")
+            except ReactorError as exc:
+                # A connection limit, say: draining on one connection is slower, not wrong.
+                self._prefetch_retry_at = now + PREFETCH_RETRY_SECONDS
+                logger.warning(
+                    "prefetch_unavailable error=%s (draining on one connection; retry in %gs)",
+                    exc,
+                    PREFETCH_RETRY_SECONDS,
+                )
+                return None
         return self._prefetch_conn
 
     def _pool(self) -> ThreadPoolExecutor:
@@ -273,7 +357,7 @@ class Dispatcher:
                     queries.NEXT_DUE_IN, {"types": list(self._routes)}
                 ).fetchone()
         except psycopg.Error as exc:
-            raise DatabaseError(f"next-due query failed: {describe_error(exc)}") from exc
+            raise db.translate_error(exc, "next-due query failed", self.conn) from exc
         return None if row is None or row[0] is None else max(0.0, float(row[0]))
 
 

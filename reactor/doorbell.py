@@ -38,6 +38,9 @@ from typing import Protocol
 from reactor.metrics import Metrics
 
 __all__ = [
+    "ARM_BACKOFF_MAX_SECONDS",
+    "ARM_BACKOFF_SECONDS",
+    "BUSY_POLL_PAUSE_MAX_SECONDS",
     "POLL_PAUSE_SECONDS",
     "QUIET_DRAINS",
     "RECHECK_SECONDS",
@@ -55,6 +58,12 @@ POLL_PAUSE_SECONDS = 0.001
 QUIET_DRAINS = 3
 #: How often a reactor that found the lock held by another reactor tries again.
 RECHECK_SECONDS = 0.5
+#: After failed arms in a row (writers in flight kept a key), the next arm waits, doubling
+#: from the first to the last value, and polls slow down up to the poll cap meanwhile (a
+#: session that holds a key for long must not keep the reactor arming and polling flat out).
+ARM_BACKOFF_SECONDS = 0.01
+ARM_BACKOFF_MAX_SECONDS = 1.0
+BUSY_POLL_PAUSE_MAX_SECONDS = 0.01
 
 
 class DoorbellMode(str, enum.Enum):
@@ -108,6 +117,8 @@ class Doorbell:
         self._empty = 0
         self._recheck_at: float | None = None
         self._release_after_drain = False
+        self._busy = 0  # failed arms in a row
+        self._arm_after = 0.0
         metrics.doorbell_armed.set(0)
 
     # -- what the loop asks --------------------------------------------------------------------
@@ -115,6 +126,8 @@ class Doorbell:
     def timeout(self, now: float) -> float | None:
         """How long the loop may wait before the doorbell needs it again (None: indefinitely)."""
         if self.polling:
+            if self._busy:
+                return min(BUSY_POLL_PAUSE_MAX_SECONDS, self._pause * (1 << min(self._busy, 16)))
             return self._pause
         if self._recheck_at is not None:
             return max(0.0, self._recheck_at - now)
@@ -128,12 +141,22 @@ class Doorbell:
             return False
         if self._recheck_at is not None:
             return now >= self._recheck_at
+        if now < self._arm_after:
+            return False
         return self.mode is DoorbellMode.PLAIN or self._empty >= QUIET_DRAINS
 
     # -- what the loop reports -------------------------------------------------------------------
 
     def drained(self, claimed: int) -> None:
         """A drain (of any kind) claimed `claimed` rows."""
+        if self._release_after_drain and claimed == 0 and self.armed:
+            # The hint found nothing (another reactor took the rows, or a stray NOTIFY): no
+            # load to spare writers from, so stay armed rather than poll and re-arm.
+            self._release_after_drain = False
+            self.polling = False
+            return
+        if claimed:
+            self._busy = 0  # rows are coming: poll at full speed
         # Rows are coming (rung, found right after arming, or by a timer or sweep): stop
         # ringing and poll.
         if self._release_after_drain or (
@@ -167,6 +190,13 @@ class Doorbell:
         outcome = self._session.lock_doorbell()
         self._metrics.doorbell_arms.labels(outcome.value).inc()
         self._empty = 0
+        if outcome is ArmOutcome.BUSY:
+            self._busy += 1
+            self._arm_after = now + min(
+                ARM_BACKOFF_MAX_SECONDS, ARM_BACKOFF_SECONDS * 2 ** (self._busy - 1)
+            )
+        else:
+            self._busy = 0
         if outcome is ArmOutcome.ARMED:
             self.armed = True
             self.polling = False
@@ -188,6 +218,8 @@ class Doorbell:
         self._empty = 0
         self._recheck_at = None
         self._release_after_drain = False
+        self._busy = 0
+        self._arm_after = 0.0
         self._metrics.doorbell_armed.set(0)
 
     def _disarm(self) -> None:

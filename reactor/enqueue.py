@@ -15,11 +15,12 @@ When some job of the batch exists (rare), each job's status decides: a job that 
 and is not enqueued again (RQ would overwrite it and run it twice). A job left over from an
 earlier life of the row (finished or failed, kept by RQ for a while, then the row was re-armed
 with its attempts reset) is deleted and replaced. The rest go out as one MULTI/EXEC pipeline.
+Statuses are read with `HGET` and leftovers deleted by key: the reactor never unpickles
+anything from Redis (a job's fields are pickles, and whoever can write to Redis writes them).
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,14 +30,16 @@ import redis
 from redis.client import Pipeline
 from redis.commands.core import Script
 from rq import Queue
-from rq.exceptions import NoSuchJobError
+from rq.executions import ExecutionRegistry
 from rq.job import Job
 from rq.queue import EnqueueData
+from rq.registry import CanceledJobRegistry, FailedJobRegistry, FinishedJobRegistry
+from rq.results import Result
 
 from reactor.errors import ConfigError, EnqueueError
 from reactor.job_errors import read_failure_texts
 from reactor.jobs import ENTRY_POINT, JobRef
-from reactor.redact import redact
+from reactor.redact import ambiguous_userinfo, redact
 from reactor.routes import Route
 from reactor.settings import FAILED_JOB_TTL_SECONDS
 
@@ -90,6 +93,11 @@ def connect_redis(url: str) -> redis.Redis:
     Raises:
         ConfigError: the URL is malformed.
     """
+    if ambiguous_userinfo(url):
+        raise ConfigError(
+            "bad Redis URL: the user name or password holds a raw '@', '/', '?' or '#'; "
+            "percent-encode them (e.g. '@' as %40)"
+        )
     try:
         return redis.Redis.from_url(url, health_check_interval=30)
     except ValueError as exc:
@@ -253,16 +261,15 @@ class Enqueuer:
             ref for ref, status in zip(refs, statuses, strict=True) if status not in ALIVE_STATUSES
         ]
         leftovers = [
-            ref.job_id
+            ref
             for ref, status in zip(refs, statuses, strict=True)
             if status is not None and status not in ALIVE_STATUSES
         ]
         try:
-            for leftover in leftovers:
-                # A terminal job of an earlier life of the row holds this id.
-                with contextlib.suppress(NoSuchJobError):  # expired meanwhile: the id is free
-                    Job.fetch(leftover, connection=self._client).delete()
             with self._client.pipeline(transaction=True) as pipe:
+                for ref in leftovers:
+                    # A terminal job of an earlier life of the row holds this id.
+                    self._add_delete(pipe, ref)
                 self._add_enqueues(pipe, self._by_queue(fresh))
                 pipe.execute()
         except redis.RedisError as exc:
@@ -272,6 +279,27 @@ class Enqueuer:
             already_enqueued=len(refs) - len(fresh),
             replaced=len(leftovers),
             by_type=Counter(ref.type for ref in fresh),
+        )
+
+    def _add_delete(self, pipe: Pipeline, ref: JobRef) -> None:
+        """Delete a terminal job by its keys, as `Job.delete` does, without reading it:
+        `Job.fetch` would unpickle its fields, and whoever can write to Redis chooses them."""
+        name = self._routes[ref.type].queue
+        queue = self._queue(name)
+        bare = Job(ref.job_id, connection=self._client)  # no I/O, nothing read
+        pipe.lrem(queue.key, 0, ref.job_id)
+        for registry in (
+            FinishedJobRegistry(name, connection=self._client),
+            FailedJobRegistry(name, connection=self._client),
+            CanceledJobRegistry(name, connection=self._client),
+        ):
+            pipe.zrem(registry.key, ref.job_id)
+        pipe.delete(
+            bare.key,
+            bare.dependents_key,
+            bare.dependencies_key,
+            Result.get_key(ref.job_id),  # type: ignore[no-untyped-call]
+            ExecutionRegistry(ref.job_id, connection=self._client).key,
         )
 
     def _by_queue(self, refs: Sequence[JobRef]) -> dict[str, list[JobRef]]:

@@ -16,6 +16,7 @@ __all__ = [
     "PermanentError",
     "ReactorError",
     "SchemaError",
+    "StatementError",
 ]
 
 
@@ -39,6 +40,17 @@ class DatabaseError(ReactorError):
     """A Postgres operation failed at runtime (the caller reconnects and retries)."""
 
 
+class InvalidJobError(ReactorError):
+    """A job given to `submit()` is malformed (empty or too long photo id, bad type)."""
+
+    exit_code = 2
+
+
+class StatementError(DatabaseError):
+    """A statement failed on a healthy connection (bad data, a constraint, a user's trigger):
+    running it again will fail again, so the caller isolates it instead of reconnecting."""
+
+
 class EnqueueError(ReactorError):
     """Handing a batch to Redis/RQ failed; the claim was rolled back."""
 
@@ -46,12 +58,6 @@ class EnqueueError(ReactorError):
         super().__init__(message)
         #: How many rows the failed batch held (they stay as they were).
         self.rows = rows
-
-
-class InvalidJobError(ReactorError):
-    """A job's photo id or type is not valid; refused before it reaches the database."""
-
-    exit_code = 2
 
 
 class MigrationError(ReactorError):

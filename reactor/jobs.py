@@ -7,18 +7,30 @@ Encoding: ASCII letters and digits stand for themselves; every other character b
 for each byte of its UTF-8 form (so `_` itself is `_5f`); the three parts are joined with `-`,
 which the encoding never produces. Hence ids are valid, readable for ordinary photo ids, and
 distinct inputs give distinct ids (`parse_job_id` inverts `job_id`).
+
+Bounded length: a part whose encoding is longer than `MAX_ENCODED_PART` characters is written
+`_h` followed by the 64 hex digits of the SHA-256 of its UTF-8 form. The encoding never
+produces `_h` (an escape is `_` and two hex digits), so a hashed part never equals an encoded
+one, and two hashed parts are equal only for equal inputs (barring a SHA-256 collision). A job
+id is thus at most 2 x 200 + 12 characters, whatever the photo id holds; `parse_job_id`
+cannot invert a hashed part (`job.meta` carries the photo id).
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from functools import cached_property
 
-__all__ = ["ENTRY_POINT", "JobRef", "job_id", "parse_job_id"]
+__all__ = ["ENTRY_POINT", "MAX_ENCODED_PART", "JobRef", "job_id", "parse_job_id"]
 
 #: The function every dispatched job runs: the worker-side lifecycle around the handler.
 ENTRY_POINT = "reactor.worker.perform"
+
+#: Longest encoded part kept as it is; a longer one is hashed.
+MAX_ENCODED_PART = 200
+_HASHED = "_h"
 
 _PLAIN = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
 _ESCAPE = re.compile(r"_([0-9a-f]{2})")
@@ -45,10 +57,14 @@ class JobRef:
 
 def _encode(text: str) -> str:
     if _ALL_PLAIN.fullmatch(text):
-        return text  # the common case, without a pass per character
-    return "".join(
-        ch if ch in _PLAIN else "".join(f"_{b:02x}" for b in ch.encode("utf-8")) for ch in text
-    )
+        encoded = text  # the common case, without a pass per character
+    else:
+        encoded = "".join(
+            ch if ch in _PLAIN else "".join(f"_{b:02x}" for b in ch.encode("utf-8")) for ch in text
+        )
+    if len(encoded) > MAX_ENCODED_PART:
+        return _HASHED + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    return encoded
 
 
 def _decode(text: str) -> str:
@@ -75,5 +91,7 @@ def parse_job_id(value: str) -> JobRef:
     """
     parts = value.split("-")
     if len(parts) != 3 or not parts[2].isdigit():
-        raise ValueError(f"not a photo-reactor job id: {value!r}")
+        raise ValueError(f"not a photo-reactor job id: {value[:100]!r}")
+    if any(part.startswith(_HASHED) for part in parts[:2]):
+        raise ValueError("a hashed job id cannot be inverted: read the job's meta")
     return JobRef(_decode(parts[0]), _decode(parts[1]), int(parts[2]))

@@ -33,7 +33,7 @@ from reactor import db
 from reactor.dispatch import Dispatcher, DrainResult
 from reactor.doorbell import ArmOutcome, Doorbell
 from reactor.enqueue import Enqueuer, connect_redis
-from reactor.errors import ConfigError, DatabaseError, EnqueueError
+from reactor.errors import ConfigError, DatabaseError, EnqueueError, StatementError
 from reactor.listener import Listener
 from reactor.metrics import HealthCheck, Metrics, serve
 from reactor.redact import redact
@@ -43,6 +43,7 @@ from reactor.routes import Route, format_route
 from reactor.settings import ReactorSettings
 from reactor.signals import Stopper
 from reactor.sweep import Sweeper, SweepResult
+from reactor.throttle import LogThrottle
 
 __all__ = ["Reactor"]
 
@@ -56,6 +57,9 @@ ERROR_PAUSE_SECONDS = 0.2
 #: A drain returns to the loop after this long even if rows keep coming (and the loop drains
 #: again at once), so that sweeps, rescues, timers and stop requests are never starved.
 DRAIN_SLICE_SECONDS = 1.0
+#: After a drain for notified types found nothing, drain notified types again only this much
+#: later (a row's notification waits at most this long, and only during a flood of hints).
+HINT_DRAIN_GAP_SECONDS = 0.01
 #: Look up the next due time before any wait that may last longer than this (not before
 #: every 2 ms poll: a poll finds rows that became due anyway).
 NEXT_DUE_LOOKUP_SECONDS = 0.05
@@ -92,6 +96,9 @@ class Reactor:
         self._sweeper: Sweeper | None = None
         self._before_commit = before_commit
         self._warned_unknown: set[str] = set()
+        self._ignored_log = LogThrottle(burst=10, interval_seconds=60.0)
+        self._hinted: set[str] = set()  # notified types waiting for the gap to end
+        self._hints_due = 0.0
         self.metrics = Metrics()
         self._bell = Doorbell(
             settings.doorbell,
@@ -129,6 +136,8 @@ class Reactor:
             metrics=self.metrics,
             database_url=self.settings.database_url,
         )
+        quarantined = self._dispatcher.quarantined
+        self.health.failing_types = lambda: [(t, q.error) for t, q in list(quarantined.items())]
         self._sweeper = Sweeper(
             self._dispatcher,
             self._enqueuer,
@@ -226,6 +235,7 @@ class Reactor:
     def _retrying(self, kind: type[Exception], what: str) -> tenacity.Retrying:
         def log_retry(state: tenacity.RetryCallState) -> None:
             exc = state.outcome.exception() if state.outcome else None
+            self.health.failed(f"{what}: {exc}")
             logger.warning(
                 "%s_retry attempt=%d next_in=%.2fs error=%s",
                 what,
@@ -292,6 +302,11 @@ class Reactor:
         if self._listener is None:
             self.stopper.sleep(timeout)
             return []
+        if self._hinted:
+            # Hints are held back until the gap ends: let notifications pile up meanwhile
+            # rather than wake for each (the listener reads them all at once afterwards).
+            self.stopper.sleep(timeout)
+            timeout = 0.0
         payloads = self._listener.wait(timeout, self.stopper.fileno())
         if payloads:
             self.metrics.notifications.inc(len(payloads))
@@ -303,9 +318,25 @@ class Reactor:
             if payload in self.routes:
                 types.add(payload)
             elif payload not in self._warned_unknown and len(self._warned_unknown) < 1000:
-                # A hint for a type we do not route (or garbage on the channel): ignore it.
+                # A hint for a type we do not route (or garbage on the channel): ignore it,
+                # saying so a few times a minute at most (anyone may NOTIFY).
                 self._warned_unknown.add(payload)
-                logger.warning("notification_ignored payload=%r (no route)", payload[:200])
+                if self._ignored_log.allow():
+                    logger.warning(
+                        "notification_ignored payload=%r (no route) suppressed=%d",
+                        payload[:200],
+                        self._ignored_log.suppressed(),
+                    )
+        return types
+
+    def _hints(self, types: set[str]) -> set[str]:
+        """The notified types to drain now: none while the gap after an empty hinted drain
+        lasts (they are kept), all kept ones once it is over."""
+        if time.monotonic() < self._hints_due:
+            self._hinted |= types
+            return set()
+        types |= self._hinted
+        self._hinted = set()
         return types
 
     def run(self) -> None:
@@ -349,26 +380,37 @@ class Reactor:
                 bell_in = 0.0 if backlog else bell.timeout(now)
                 if not due_known and (bell_in is None or bell_in > NEXT_DUE_LOOKUP_SECONDS):
                     next_due, due_known = self._next_due(), True
+                hinted_at = self._hints_due if self._hinted else None
                 deadline = min(
                     t
-                    for t in (next_sweep, next_due, None if bell_in is None else now + bell_in)
+                    for t in (
+                        next_sweep,
+                        next_due,
+                        None if bell_in is None else now + bell_in,
+                        hinted_at,
+                    )
                     if t is not None
                 )
                 payloads = self._wait(deadline - now)
-                types = self._routed(payloads)
-                if payloads:
+                types = self._hints(self._routed(payloads))
+                if types or (payloads and not self._hinted):
                     bell.rung(routed=bool(types))
                 if self.stopper.requested:
                     break
                 now = time.monotonic()
                 result: DrainResult | SweepResult
                 if now >= next_sweep:
-                    result = self._sweep()
+                    # Scheduled first: a sweep that fails is retried at the next interval.
                     next_sweep = now + _jittered(interval)
+                    result = self._sweep()
                 elif backlog or (next_due is not None and now >= next_due):
                     result = self._drain(self._types)
                 elif types:
                     result = self._drain(types)
+                    if not result.claimed:
+                        # Hints that find nothing (a NOTIFY flood costs us a claim each):
+                        # the next ones wait a little and are drained together.
+                        self._hints_due = time.monotonic() + HINT_DRAIN_GAP_SECONDS
                 elif bell.should_poll():
                     self.metrics.polls.inc()
                     result = self._drain(self._types)
@@ -377,13 +419,21 @@ class Reactor:
                 bell.drained(result.claimed)
                 backlog = result.more
                 due_known = False
+                self.health.succeeded()
             except DatabaseError as exc:
                 if self.stopper.requested:
                     break
                 self._listener_ok()
-                logger.warning("connection_lost error=%s", exc)
-                # A short pause, so an error that a reconnect cannot fix does not spin.
-                self.stopper.sleep(_jittered(ERROR_PAUSE_SECONDS))
+                self.health.failed(str(exc))
+                pause = ERROR_PAUSE_SECONDS
+                if isinstance(exc, StatementError):
+                    # Not a lost connection: the same statement would fail again at once.
+                    logger.error("loop_failed error=%s", exc)
+                    pause = min(BACKOFF_MAX_SECONDS, pause * 2 ** min(self.health.failures, 8))
+                else:
+                    logger.warning("connection_lost error=%s", exc)
+                # A pause, so an error that a reconnect cannot fix does not spin.
+                self.stopper.sleep(_jittered(pause))
             except EnqueueError:
                 # Only reached when a stop interrupted the retries.
                 break

@@ -2,22 +2,47 @@
 
 `Metrics` owns its own registry (so several reactors can live in one test process) and is
 passed to the dispatcher, the sweeper and the loop, which record into it. `serve()` starts a
-small threaded HTTP server: `/metrics` in the Prometheus text format, `/healthz` answering 200
-only while the listener is connected (or the reactor polls only) and the loop has turned
-recently, 503 with the reason otherwise.
+small threaded HTTP server (loopback by default; clients time out, connections are capped,
+client errors are one log record each, rate-limited): `/metrics` in the Prometheus text
+format, `/healthz` answering 200 only while the listener is connected (or the reactor polls
+only), the loop has turned recently and drains succeed, 503 with the reason otherwise.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
 
-__all__ = ["HealthCheck", "Metrics", "serve"]
+from reactor.throttle import LogThrottle
+
+__all__ = [
+    "CLIENT_TIMEOUT_SECONDS",
+    "DEFAULT_HOST",
+    "MAX_CLIENTS",
+    "HealthCheck",
+    "Metrics",
+    "serve",
+]
+
+logger = logging.getLogger(__name__)
+
+#: The metrics server listens on loopback unless told otherwise (`--metrics-host`).
+DEFAULT_HOST = "127.0.0.1"
+#: A client that sends nothing (or reads nothing) for this long is disconnected.
+CLIENT_TIMEOUT_SECONDS = 5.0
+#: Connections held at once; a new one beyond this closes the oldest.
+MAX_CLIENTS = 32
+_client_errors = LogThrottle(burst=5, interval_seconds=60.0)
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
@@ -111,6 +136,10 @@ class Metrics:
         )
 
 
+#: `/healthz` turns 503 after this many failed drains or sweeps in a row.
+FAILURES_BEFORE_UNHEALTHY = 3
+
+
 class HealthCheck:
     """Decides what `/healthz` answers."""
 
@@ -119,26 +148,88 @@ class HealthCheck:
         self._max_age = max_loop_age_seconds
         self.listener_connected = False
         self.last_turn = time.monotonic()
+        self.failures = 0
+        self.last_error = ""
+        #: Job types whose claims fail (set by the loop): (type, error) pairs.
+        self.failing_types: Callable[[], list[tuple[str, str]]] = list
 
     def turned(self) -> None:
         self.last_turn = time.monotonic()
+
+    def failed(self, error: str) -> None:
+        """A drain or a sweep failed (any cause)."""
+        self.failures += 1
+        self.last_error = error
+
+    def succeeded(self) -> None:
+        self.failures = 0
 
     def problem(self) -> str | None:
         """None when healthy, else the reason."""
         if self._listening and not self.listener_connected:
             return "listener disconnected"
+        if self.failures >= FAILURES_BEFORE_UNHEALTHY:
+            return f"{self.failures} failed drains or sweeps in a row: {self.last_error}"
+        failing = self.failing_types()
+        if failing:
+            names = ",".join(sorted(t for t, _ in failing)[:5])
+            return f"claims failing for type {names}: {failing[0][1]}"
         age = time.monotonic() - self.last_turn
         if age > self._max_age:
             return f"main loop stalled for {age:.0f}s"
         return None
 
 
+class _MetricsServer(ThreadingHTTPServer):
+    """A threaded HTTP server that holds at most `MAX_CLIENTS` connections: a new connection
+    beyond that closes the oldest one (idle clients are the oldest), so a crowd of idle or slow
+    clients cannot take every thread or file descriptor, and a fresh probe is still served."""
+
+    daemon_threads = True
+    # Room for a burst of connections while the accept loop starts their threads.
+    request_queue_size = 128
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(address, handler)
+        self._clients: dict[socket.socket, None] = {}  # in arrival order
+        self._clients_lock = threading.Lock()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._clients_lock:
+            while len(self._clients) >= MAX_CLIENTS:
+                oldest = next(iter(self._clients))
+                del self._clients[oldest]
+                with contextlib.suppress(OSError):
+                    oldest.shutdown(socket.SHUT_RDWR)  # its thread's read returns, it exits
+            self._clients[request] = None
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._clients_lock:
+            self._clients.pop(request, None)
+        super().shutdown_request(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # One record through the logging set-up, not a traceback on stderr.
+        if _client_errors.allow():
+            exc = sys.exc_info()[1]
+            logger.warning(
+                "metrics_client_error client=%s error=%s suppressed=%d",
+                client_address[0] if client_address else "?",
+                f"{type(exc).__name__}: {exc}" if exc else "unknown",
+                _client_errors.suppressed(),
+            )
+
+
 def serve(
-    port: int, metrics: Metrics, health: Callable[[], str | None], host: str = "0.0.0.0"
+    port: int, metrics: Metrics, health: Callable[[], str | None], host: str = DEFAULT_HOST
 ) -> ThreadingHTTPServer:
     """Serve `/metrics` and `/healthz` on `host:port` in a daemon thread; returns the server."""
 
     class Handler(BaseHTTPRequestHandler):
+        # A socket timeout: a client idle or slow for this long (reading or writing) is dropped.
+        timeout = CLIENT_TIMEOUT_SECONDS
+
         def do_GET(self) -> None:
             if self.path == "/metrics":
                 self._send(200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST)
@@ -158,10 +249,13 @@ def serve(
             self.end_headers()
             self.wfile.write(body)
 
+        def log_error(self, format: str, *args: object) -> None:  # noqa: A002
+            # Timeouts and malformed requests: expected from scanners, not worth a line each.
+            logger.debug("metrics_request_error " + format, *args)
+
         def log_message(self, format: str, *args: object) -> None:  # noqa: A002
             pass  # scrapes every few seconds would drown the log
 
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
+    server = _MetricsServer((host, port), Handler)
     threading.Thread(target=server.serve_forever, name="reactor-metrics", daemon=True).start()
     return server

@@ -4,8 +4,10 @@ The files are the same ones a person runs with `psql -X -v ON_ERROR_STOP=1 -1 -f
 records its own version in `reactor_migrations` before changing anything, so `psql` and
 `reactor migrate` agree on what is applied and nothing is ever applied twice. `reactor migrate`
 additionally holds a session advisory lock, so concurrent runs wait for each other and the later
-ones find nothing left to do. The files ship inside the wheel (as `reactor/sql`), so this works
-from an installed package, not only from a checkout.
+ones find nothing left to do. Before any file runs, the session's search_path is pinned and an
+existing ledger that the migrations did not make (another owner, triggers, rules, policies,
+unexpected columns) is refused: migrations often run as a superuser. The files ship inside the
+wheel (as `reactor/sql`), so this works from an installed package, not only from a checkout.
 """
 
 from __future__ import annotations
@@ -17,13 +19,24 @@ from pathlib import Path
 
 import psycopg
 
+from reactor import queries
 from reactor.db import Connection, describe_error
 from reactor.errors import DatabaseError, MigrationError
 
-__all__ = ["MIGRATION_LOCK_KEY", "MigrateResult", "Migration", "load_migrations", "migrate"]
+__all__ = [
+    "MIGRATION_LOCK_KEY",
+    "SEARCH_PATH",
+    "MigrateResult",
+    "Migration",
+    "load_migrations",
+    "migrate",
+]
 
 #: Advisory lock held by `reactor migrate` while it applies files ("phmigr" in ASCII).
 MIGRATION_LOCK_KEY = 0x7068_6D69_6772
+#: The search_path of a migrating session: objects are created in `public`; names resolve in
+#: pg_catalog first (implicitly, as it is not listed), then public, temporary objects last.
+SEARCH_PATH = "public, pg_temp"
 
 _NAME = re.compile(r"(\d{4})_([a-z0-9_]+)\.sql")
 
@@ -95,8 +108,17 @@ def migrate(conn: Connection) -> MigrateResult:
     migrations = load_migrations()
     applied: list[str] = []
     try:
+        # Whatever the role's search_path (a schema named after it, one another role can
+        # write to), the files' names resolve in pg_catalog, then public.
+        conn.execute("SELECT pg_catalog.set_config('search_path', %s, false)", [SEARCH_PATH])
         conn.execute("SELECT pg_advisory_lock(%s)", [MIGRATION_LOCK_KEY])
         try:
+            row = conn.execute(queries.LEDGER_PROBLEM).fetchone()
+            if row is not None and row[0] is not None:
+                raise MigrationError(
+                    f"refusing to migrate: public.reactor_migrations {row[0]}; run the "
+                    "migrations as the role that owns the schema, on a ledger it created"
+                )
             done = _applied_versions(conn)
             for migration in migrations:
                 if migration.version in done:

@@ -25,7 +25,7 @@ import psycopg
 from reactor import queries
 from reactor.db import Connection, describe_error
 from reactor.errors import ConfigError, DatabaseError
-from reactor.routes import is_valid_type
+from reactor.validate import is_valid_type
 
 __all__ = [
     "PauseResult",

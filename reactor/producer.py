@@ -6,21 +6,16 @@ and its NOTIFY (sent by the trigger) is delivered only if it commits. `submit` n
 
 from __future__ import annotations
 
-import re
 from datetime import datetime
 from typing import Any
 
 import psycopg
 
-from reactor.errors import InvalidJobError
+from reactor.validate import validate_job
 
-__all__ = ["DEFAULT_JOB_TYPE", "submit", "validate_job"]
+__all__ = ["DEFAULT_JOB_TYPE", "submit"]
 
 DEFAULT_JOB_TYPE = "photo.process"
-
-# The rules of the table's CHECK constraints (photo_jobs_type_check, photo_jobs_photo_id_check),
-# checked here first so a bad value is a clear error, not a raw database one.
-_TYPE_RULE = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 
 # A pending/active row is left as it is (idempotent); a done/failed row is re-armed as a
 # fresh job. `xmax = 0` tells an inserted row from an updated one.
@@ -37,23 +32,6 @@ ON CONFLICT (photo_id, type) DO UPDATE
  WHERE j.state IN ('done', 'failed')
 RETURNING (xmax = 0) AS inserted
 """
-
-
-def validate_job(photo_id: object, job_type: object) -> None:
-    """Refuse a photo id or a job type that the table would refuse.
-
-    Raises:
-        InvalidJobError: the photo id is not a non-empty string without NUL characters, or the
-            type does not match `[A-Za-z0-9_.-]{1,128}`.
-    """
-    if not isinstance(photo_id, str) or not photo_id:
-        raise InvalidJobError(f"invalid photo id {photo_id!r}: must be a non-empty string")
-    if "\x00" in photo_id:
-        raise InvalidJobError(f"invalid photo id {photo_id!r}: must not contain NUL characters")
-    if not isinstance(job_type, str) or not _TYPE_RULE.fullmatch(job_type):
-        raise InvalidJobError(
-            f"invalid job type {job_type!r}: must match [A-Za-z0-9_.-]{{1,128}}, e.g. photo.process"
-        )
 
 
 def submit(

@@ -20,6 +20,7 @@ __all__ = [
     "FORGET_DEAD_ROUTES",
     "FOUND_PHOTO_IDS",
     "KNOWN_TYPES",
+    "LEDGER_PROBLEM",
     "LIST_ACTIVE",
     "LIVE_ROUTE_CONFLICTS",
     "LOCK_ROUTES",
@@ -39,12 +40,18 @@ __all__ = [
     "ROUTES_UNLOCK",
 ]
 
-#: Claim up to `limit` due pending rows of one type: a new attempt each, now `active`.
-#: Nothing while the type is paused (the check does not depend on the row, so it is planned
-#: as a one-time filter: one primary-key probe per claim, no extra round trip).
+#: Claim up to `limit` due pending rows of one type: a new attempt each, now `active`. A row
+#: whose attempts are already spent (max_attempts lowered by hand) is failed instead, never
+#: counted past its limit: it comes back with state `failed` and is not enqueued. Nothing
+#: while the type is paused (the check does not depend on the row, so it is planned as a
+#: one-time filter: one primary-key probe per claim, no extra round trip).
 CLAIM_DUE = """
 UPDATE photo_jobs AS j
-   SET state = 'active', attempts = j.attempts + 1
+   SET state = CASE WHEN j.attempts < j.max_attempts THEN 'active' ELSE 'failed' END,
+       attempts = CASE WHEN j.attempts < j.max_attempts THEN j.attempts + 1 ELSE j.attempts END,
+       last_error = CASE WHEN j.attempts < j.max_attempts THEN j.last_error
+                    ELSE format('attempts spent before dispatch: attempt %%s of %%s',
+                                j.attempts, j.max_attempts) END
  WHERE j.ctid = ANY (ARRAY(
          SELECT p.ctid
            FROM photo_jobs AS p
@@ -320,4 +327,57 @@ SELECT a.pid, substr(a.application_name, 15), host(a.client_addr), a.backend_sta
  WHERE a.datname = current_database()
    AND a.application_name IN ('photo-reactor listener', 'photo-reactor work')
  ORDER BY a.backend_start, a.pid
+"""
+
+#: Why the migrations must not touch `public.reactor_migrations` and
+#: `public.reactor_migration_begin` as they are (NULL: they are absent, or exactly what sql/0001
+#: makes, owned by the role running the migrations). Migrations insert into that table with
+#: the migrating role's rights, often a superuser's: a table someone else made could run their
+#: code then (a trigger, a rule, a default, an index expression, a policy). sql/0001 runs the
+#: same checks before it creates anything.
+LEDGER_PROBLEM = """
+WITH t AS (SELECT c.oid, c.relkind, c.relowner, c.relrowsecurity
+             FROM pg_catalog.pg_class AS c
+            WHERE c.oid = pg_catalog.to_regclass('public.reactor_migrations')),
+     f AS (SELECT p.proowner
+             FROM pg_catalog.pg_proc AS p
+            WHERE p.oid = pg_catalog.to_regprocedure(
+                      'public.reactor_migration_begin(integer, text)'))
+SELECT CASE
+  WHEN (SELECT relkind FROM t) <> 'r' THEN 'is not a plain table'
+  WHEN (SELECT relowner FROM t) <> (SELECT oid FROM pg_catalog.pg_roles
+                                     WHERE rolname = current_user)
+    THEN pg_catalog.format('is owned by role %%I, not by %%I (the role running the migrations)',
+                           (SELECT relowner FROM t)::regrole, current_user)
+  WHEN (SELECT proowner FROM f) <> (SELECT oid FROM pg_catalog.pg_roles
+                                     WHERE rolname = current_user)
+    THEN pg_catalog.format('has a function reactor_migration_begin owned by role %%I, not by %%I',
+                           (SELECT proowner FROM f)::regrole, current_user)
+  WHEN NOT EXISTS (SELECT 1 FROM t) THEN NULL
+  WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_trigger WHERE tgrelid = (SELECT oid FROM t))
+    THEN 'has triggers'
+  WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_rewrite WHERE ev_class = (SELECT oid FROM t))
+    THEN 'has rules'
+  WHEN (SELECT relrowsecurity FROM t)
+       OR EXISTS (SELECT 1 FROM pg_catalog.pg_policy WHERE polrelid = (SELECT oid FROM t))
+    THEN 'has row-level security policies'
+  WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_inherits
+                WHERE (SELECT oid FROM t) IN (inhrelid, inhparent))
+    THEN 'is part of an inheritance tree'
+  WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_constraint
+                WHERE conrelid = (SELECT oid FROM t) AND contype NOT IN ('p', 'n'))
+       OR EXISTS (SELECT 1 FROM pg_catalog.pg_index
+                   WHERE indrelid = (SELECT oid FROM t) AND NOT indisprimary)
+    THEN 'has constraints or indexes that sql/0001 does not make'
+  WHEN (SELECT pg_catalog.array_agg(a.attname::text || ' ' || a.atttypid::regtype::text
+                                    || ' ' || coalesce(pg_catalog.pg_get_expr(d.adbin, d.adrelid),
+                                                       '')
+                                    ORDER BY a.attnum)
+          FROM pg_catalog.pg_attribute AS a
+          LEFT JOIN pg_catalog.pg_attrdef AS d ON (d.adrelid, d.adnum) = (a.attrelid, a.attnum)
+         WHERE a.attrelid = (SELECT oid FROM t) AND a.attnum > 0 AND NOT a.attisdropped)
+       IS DISTINCT FROM ARRAY['version integer ', 'name text ',
+                              'applied_at timestamp with time zone now()']
+    THEN 'has columns, types or defaults that sql/0001 does not make'
+END
 """

@@ -13,13 +13,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from reactor.errors import ConfigError
+from reactor.validate import is_valid_type
 
 __all__ = [
     "DEMO_ROUTE",
     "Route",
     "default_queue",
     "format_route",
-    "is_valid_type",
     "parse_route",
     "parse_routes",
 ]
@@ -28,8 +28,6 @@ __all__ = [
 #: with no route never falls back to it.
 DEMO_ROUTE = "photo.process=reactor.demo.process_photo"
 
-# Same rule as the table's photo_jobs_type_check constraint.
-_TYPE = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 _DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+")
 _QUEUE = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 
@@ -41,11 +39,6 @@ class Route:
     type: str
     handler: str
     queue: str
-
-
-def is_valid_type(job_type: str) -> bool:
-    """Whether the table would accept `job_type` as a type."""
-    return _TYPE.fullmatch(job_type) is not None
 
 
 def default_queue(job_type: str) -> str:
@@ -69,7 +62,7 @@ def parse_route(text: str) -> Route:
     job_type, handler, queue = job_type.strip(), handler.strip(), queue.strip()
     if not sep or not job_type or not handler:
         raise ConfigError(f"bad route {text!r}: expected TYPE=DOTTED.PATH[@QUEUE]")
-    if not _TYPE.fullmatch(job_type):
+    if not is_valid_type(job_type):
         raise ConfigError(f"bad route {text!r}: type must match [A-Za-z0-9_.-]{{1,128}}")
     if not _DOTTED.fullmatch(handler):
         raise ConfigError(f"bad route {text!r}: handler must be a dotted path like pkg.module.func")

@@ -57,7 +57,7 @@ class ReactorSettings:
     doorbell: DoorbellMode = DoorbellMode.ADAPTIVE
     poll_interval_seconds: float = DEFAULT_POLL_INTERVAL_SECONDS
     metrics_port: int | None = None
-    metrics_host: str = "0.0.0.0"
+    metrics_host: str = "127.0.0.1"
     job_timeout_seconds: int | None = None
     #: Retention (`run` only): delete done/failed rows older than this many seconds.
     prune_done_after_seconds: float | None = None

@@ -12,9 +12,10 @@
    before starting it): that one is lost too. A job that ended `failed` in RQ without the
    lifecycle recording an outcome (the worker could not import the handler or reach the
    database) is re-dispatched the same way, with RQ's error in `last_error`;
-3. notes pending rows of types no route covers (left alone; warned about once per type).
+3. notes pending rows of types no route covers (left alone; warned about once per type, a few
+   by name per sweep and the rest in one line).
 `refresh_backlog_metrics()` (called after each sweep when metrics are served) counts the
-backlog for the gauges.
+backlog for the gauges (routed types by name, the others under one label).
 Each step is safe with any number of reactors: every write goes through `FOR UPDATE SKIP
 LOCKED` and re-checks the row's state and attempt under the lock.
 """
@@ -29,16 +30,28 @@ from datetime import datetime
 import psycopg
 
 from reactor import queries
-from reactor.db import describe_error
+from reactor.db import translate_error
 from reactor.dispatch import BatchResult, Dispatcher
 from reactor.enqueue import ALIVE_STATUSES, FAILED, QUEUED, STARTED, Enqueuer
-from reactor.errors import DatabaseError, EnqueueError
+from reactor.errors import EnqueueError
 from reactor.jobs import JobRef
 from reactor.routes import Route
+from reactor.throttle import LogThrottle
 
-__all__ = ["SweepResult", "Sweeper"]
+__all__ = ["OTHER_TYPES_LABEL", "SweepResult", "Sweeper"]
 
 logger = logging.getLogger(__name__)
+
+#: The `type` label of the backlog of every type no route covers.
+OTHER_TYPES_LABEL = "(unrouted)"
+#: Unrouted types remembered (so each is warned about once), logged by name per sweep, and
+#: listed in a `SweepResult`.
+MAX_REMEMBERED_UNROUTED = 1000
+MAX_UNROUTED_LOGGED = 10
+MAX_UNROUTED_REPORTED = 100
+#: The line about unrouted types not named is written at most this often.
+UNROUTED_SUMMARY_SECONDS = 600.0
+_STATES = ("pending", "active")
 
 #: `last_error` of a row failed because its job vanished from Redis and its attempts are spent.
 _JOB_LOST = "job lost: its RQ job vanished from Redis"
@@ -57,6 +70,7 @@ class SweepResult:
     rescue_failed: int = 0
     lost: int = 0
     enqueue_failures: int = 0
+    #: Types with pending rows and no route (the first `MAX_UNROUTED_REPORTED`).
     unrouted_types: tuple[str, ...] = field(default=())
     more: bool = False
 
@@ -80,6 +94,7 @@ class Sweeper:
         self._batch_size = batch_size
         self._stale_after = stale_after_seconds
         self._warned_unrouted: set[str] = set()
+        self._unrouted_log = LogThrottle(burst=1, interval_seconds=UNROUTED_SUMMARY_SECONDS)
         self._metrics = dispatcher.metrics
 
     def run_once(
@@ -203,7 +218,7 @@ class Sweeper:
                 lost += batch.claimed
                 failed += batch.failed
         except psycopg.Error as exc:
-            raise DatabaseError(f"rescue pass failed: {describe_error(exc)}") from exc
+            raise translate_error(exc, "rescue pass failed", conn) from exc
         if rescued or lost or failed:
             logger.warning("rows_rescued stale=%d lost=%d failed=%d", rescued, lost, failed)
         return rescued, lost, failed
@@ -255,13 +270,18 @@ class Sweeper:
                 backlog = conn.execute(queries.BACKLOG).fetchall()
                 ages = conn.execute(queries.OLDEST_DUE_AGE, {"types": self._types}).fetchall()
         except psycopg.Error as exc:
-            raise DatabaseError(f"backlog query failed: {describe_error(exc)}") from exc
-        self._metrics.backlog.clear()
-        for job_type in self._types:
-            for state in ("pending", "active"):
-                self._metrics.backlog.labels(job_type, state).set(0)
+            raise translate_error(exc, "backlog query failed", conn) from exc
+        # Routed types by name, the rest summed under one label: series stay bounded whatever
+        # types the table holds.
+        counts: dict[tuple[str, str], int] = {
+            (label, state): 0 for label in (*self._types, OTHER_TYPES_LABEL) for state in _STATES
+        }
         for job_type, state, count in backlog:
-            self._metrics.backlog.labels(job_type, state).set(count)
+            label = job_type if job_type in self._routes else OTHER_TYPES_LABEL
+            counts[label, state] += count
+        self._metrics.backlog.clear()
+        for (label, state), count in counts.items():
+            self._metrics.backlog.labels(label, state).set(count)
         for job_type, age in ages:
             self._metrics.oldest_due_age.labels(job_type).set(age)
 
@@ -271,10 +291,20 @@ class Sweeper:
             with conn.transaction():
                 types = [row[0] for row in conn.execute(queries.PENDING_TYPES)]
         except psycopg.Error as exc:
-            raise DatabaseError(f"pending-types query failed: {describe_error(exc)}") from exc
+            raise translate_error(exc, "pending-types query failed", conn) from exc
         unrouted = [t for t in types if t not in self._routes]
-        for job_type in unrouted:
-            if job_type not in self._warned_unrouted:
-                self._warned_unrouted.add(job_type)
-                logger.warning("unrouted_type type=%s (its pending rows are left alone)", job_type)
-        return unrouted
+        new = [t for t in unrouted if t not in self._warned_unrouted]
+        # Bounded memory and log: names are remembered up to a cap, a few are logged by name,
+        # and the rest are one summary line (junk types must not flood the log).
+        room = max(0, MAX_REMEMBERED_UNROUTED - len(self._warned_unrouted))
+        self._warned_unrouted.update(new[:room])
+        named = new[: min(room, MAX_UNROUTED_LOGGED)]
+        for job_type in named:
+            logger.warning("unrouted_type type=%s (its pending rows are left alone)", job_type)
+        if len(new) > len(named) and self._unrouted_log.allow():
+            logger.warning(
+                "unrouted_types count=%d not_named=%d (their pending rows are left alone)",
+                len(unrouted),
+                len(new) - len(named),
+            )
+        return unrouted[:MAX_UNROUTED_REPORTED]

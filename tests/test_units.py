@@ -10,7 +10,7 @@ import pytest
 from reactor.admin import parse_duration
 from reactor.errors import ConfigError
 from reactor.job_errors import MAX_ERROR_CHARS, last_line
-from reactor.jobs import job_id, parse_job_id
+from reactor.jobs import MAX_ENCODED_PART, job_id, parse_job_id
 from reactor.redact import redact
 from reactor.routes import Route, parse_route, parse_routes
 from reactor.settings import ReactorSettings, WorkerSettings
@@ -30,8 +30,8 @@ TRICKY_IDS = [
     "ü",
     "写真-1",
     "emoji 📷",
-    "x" * 500,
-    "ü" * 500,
+    "x" * MAX_ENCODED_PART,
+    "ü" * (MAX_ENCODED_PART // 6),
     "a-1",
     "a_2d1",
     "\x00\n\t",
@@ -45,6 +45,16 @@ def test_job_id_is_valid_for_rq_and_round_trips(photo_id: str) -> None:
     assert RQ_ID.fullmatch(value)
     ref = parse_job_id(value)
     assert (ref.type, ref.photo_id, ref.attempt) == ("photo.process", photo_id, 7)
+
+
+@pytest.mark.parametrize("photo_id", ["x" * (MAX_ENCODED_PART + 1), "ü" * 34, "~" * 255])
+def test_long_photo_ids_are_hashed_into_bounded_job_ids(photo_id: str) -> None:
+    value = job_id("photo.process", photo_id, 7)
+    assert RQ_ID.fullmatch(value) and len(value) <= 2 * MAX_ENCODED_PART + 12
+    assert value == job_id("photo.process", photo_id, 7)
+    assert value != job_id("photo.process", photo_id[:-1] + "y", 7)
+    with pytest.raises(ValueError, match="hashed"):
+        parse_job_id(value)
 
 
 def test_job_ids_are_injective_on_random_inputs() -> None:

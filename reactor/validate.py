@@ -1,0 +1,73 @@
+"""Checks of a job's identity before it reaches the database, as one-line project errors.
+
+The bounds are the table's own (its CHECK constraints enforce them too): a photo id is 1 to
+`MAX_PHOTO_ID_BYTES` bytes of UTF-8 without NUL; a type is 1 to `MAX_TYPE_LENGTH` characters
+of `[A-Za-z0-9_.-]` (it is the NOTIFY payload and names an RQ queue). Error texts show at most
+the first few dozen characters of the value, so a huge id cannot flood a terminal or a log.
+"""
+
+from __future__ import annotations
+
+import re
+
+from reactor.errors import InvalidJobError
+
+__all__ = [
+    "MAX_PHOTO_ID_BYTES",
+    "MAX_TYPE_LENGTH",
+    "check_job_type",
+    "check_photo_id",
+    "is_valid_type",
+    "validate_job",
+]
+
+MAX_PHOTO_ID_BYTES = 255
+MAX_TYPE_LENGTH = 128
+
+_TYPE = re.compile(rf"[A-Za-z0-9_.-]{{1,{MAX_TYPE_LENGTH}}}")
+_SHOWN_CHARS = 40
+
+
+def _show(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= _SHOWN_CHARS else text[: _SHOWN_CHARS - 3] + "..."
+
+
+def is_valid_type(job_type: object) -> bool:
+    """Whether the table would accept `job_type` as a type."""
+    return isinstance(job_type, str) and _TYPE.fullmatch(job_type) is not None
+
+
+def check_photo_id(photo_id: object) -> None:
+    """Raises:
+    InvalidJobError: `photo_id` is not a non-empty string, is too long, or holds a NUL."""
+    if not isinstance(photo_id, str) or not photo_id:
+        raise InvalidJobError(f"invalid photo id {_show(photo_id)}: must be a non-empty string")
+    size = len(photo_id.encode("utf-8", "surrogatepass"))
+    if size > MAX_PHOTO_ID_BYTES:
+        raise InvalidJobError(
+            f"invalid photo id {_show(photo_id)}: {size} bytes long, "
+            f"the limit is {MAX_PHOTO_ID_BYTES} (UTF-8)"
+        )
+    if "\x00" in photo_id:
+        raise InvalidJobError(f"invalid photo id {_show(photo_id)}: must not contain NUL")
+
+
+def check_job_type(job_type: object) -> None:
+    """Raises:
+    InvalidJobError: `job_type` is not 1-128 characters of [A-Za-z0-9_.-]."""
+    if not is_valid_type(job_type):
+        raise InvalidJobError(
+            f"invalid job type {_show(job_type)}: must match "
+            f"[A-Za-z0-9_.-]{{1,{MAX_TYPE_LENGTH}}}, e.g. photo.process"
+        )
+
+
+def validate_job(photo_id: object, job_type: object) -> None:
+    """Refuse a photo id or a type that the table would refuse.
+
+    Raises:
+        InvalidJobError: see `check_photo_id` and `check_job_type`.
+    """
+    check_photo_id(photo_id)
+    check_job_type(job_type)
