@@ -65,13 +65,29 @@ class _Group(click.Group):
             ctx.exit(1)
 
 
+def _set_prepared_statements(_ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    db.set_prepared_statements(value)
+
+
 def _database_option(func: F) -> F:
+    func = click.option(
+        "--prepared-statements/--no-prepared-statements",
+        envvar=db.PREPARED_STATEMENTS_ENV,
+        default=False,
+        show_default=True,
+        show_envvar=True,
+        expose_value=False,
+        callback=_set_prepared_statements,
+        help="Let psycopg prepare statements on the server (never behind PgBouncer in "
+        "transaction mode).",
+    )(func)
     return click.option(
         "--database-url",
         envvar="DATABASE_URL",
         default="",
         show_envvar=True,
-        help="Postgres URL (default: libpq defaults, PG* variables, local socket).",
+        help="Postgres URL (default: libpq defaults, PG* variables, local socket); a "
+        "multi-host URL (postgresql://db1,db2/app) connects to the host that takes writes.",
     )(func)
 
 
@@ -106,7 +122,8 @@ def _dispatch_options(func: F) -> F:
         default=DEFAULT_REDIS_URL,
         show_default=True,
         show_envvar=True,
-        help="Redis URL of the RQ queues.",
+        help="Redis URL of the RQ queues (or redis+sentinel://[[USER]:PASSWORD@]HOST:PORT"
+        "[,HOST:PORT...]/MASTER_NAME[/DB]).",
     )(func)
     func = click.option(
         "--batch-size",
@@ -282,7 +299,7 @@ def sweep(**options: Any) -> None:
 def status(database_url: str, routes: tuple[str, ...], stale_after: float, as_json: bool) -> None:
     """Show counts by type and state, backlog age, retries, stale rows, unrouted types."""
     routed = resolve_routes(routes)
-    conn = db.connect(database_url, purpose="status")
+    conn = db.connect(database_url, purpose="status", read_write=False)
     with conn:
         db.check_schema(conn)
         result = read_status(conn, routed, stale_after)

@@ -33,9 +33,10 @@ from rq.exceptions import NoSuchJobError
 from rq.job import Job
 from rq.queue import EnqueueData
 
-from reactor.errors import ConfigError, EnqueueError
+from reactor.errors import EnqueueError
 from reactor.jobs import ENTRY_POINT, JobRef
 from reactor.redact import redact
+from reactor.redis_url import client_for
 from reactor.routes import Route
 from reactor.settings import FAILED_JOB_TTL_SECONDS
 
@@ -81,15 +82,12 @@ return 0
 
 
 def connect_redis(url: str) -> redis.Redis:
-    """A client for `url` (no I/O yet).
+    """A client for `url`, a plain Redis or a `redis+sentinel://` one (no I/O yet).
 
     Raises:
         ConfigError: the URL is malformed.
     """
-    try:
-        return redis.Redis.from_url(url, health_check_interval=30)
-    except ValueError as exc:
-        raise ConfigError(f"bad Redis URL: {redact(str(exc))}") from None
+    return client_for(url, health_check_interval=30)
 
 
 @dataclass(frozen=True)

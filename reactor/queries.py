@@ -19,6 +19,7 @@ __all__ = [
     "OLDEST_DUE_AGE",
     "PENDING_TYPES",
     "REDISPATCH",
+    "SERVER_READ_ONLY",
 ]
 
 #: Claim up to `limit` due pending rows of one type: a new attempt each, now `active`.
@@ -129,4 +130,9 @@ SELECT t.type,
            AND coalesce(p.next_retry_at, p.created_at) <= now()
          ORDER BY coalesce(p.next_retry_at, p.created_at)
          LIMIT 1) AS d ON true
+"""
+
+#: Whether this session cannot write: a standby (in recovery) or a read-only default.
+SERVER_READ_ONLY = """
+SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool
 """
