@@ -138,6 +138,7 @@ def connect(
         params = conninfo_to_dict(url)
     except psycopg.ProgrammingError as exc:
         raise ConfigError(f"bad database URL: {describe_error(exc)}") from None
+    _check_hosts(params)
     extra: dict[str, Any] = {}
     # libpq skips read-only hosts of a multi-host URL itself when asked to.
     libpq_checks = "target_session_attrs" in params or "PGTARGETSESSIONATTRS" in os.environ
@@ -159,6 +160,22 @@ def connect(
     if read_write and libpq_checks:
         _require_writable(conn)
     return conn
+
+
+def _check_hosts(params: Mapping[str, Any]) -> None:
+    """Refuse what libpq would only report when connecting: ports that are not numbers, or
+    a list of ports that does not match the list of hosts.
+
+    Raises:
+        ConfigError: the host or port list is malformed.
+    """
+    ports = str(params.get("port") or "").split(",")
+    for port in ports:
+        if port and not (port.isdigit() and 0 < int(port) < 65536):
+            raise ConfigError(f"bad database URL: invalid port {port!r}")
+    hosts = str(params.get("host") or params.get("hostaddr") or "").split(",")
+    if len(ports) > 1 and len(ports) != len(hosts):
+        raise ConfigError(f"bad database URL: {len(ports)} ports given for {len(hosts)} hosts")
 
 
 def _require_writable(conn: Connection) -> None:
