@@ -70,6 +70,7 @@ class PostgresServer:
         password: str | None = None,
         settings: dict[str, str] | None = None,
         standby_of: PostgresServer | None = None,
+        port: int | None = None,
     ) -> None:
         initdb, postgres = find_binary("initdb"), find_binary("postgres")
         if not initdb or not postgres:
@@ -77,7 +78,7 @@ class PostgresServer:
                 "no initdb/postgres binaries found on PATH or in /usr/lib/postgresql"
             )
         self._dir = tempfile.mkdtemp(prefix="reactor-pg-")
-        self.port = free_port()
+        self.port = port or free_port()
         data = self._data = Path(self._dir) / "data"
         # postgres refuses to run as root: drop to the system's postgres user if we are root.
         prefix: list[str] = []
