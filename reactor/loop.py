@@ -298,6 +298,7 @@ class Reactor:
         while not self.stopper.requested:
             try:
                 if not (self._work_connection_ok() and self._listener_ok()):
+                    self._drop_connections()  # both, in one round (see the module docstring)
                     self._reconnect()
                     bell.lost()
                     backlog = True

@@ -178,6 +178,43 @@ def test_a_read_only_server_is_retried_not_fatal(env: Env, spawn: Callable[..., 
     assert "Traceback" not in reactor.output()
 
 
+def test_losing_the_listener_reopens_both_connections(
+    env: Env, spawn: Callable[..., Process]
+) -> None:
+    """After a failover both sessions are on the old server; the first one noticed gone must
+    take the other with it, so the reactor reconnects in one round, not when a claim fails."""
+    admin = env.connect()
+    reactor = start_reactor(spawn, "--route", "photo.process=tests.handlers.ok")
+
+    def pids() -> dict[str, int]:
+        return {
+            str(name): int(pid)
+            for name, pid in admin.execute(
+                "SELECT application_name, pid FROM pg_stat_activity"
+                " WHERE datname = current_database()"
+                " AND application_name IN ('photo-reactor work', 'photo-reactor listener')"
+            )
+        }
+
+    def both(unlike: dict[str, int]) -> dict[str, int]:
+        found = pids()
+        return found if len(found) == 2 and found != unlike else {}
+
+    before = wait_for(lambda: both({}), what="both sessions")
+    admin.execute("SELECT pg_terminate_backend(%s)", [before["photo-reactor listener"]])
+    after = wait_for(
+        lambda: both(before),
+        timeout=20,
+        what="both sessions reopened",
+    )
+    assert after["photo-reactor work"] != before["photo-reactor work"]
+    assert after["photo-reactor listener"] != before["photo-reactor listener"]
+    insert_rows(admin, 2)
+    client = env.redis()
+    wait_for(lambda: len(queue_ids(client)) == 2, timeout=20, what="dispatch after reconnect")
+    assert reactor.proc.poll() is None
+
+
 # -- bad set-ups exit 2 with one line ------------------------------------------------------
 
 
