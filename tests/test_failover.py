@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import sys
 import threading
 import time
@@ -411,9 +412,16 @@ def test_failovers_lose_nothing(site: Site) -> None:
         ).fetchall()
     ]
     pauses = {kind: longest_pause(activations, at, PHASE_SECONDS - 1) for kind, at in faults}
+    # Rows whose jobs a Redis failover lost, re-dispatched by the sweeps.
+    redispatched = sum(
+        int(match.group(1))
+        for proc in site.reactors
+        for line in proc.lines
+        if (match := re.search(r"sweep_done .* lost=(\d+)", line))
+    )
     print(
         f"\nfailover: rows={len(rows)} committed={len(writers.committed)} lost={len(lost)} "
-        f"attempts_max={max(final.values())} "
+        f"attempts_max={max(final.values())} lost_jobs_redispatched={redispatched} "
         f"writer_outage_max={max(writers.outages, default=0):.2f}s "
         + " ".join(f"dispatch_pause_{k}={v:.2f}s" for k, v in pauses.items())
     )
