@@ -155,7 +155,8 @@ def test_a_read_only_server_is_retried_not_fatal(env: Env, spawn: Callable[..., 
     reactor = start_reactor(spawn, "--route", "photo.process=tests.handlers.ok")
     insert_rows(admin, 3, prefix="before-")
     client = env.redis()
-    wait_for(lambda: len(queue_ids(client)) == 3, timeout=20, what="first rows dispatched")
+    # Committed, not only enqueued (a cut before the COMMIT would leave them pending).
+    wait_for(lambda: states(admin) == {"active": 3}, timeout=20, what="first rows dispatched")
     admin.execute(f'ALTER DATABASE "{env.database_name}" SET default_transaction_read_only = on')
     try:
         admin.execute(
