@@ -141,9 +141,10 @@ def connect(
     _check_hosts(params)
     extra: dict[str, Any] = {}
     # libpq skips read-only hosts of a multi-host URL itself when asked to.
-    libpq_checks = "target_session_attrs" in params or "PGTARGETSESSIONATTRS" in os.environ
-    if read_write and not libpq_checks:
+    wanted = params.get("target_session_attrs") or os.environ.get("PGTARGETSESSIONATTRS")
+    if read_write and not wanted:
         extra["target_session_attrs"] = "read-write"
+    check_after = read_write and wanted not in (None, "", "read-write", "primary")
     try:
         conn = psycopg.connect(
             url,
@@ -157,7 +158,7 @@ def connect(
         raise ConfigError(f"bad database URL: {describe_error(exc)}") from None
     except psycopg.Error as exc:
         raise DatabaseError(f"cannot connect to Postgres: {describe_error(exc)}") from exc
-    if read_write and libpq_checks:
+    if check_after:
         _require_writable(conn)
     return conn
 

@@ -216,6 +216,19 @@ def test_losing_the_listener_reopens_both_connections(
     assert reactor.proc.poll() is None
 
 
+def test_connect_refuses_a_read_only_server_whatever_the_url_asks(env: Env) -> None:
+    admin = env.connect()
+    admin.execute(f'ALTER DATABASE "{env.database_name}" SET default_transaction_read_only = on')
+    try:
+        for query in ("", "?target_session_attrs=any"):
+            with pytest.raises(DatabaseError, match="read-only"):
+                db.connect(env.database_url + query)
+        # Reading is fine: `reactor status` may run against a standby.
+        db.connect(env.database_url + "?target_session_attrs=any", read_write=False).close()
+    finally:
+        admin.execute(f'ALTER DATABASE "{env.database_name}" RESET default_transaction_read_only')
+
+
 # -- bad set-ups exit 2 with one line ------------------------------------------------------
 
 
