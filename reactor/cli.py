@@ -84,14 +84,30 @@ def _warn_password_flag(ctx: click.Context, param: click.Parameter, value: str) 
     return value
 
 
+def _set_prepared_statements(_ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    db.set_prepared_statements(value)
+
+
 def _database_option(func: F) -> F:
+    func = click.option(
+        "--prepared-statements/--no-prepared-statements",
+        envvar=db.PREPARED_STATEMENTS_ENV,
+        default=False,
+        show_default=True,
+        show_envvar=True,
+        expose_value=False,
+        callback=_set_prepared_statements,
+        help="Let psycopg prepare statements on the server (never behind PgBouncer in "
+        "transaction mode).",
+    )(func)
     return click.option(
         "--database-url",
         envvar="DATABASE_URL",
         default="",
         show_envvar=True,
         callback=_warn_password_flag,
-        help="Postgres URL (default: libpq defaults, PG* variables, local socket).",
+        help="Postgres URL (default: libpq defaults, PG* variables, local socket); a "
+        "multi-host URL (postgresql://db1,db2/app) connects to the host that takes writes.",
     )(func)
 
 
@@ -136,7 +152,8 @@ def _sweep_options(func: F) -> F:
         show_default=True,
         show_envvar=True,
         callback=_warn_password_flag,
-        help="Redis URL of the RQ queues.",
+        help="Redis URL of the RQ queues (or redis+sentinel://[[USER]:PASSWORD@]HOST:PORT"
+        "[,HOST:PORT...]/MASTER_NAME[/DB]).",
     )(func)
     func = click.option(
         "--batch-size",
@@ -241,7 +258,7 @@ def _settings(options: dict[str, Any]) -> ReactorSettings:
     )
 
 
-def _connect(database_url: str, purpose: str) -> db.Connection:
+def _connect(database_url: str, purpose: str, *, read_write: bool = True) -> db.Connection:
     """A connection for a one-shot command, on a migrated database. Not reaching the
     database is a configuration error (exit 2), as for `run`.
 
@@ -249,7 +266,7 @@ def _connect(database_url: str, purpose: str) -> db.Connection:
         ConfigError: bad URL, unreachable or unmigrated database.
     """
     try:
-        conn = db.connect(database_url, purpose=purpose)
+        conn = db.connect(database_url, purpose=purpose, read_write=read_write)
     except DatabaseError as exc:
         raise ConfigError(str(exc)) from None
     try:
@@ -385,7 +402,7 @@ def sweep(ctx: click.Context, /, **options: Any) -> None:
 def status(database_url: str, stale_after: float, as_json: bool) -> None:
     """Show counts by type and state, backlog age, retries, stale rows, the routes the
     reactors use, unrouted types."""
-    with _connect(database_url, "status") as conn:
+    with _connect(database_url, "status", read_write=False) as conn:
         result = read_status(conn, stale_after)
     click.echo(json.dumps(result.as_dict()) if as_json else format_status(result))
 
@@ -399,7 +416,7 @@ def status(database_url: str, stale_after: float, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (errors in full).")
 def failures(database_url: str, job_type: str | None, limit: int, as_json: bool) -> None:
     """Show the latest failed and retried rows: attempt, last_error, when."""
-    with _connect(database_url, "failures") as conn:
+    with _connect(database_url, "failures", read_write=False) as conn:
         rows = read_failures(conn, job_type, limit)
     if as_json:
         click.echo(json.dumps({"failures": [r.as_dict() for r in rows]}))

@@ -1,18 +1,35 @@
 """Opening Postgres connections, and the one place psycopg errors become ours.
 
 Every connection gets TCP keepalives and `tcp_user_timeout`, so a silently dead peer is noticed
-in seconds, not never (NOTES: ~7 s with these values). Connection failures are reported as one
+in seconds, not never (~7 s with these values). Connection failures are reported as one
 line with the password masked; at start-up they are `ConfigError` (exit 2), at runtime the
 caller treats them as `DatabaseError` and reconnects.
+
+Past one machine: the URL may be a libpq multi-host URL (`postgresql://db1,db2/app`). A
+connection that writes is only ever opened on a read-write server: unless the URL (or
+`PGTARGETSESSIONATTRS`) says otherwise, libpq is asked for `target_session_attrs=read-write`,
+so it skips standbys; if the URL asked for something else, the server is checked after
+connecting. Landing on a read-only server is a connection failure (`DatabaseError`, retried),
+and so is any error `is_connection_failure` recognises (a lost session, a server in recovery
+or shutting down, a read-only transaction): the caller drops the connection and reconnects.
+
+Server-side prepared statements are off unless asked for (`set_prepared_statements`, or
+`REACTOR_PREPARED_STATEMENTS=1`): behind a pooler in transaction mode (PgBouncer) each
+transaction may run on another server session, where a statement prepared earlier does not
+exist.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from typing import Any
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 
+from reactor import queries
 from reactor.errors import ConfigError, DatabaseError, SchemaError, StatementError
 from reactor.redact import ambiguous_userinfo, redact
 
@@ -22,7 +39,10 @@ __all__ = [
     "check_schema",
     "connect",
     "describe_error",
+    "is_connection_failure",
+    "prepared_statements_enabled",
     "schema_version",
+    "set_prepared_statements",
     "translate_error",
 ]
 
@@ -47,6 +67,62 @@ _KEEPALIVES: dict[str, Any] = {
 }
 
 
+#: Environment variable that turns psycopg's server-side prepared statements on ("1"/"true").
+PREPARED_STATEMENTS_ENV = "REACTOR_PREPARED_STATEMENTS"
+#: psycopg prepares a statement after it ran this many times on a connection (its default).
+PREPARE_THRESHOLD = 5
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"", "0", "false", "no", "off"})
+#: The CLI's choice; None: read `PREPARED_STATEMENTS_ENV`.
+_prepared_statements: bool | None = None
+
+#: SQLSTATEs after which the session is useless, though the socket may be open: a read-only
+#: transaction (a standby, an old primary back), admin/crash shutdown, cannot connect now.
+_CONNECTION_SQLSTATES = frozenset({"25006", "57P01", "57P02", "57P03"})
+#: Message fragments of the same failures from servers or poolers that send no SQLSTATE.
+_CONNECTION_MESSAGES = ("recovery", "read-only", "shutting down", "server closed")
+
+
+def set_prepared_statements(enabled: bool | None) -> None:
+    """Turn server-side prepared statements on or off for connections opened from now on
+    (None: follow `REACTOR_PREPARED_STATEMENTS`)."""
+    global _prepared_statements
+    _prepared_statements = enabled
+
+
+def prepared_statements_enabled(env: Mapping[str, str] | None = None) -> bool:
+    """Whether new connections may prepare statements on the server (default: no).
+
+    Raises:
+        ConfigError: `REACTOR_PREPARED_STATEMENTS` is not a boolean.
+    """
+    if _prepared_statements is not None:
+        return _prepared_statements
+    raw = (os.environ if env is None else env).get(PREPARED_STATEMENTS_ENV, "").strip().lower()
+    if raw in _TRUE:
+        return True
+    if raw in _FALSE:
+        return False
+    raise ConfigError(f"{PREPARED_STATEMENTS_ENV} must be 1 or 0 (true/false), not {raw!r}")
+
+
+def is_connection_failure(exc: BaseException) -> bool:
+    """Whether `exc` (or what caused it) means the session must be dropped and reopened."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, psycopg.OperationalError | psycopg.InterfaceError):
+            return True
+        if isinstance(seen, psycopg.Error):
+            state = seen.sqlstate or ""
+            if state in _CONNECTION_SQLSTATES or state.startswith("08"):
+                return True
+            text = str(seen).lower()
+            if any(fragment in text for fragment in _CONNECTION_MESSAGES):
+                return True
+        seen = seen.__cause__
+    return False
+
+
 def describe_error(exc: BaseException) -> str:
     """One line, no password: the first line of the error's message."""
     text = str(exc).strip().splitlines()
@@ -57,36 +133,86 @@ def describe_error(exc: BaseException) -> str:
 
 def translate_error(exc: psycopg.Error, what: str, conn: Connection | None = None) -> DatabaseError:
     """The project error for a psycopg error: `DatabaseError` when the connection is lost or
-    the server is in trouble (reconnect and retry), `StatementError` when one statement failed
-    on a healthy connection (DataError, IntegrityError, ProgrammingError...: retrying the same
-    statement cannot help)."""
+    the server is in trouble or read-only (reconnect and retry; see `is_connection_failure`),
+    `StatementError` when one statement failed on a healthy connection (DataError,
+    IntegrityError, ProgrammingError...: retrying the same statement cannot help)."""
     message = f"{what}: {describe_error(exc)}"
-    lost = isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)) or (
-        conn is not None and (conn.closed or conn.broken)
-    )
+    lost = is_connection_failure(exc) or (conn is not None and (conn.closed or conn.broken))
     return DatabaseError(message) if lost else StatementError(message)
 
 
-def connect(url: str, *, autocommit: bool = False, purpose: str = "work") -> Connection:
-    """Open a connection for one role (`purpose` goes into `application_name`).
+def connect(
+    url: str, *, autocommit: bool = False, purpose: str = "work", read_write: bool = True
+) -> Connection:
+    """Open a connection for one role (`purpose` goes into `application_name`); with
+    `read_write` (every role that writes), only on a server that accepts writes.
 
     Raises:
         ConfigError: the URL is malformed (a retry cannot help).
-        DatabaseError: the server could not be reached or refused us.
+        DatabaseError: the server could not be reached, refused us, or is read-only.
     """
     if ambiguous_userinfo(url):
         raise ConfigError(f"bad database URL: {_AMBIGUOUS}")
     try:
-        return psycopg.connect(
+        params = conninfo_to_dict(url)
+    except psycopg.ProgrammingError as exc:
+        raise ConfigError(f"bad database URL: {describe_error(exc)}") from None
+    _check_hosts(params)
+    extra: dict[str, Any] = {}
+    # libpq skips read-only hosts of a multi-host URL itself when asked to.
+    wanted = params.get("target_session_attrs") or os.environ.get("PGTARGETSESSIONATTRS")
+    if read_write and not wanted:
+        extra["target_session_attrs"] = "read-write"
+    check_after = read_write and wanted not in (None, "", "read-write", "primary")
+    try:
+        conn = psycopg.connect(
             url,
             autocommit=autocommit,
             application_name=f"photo-reactor {purpose}",
+            prepare_threshold=PREPARE_THRESHOLD if prepared_statements_enabled() else None,
             **_KEEPALIVES,
+            **extra,
         )
     except psycopg.ProgrammingError as exc:
         raise ConfigError(f"bad database URL: {describe_error(exc)}") from None
     except psycopg.Error as exc:
         raise DatabaseError(f"cannot connect to Postgres: {describe_error(exc)}") from exc
+    if check_after:
+        _require_writable(conn)
+    return conn
+
+
+def _check_hosts(params: Mapping[str, Any]) -> None:
+    """Refuse what libpq would only report when connecting: ports that are not numbers, or
+    a list of ports that does not match the list of hosts.
+
+    Raises:
+        ConfigError: the host or port list is malformed.
+    """
+    ports = str(params.get("port") or "").split(",")
+    for port in ports:
+        if port and not (port.isdigit() and 0 < int(port) < 65536):
+            raise ConfigError(f"bad database URL: invalid port {port!r}")
+    hosts = str(params.get("host") or params.get("hostaddr") or "").split(",")
+    if len(ports) > 1 and len(ports) != len(hosts):
+        raise ConfigError(f"bad database URL: {len(ports)} ports given for {len(hosts)} hosts")
+
+
+def _require_writable(conn: Connection) -> None:
+    """Close `conn` and fail if its server cannot take writes (the URL asked for any server)."""
+    try:
+        row = conn.execute(queries.SERVER_READ_ONLY).fetchone()
+        if not conn.autocommit:
+            conn.rollback()
+    except psycopg.Error as exc:
+        conn.close()
+        raise DatabaseError(f"cannot connect to Postgres: {describe_error(exc)}") from exc
+    if row is not None and row[0]:
+        where = f"{conn.info.host}:{conn.info.port}"
+        conn.close()
+        raise DatabaseError(
+            f"cannot connect to Postgres: the server at {where} is read-only (a standby?)"
+        )
 
 
 def schema_version(conn: Connection) -> int:

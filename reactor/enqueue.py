@@ -40,6 +40,7 @@ from reactor.errors import ConfigError, EnqueueError
 from reactor.job_errors import read_failure_texts
 from reactor.jobs import ENTRY_POINT, JobRef
 from reactor.redact import ambiguous_userinfo, redact
+from reactor.redis_url import client_for
 from reactor.routes import Route
 from reactor.settings import FAILED_JOB_TTL_SECONDS
 
@@ -88,7 +89,7 @@ return 0
 
 
 def connect_redis(url: str) -> redis.Redis:
-    """A client for `url` (no I/O yet).
+    """A client for `url`, a plain Redis or a `redis+sentinel://` one (no I/O yet).
 
     Raises:
         ConfigError: the URL is malformed.
@@ -98,10 +99,7 @@ def connect_redis(url: str) -> redis.Redis:
             "bad Redis URL: the user name or password holds a raw '@', '/', '?' or '#'; "
             "percent-encode them (e.g. '@' as %40)"
         )
-    try:
-        return redis.Redis.from_url(url, health_check_interval=30)
-    except ValueError as exc:
-        raise ConfigError(f"bad Redis URL: {redact(str(exc))}") from None
+    return client_for(url, health_check_interval=30)
 
 
 @dataclass(frozen=True)

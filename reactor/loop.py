@@ -7,7 +7,9 @@ Notifications are read *before* draining, so a row committed during a drain send
 notification that is still unread when the drain ends and causes one more drain: no lost
 wake-up. On start and on every reconnect the listener LISTENs first and the reactor drains
 at once, catching up on whatever was committed while nobody listened; it then polls until
-the table is quiet and arms the doorbell again (a lost connection released it).
+the table is quiet and arms the doorbell again (a lost connection released it). When either
+connection fails, both are reopened in one round (after a primary failover both point at
+the old server), on a server that takes writes (see `reactor.db`).
 
 With retention on (`--prune-done-after`), a `reactor.retention.Pruner` thread deletes old
 finished rows on a connection of its own, outside this loop.
@@ -28,6 +30,7 @@ from http.server import ThreadingHTTPServer
 
 import redis
 import tenacity
+from redis.sentinel import MasterNotFoundError
 
 from reactor import db
 from reactor.dispatch import Dispatcher, DrainResult
@@ -37,6 +40,7 @@ from reactor.errors import ConfigError, DatabaseError, EnqueueError, StatementEr
 from reactor.listener import Listener
 from reactor.metrics import HealthCheck, Metrics, serve
 from reactor.redact import redact
+from reactor.redis_url import describe_master_not_found
 from reactor.registry import NO_ROUTE_HINT, RouteRegistration, load_routes
 from reactor.retention import Pruner
 from reactor.routes import Route, format_route
@@ -146,6 +150,13 @@ class Reactor:
             stale_after_seconds=self.settings.stale_after_seconds,
         )
 
+    def _drop_connections(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
+        if self._dispatcher is not None:
+            self._dispatcher.close()
+            self._dispatcher.conn.close()
+
     def _work_connection_ok(self) -> bool:
         d = self._dispatcher
         return d is not None and not d.conn.closed and not d.conn.broken
@@ -180,6 +191,11 @@ class Reactor:
         try:
             self._redis.ping()
             self._enqueuer.prepare()
+        except MasterNotFoundError as exc:
+            # Sentinels all unreachable, or none knows the master's name: a set-up error.
+            raise ConfigError(
+                f"Redis Sentinel: {describe_master_not_found(self.settings.redis_url, exc)}"
+            ) from None
         except (redis.AuthenticationError, redis.ResponseError) as exc:
             raise ConfigError(f"Redis refused us: {redact(str(exc))}") from None
         except redis.RedisError as exc:
@@ -369,6 +385,7 @@ class Reactor:
         while not self.stopper.requested:
             try:
                 if not (self._work_connection_ok() and self._listener_ok()):
+                    self._drop_connections()  # both, in one round (see the module docstring)
                     self._reconnect()
                     bell.lost()
                     backlog = True
@@ -423,6 +440,12 @@ class Reactor:
             except DatabaseError as exc:
                 if self.stopper.requested:
                     break
+                if db.is_connection_failure(exc) or not (
+                    self._work_connection_ok() and self._listener_ok()
+                ):
+                    # Reopen both in one round: after a failover the other connection is
+                    # on the old primary too (gone, or read-only), just not noticed yet.
+                    self._drop_connections()
                 self._listener_ok()
                 self.health.failed(str(exc))
                 pause = ERROR_PAUSE_SECONDS

@@ -38,6 +38,7 @@ __all__ = [
     "RESUME_TYPES",
     "ROUTES_LOCK_TRY",
     "ROUTES_UNLOCK",
+    "SERVER_READ_ONLY",
 ]
 
 #: Claim up to `limit` due pending rows of one type: a new attempt each, now `active`. A row
@@ -380,4 +381,9 @@ SELECT CASE
                               'applied_at timestamp with time zone now()']
     THEN 'has columns, types or defaults that sql/0001 does not make'
 END
+"""
+
+#: Whether this session cannot write: a standby (in recovery) or a read-only default.
+SERVER_READ_ONLY = """
+SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool
 """

@@ -2,9 +2,10 @@
 
 Guarantee: any `scheme://user:password@host` (or `scheme://:password@host`, up to the last `@`
 before the host, so a raw `@` in the password is masked too) and any libpq `password=...`
-keyword in the text comes out with the password replaced by `***`. A URL whose user name or
-password holds a raw `@`, `/`, `?` or `#` cannot be parsed without guessing, and parsers echo
-the piece they took for a host; `ambiguous_userinfo` tells callers to refuse it unparsed.
+keyword (or `xxx_password=...`, e.g. a Sentinel URL's `sentinel_password=`) in the text comes
+out with the password replaced by `***`. A URL whose user name or password holds a raw `@`,
+`/`, `?` or `#` cannot be parsed without guessing, and parsers echo the piece they took for a
+host; `ambiguous_userinfo` tells callers to refuse it unparsed.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import re
 __all__ = ["ambiguous_userinfo", "has_password", "redact"]
 
 _URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*:)[^/\s]*@")
-_KEYWORD_PASSWORD = re.compile(r"(?P<head>\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.I)
+_KEYWORD_PASSWORD = re.compile(
+    r"(?P<head>\b(?:[A-Za-z]+_)?password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.I
+)
 
 
 def redact(text: str) -> str:

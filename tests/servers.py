@@ -1,9 +1,13 @@
 """Throwaway Postgres and Redis servers for the test suite, started from binaries on PATH.
 
-Used when no server URL is given and no Docker engine answers. Every server listens on
-127.0.0.1 only, on a free port, with its data in a temporary directory that is removed when it
-stops. `RedisServer` can be stopped and started again on the same port, which the fault tests
-use to take Redis away from a running reactor.
+Used when no server URL is given and no Docker engine answers, and by the tests that need a
+server of their own. Every server listens on 127.0.0.1 only, on a free port, with its data in a
+temporary directory that is removed when it stops. `RedisServer` can be stopped and started
+again on the same port, which the fault tests use to take Redis away from a running reactor.
+For the failover tests: a `PostgresServer` can be a streaming standby of another
+(`pg_basebackup -R`), promoted, and stopped in immediate mode; a `RedisServer` can be a
+replica; `SentinelServer` is a `redis-server --sentinel`; `PgBouncer` is a pooler in
+transaction mode in front of a Postgres server.
 """
 
 from __future__ import annotations
@@ -18,7 +22,17 @@ import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["PostgresServer", "RedisServer", "find_binary", "free_port", "wait_port"]
+import psycopg
+
+__all__ = [
+    "PgBouncer",
+    "PostgresServer",
+    "RedisServer",
+    "SentinelServer",
+    "find_binary",
+    "free_port",
+    "wait_port",
+]
 
 
 def free_port() -> int:
@@ -51,15 +65,21 @@ class PostgresServer:
     password auth (scram-sha-256) for the superuser `postgres` when `password` is given.
     `fsync` is off unless `settings` (extra `-c name=value` server settings) turn it on."""
 
-    def __init__(self, password: str | None = None, settings: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        password: str | None = None,
+        settings: dict[str, str] | None = None,
+        standby_of: PostgresServer | None = None,
+        port: int | None = None,
+    ) -> None:
         initdb, postgres = find_binary("initdb"), find_binary("postgres")
         if not initdb or not postgres:
             raise RuntimeError(
                 "no initdb/postgres binaries found on PATH or in /usr/lib/postgresql"
             )
         self._dir = tempfile.mkdtemp(prefix="reactor-pg-")
-        self.port = free_port()
-        data = Path(self._dir) / "data"
+        self.port = port or free_port()
+        data = self._data = Path(self._dir) / "data"
         # postgres refuses to run as root: drop to the system's postgres user if we are root.
         prefix: list[str] = []
         if os.geteuid() == 0:
@@ -71,18 +91,46 @@ class PostgresServer:
                 ) from None
             os.chown(self._dir, account.pw_uid, account.pw_gid)
             prefix = ["runuser", "-u", "postgres", "--"]
-        auth = ["-A", "trust"]
-        if password:
-            pwfile = Path(self._dir) / "pwfile"
-            pwfile.write_text(password + "\n")
-            if prefix:
-                os.chown(pwfile, account.pw_uid, account.pw_gid)
-            auth = ["-A", "scram-sha-256", f"--pwfile={pwfile}"]
-        subprocess.run(
-            [*prefix, initdb, "-D", str(data), *auth, "-U", "postgres", "--no-sync"],
-            check=True,
-            capture_output=True,
-        )
+        self._prefix = prefix
+        if standby_of is not None:
+            # A streaming standby: a base backup of the primary, with its primary_conninfo
+            # and standby.signal written by -R.
+            basebackup = find_binary("pg_basebackup")
+            if not basebackup:
+                raise RuntimeError("no pg_basebackup binary found")
+            subprocess.run(
+                [
+                    *prefix,
+                    basebackup,
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    str(standby_of.port),
+                    "-U",
+                    "postgres",
+                    "-D",
+                    str(data),
+                    "-R",
+                    "-X",
+                    "stream",
+                    "--no-sync",
+                ],
+                check=True,
+                capture_output=True,
+            )
+        else:
+            auth = ["-A", "trust"]
+            if password:
+                pwfile = Path(self._dir) / "pwfile"
+                pwfile.write_text(password + "\n")
+                if prefix:
+                    os.chown(pwfile, account.pw_uid, account.pw_gid)
+                auth = ["-A", "scram-sha-256", f"--pwfile={pwfile}"]
+            subprocess.run(
+                [*prefix, initdb, "-D", str(data), *auth, "-U", "postgres", "--no-sync"],
+                check=True,
+                capture_output=True,
+            )
         self._proc = subprocess.Popen(
             [
                 *prefix,
@@ -123,16 +171,40 @@ class PostgresServer:
                 raise TimeoutError(f"postgres on port {self.port} not ready after {timeout}s")
             time.sleep(0.05)
 
-    def stop(self) -> None:
-        self._proc.terminate()
+    def promote(self) -> None:
+        """Promote this standby to a primary (waits until it takes writes)."""
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute("SELECT pg_promote(true, 60)")
+
+    def stop_immediate(self) -> None:
+        """Stop the server the way a crash would (`pg_ctl stop -m immediate`); keep its data."""
+        pg_ctl = find_binary("pg_ctl")
+        if pg_ctl and self._proc.poll() is None:
+            subprocess.run(
+                [*self._prefix, pg_ctl, "stop", "-D", str(self._data), "-m", "immediate"],
+                check=False,
+                capture_output=True,
+            )
+        if self._proc.poll() is None:
+            self._proc.kill()
         self._proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.stop_immediate()
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
 class RedisServer:
     """A private redis-server with no persistence; stop() and start() keep its port."""
 
-    def __init__(self, port: int | None = None, password: str | None = None) -> None:
+    def __init__(
+        self, port: int | None = None, password: str | None = None, replica_of: int | None = None
+    ) -> None:
         binary = find_binary("redis-server")
         if not binary:
             raise RuntimeError("no redis-server binary found on PATH")
@@ -140,6 +212,7 @@ class RedisServer:
         self._dir = tempfile.mkdtemp(prefix="reactor-redis-")
         self.port = port or free_port()
         self.password = password
+        self.replica_of = replica_of
         self._proc: subprocess.Popen[bytes] | None = None
         auth = f":{password}@" if password else ""
         self.url = f"redis://{auth}127.0.0.1:{self.port}/0"
@@ -160,7 +233,9 @@ class RedisServer:
             self._dir,
         ]
         if self.password:
-            args += ["--requirepass", self.password]
+            args += ["--requirepass", self.password, "--masterauth", self.password]
+        if self.replica_of is not None:
+            args += ["--replicaof", "127.0.0.1", str(self.replica_of)]
         self._proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_port(self.port)
 
@@ -179,4 +254,97 @@ class RedisServer:
 
     def close(self) -> None:
         self.stop()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+class SentinelServer:
+    """A `redis-server --sentinel` watching the master at 127.0.0.1:`master_port` as
+    `master_name` (its config file is generated; Sentinel rewrites it as it learns)."""
+
+    def __init__(
+        self,
+        master_port: int,
+        master_name: str = "mymaster",
+        *,
+        quorum: int = 2,
+        down_after_ms: int = 1000,
+        failover_timeout_ms: int = 5000,
+    ) -> None:
+        binary = find_binary("redis-server")
+        if not binary:
+            raise RuntimeError("no redis-server binary found on PATH")
+        self._dir = tempfile.mkdtemp(prefix="reactor-sentinel-")
+        self.port = free_port()
+        config = Path(self._dir) / "sentinel.conf"
+        config.write_text(
+            f"port {self.port}\n"
+            "bind 127.0.0.1\n"
+            f"dir {self._dir}\n"
+            f"sentinel monitor {master_name} 127.0.0.1 {master_port} {quorum}\n"
+            f"sentinel down-after-milliseconds {master_name} {down_after_ms}\n"
+            f"sentinel failover-timeout {master_name} {failover_timeout_ms}\n"
+            f"sentinel parallel-syncs {master_name} 1\n"
+        )
+        self._proc = subprocess.Popen(
+            [binary, str(config), "--sentinel"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_port(self.port)
+
+    def close(self) -> None:
+        self._proc.kill()
+        self._proc.wait(timeout=30)
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+class PgBouncer:
+    """PgBouncer in transaction mode in front of the Postgres at `host:port`, on a free port
+    of 127.0.0.1, with `pool_size` server connections per database and user. Clients connect
+    as `user` without a password (PgBouncer's `auth_type = any`; it logs in as `user`)."""
+
+    def __init__(self, binary: str, host: str, port: int, user: str, pool_size: int = 3) -> None:
+        self._dir = tempfile.mkdtemp(prefix="reactor-pgbouncer-")
+        self.port = free_port()
+        config = Path(self._dir) / "pgbouncer.ini"
+        config.write_text(
+            "[databases]\n"
+            f"* = host={host} port={port} user={user}\n"
+            "[pgbouncer]\n"
+            "listen_addr = 127.0.0.1\n"
+            f"listen_port = {self.port}\n"
+            "unix_socket_dir =\n"
+            "auth_type = any\n"
+            "pool_mode = transaction\n"
+            f"default_pool_size = {pool_size}\n"
+            "max_client_conn = 500\n"
+            "server_reset_query =\n"
+            "ignore_startup_parameters = extra_float_digits\n"
+            f"logfile = {self._dir}/pgbouncer.log\n"
+        )
+        # PgBouncer refuses to run as root: run it as the postgres user then.
+        prefix: list[str] = []
+        if os.geteuid() == 0:
+            account = pwd.getpwnam("postgres")
+            os.chown(self._dir, account.pw_uid, account.pw_gid)
+            os.chown(config, account.pw_uid, account.pw_gid)
+            prefix = ["runuser", "-u", "postgres", "--"]
+        self._proc = subprocess.Popen(
+            [*prefix, binary, str(config)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_port(self.port)
+
+    def log(self) -> str:
+        path = Path(self._dir) / "pgbouncer.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def close(self) -> None:
+        self._proc.terminate()
+        try:
+            self._proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
         shutil.rmtree(self._dir, ignore_errors=True)

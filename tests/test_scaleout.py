@@ -1,0 +1,363 @@
+"""Past one machine, without failovers (those are in test_failover.py): Redis Sentinel URLs,
+libpq multi-host URLs, read-only servers, PgBouncer in transaction mode, and the one-line
+exit-2 errors of each kind of bad set-up."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import psycopg
+import pytest
+import redis
+
+from reactor import db
+from reactor.errors import ConfigError, DatabaseError
+from reactor.redact import redact
+from reactor.redis_url import client_for, parse_sentinel_url
+from tests.conftest import ROOT, Env, Process, start_reactor, start_worker, wait_for
+from tests.handlers import SCHEMA
+from tests.helpers import insert_rows, queue_ids, states
+from tests.servers import PgBouncer, RedisServer, SentinelServer, find_binary, free_port
+
+# -- Sentinel URLs (no I/O) ---------------------------------------------------------------
+
+
+def test_sentinel_url_parts() -> None:
+    t = parse_sentinel_url("redis+sentinel://bob:s3cret@10.0.0.1:26379,[::1]:26380,h3/cache/4")
+    assert t.sentinels == (("10.0.0.1", 26379), ("::1", 26380), ("h3", 26379))
+    assert (t.master_name, t.db, t.username, t.password) == ("cache", 4, "bob", "s3cret")
+    # The master's credentials go to the sentinels too, unless the query says otherwise.
+    assert (t.sentinel_username, t.sentinel_password) == ("bob", "s3cret")
+    t = parse_sentinel_url("redis+sentinel://:pw@h:1/m?sentinel_password=other")
+    assert (t.username, t.password, t.sentinel_password, t.db) == (None, "pw", "other", 0)
+    t = parse_sentinel_url("redis+sentinel://:pw@h:1/m/?sentinel_password=")
+    assert (t.password, t.sentinel_password) == ("pw", None)
+
+
+@pytest.mark.parametrize(
+    ("url", "needle"),
+    [
+        ("redis+sentinel://:hunter2@h:1", "no master name"),
+        ("redis+sentinel://:hunter2@h:1/", "no master name"),
+        ("redis+sentinel://:hunter2@/m", "no sentinel host"),
+        ("redis+sentinel://:hunter2@h:1,/m", "no host"),
+        ("redis+sentinel://:hunter2@h:99999/m", "bad sentinel port"),
+        ("redis+sentinel://:hunter2@h:x/m", "bad sentinel port"),
+        ("redis+sentinel://:hunter2@h:1/m/zero", "must be a number"),
+        ("redis+sentinel://:hunter2@h:1/m/0/1", "/MASTER_NAME[/DB]"),
+        ("redis+sentinel://:hunter2@h:1/m?password=hunter2", "unknown parameter"),
+        ("redis+sentinel://:hunter2@[::1/m", "bad sentinel address"),
+    ],
+)
+def test_malformed_sentinel_urls(url: str, needle: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        client_for(url)
+    assert needle in str(caught.value)
+    assert "hunter2" not in str(caught.value)
+
+
+def test_sentinel_password_is_redacted() -> None:
+    text = redact("redis+sentinel://:pw1@h:1/m?sentinel_password=pw2&x=1")
+    assert "pw1" not in text and "pw2" not in text
+
+
+# -- Postgres errors that mean "reconnect" ------------------------------------------------
+
+
+def test_read_only_and_shutdown_errors_are_connection_failures(env: Env) -> None:
+    conn = env.connect()
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    conn.execute("INSERT INTO t VALUES (1)")
+    with pytest.raises(psycopg.Error) as duplicate:
+        conn.execute("INSERT INTO t VALUES (1)")
+    assert not db.is_connection_failure(duplicate.value)
+    conn.execute("SET default_transaction_read_only = on")
+    with pytest.raises(psycopg.Error) as read_only:
+        conn.execute("INSERT INTO t VALUES (2)")
+    assert read_only.value.sqlstate == "25006"
+    assert db.is_connection_failure(read_only.value)
+    wrapped = DatabaseError("claim failed")
+    wrapped.__cause__ = read_only.value
+    assert db.is_connection_failure(wrapped)
+    victim = env.connect()
+    conn.execute("SELECT pg_terminate_backend(%s)", [victim.info.backend_pid])
+    with pytest.raises(psycopg.Error) as terminated:
+        victim.execute("SELECT 1")
+    assert db.is_connection_failure(terminated.value)
+
+
+def test_prepared_statements_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert not db.prepared_statements_enabled({})
+    assert db.prepared_statements_enabled({db.PREPARED_STATEMENTS_ENV: "1"})
+    assert not db.prepared_statements_enabled({db.PREPARED_STATEMENTS_ENV: "off"})
+    with pytest.raises(ConfigError):
+        db.prepared_statements_enabled({db.PREPARED_STATEMENTS_ENV: "maybe"})
+    monkeypatch.setattr(db, "_prepared_statements", True)
+    assert db.prepared_statements_enabled({})
+
+
+def test_connections_never_prepare_by_default(env: Env) -> None:
+    conn = db.connect(env.database_url, autocommit=True)
+    try:
+        for _ in range(10):
+            conn.execute("SELECT 1 WHERE %s", [True])
+        assert conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone() == (0,)
+    finally:
+        conn.close()
+
+
+# -- multi-host URLs and read-only servers ------------------------------------------------
+
+
+def multi_host(url: str, dead_port: int) -> str:
+    """`url` with a host that refuses connections listed first."""
+    parts = urlsplit(url)
+    auth = parts.netloc.rpartition("@")[0]
+    hosts = f"127.0.0.1:{dead_port},{parts.hostname}:{parts.port or 5432}"
+    return f"{parts.scheme}://{auth + '@' if auth else ''}{hosts}{parts.path}"
+
+
+def test_commands_take_a_multi_host_url(
+    env: Env, spawn: Callable[..., Process], empty_database: str
+) -> None:
+    url = multi_host(env.database_url, free_port())
+    migrate = subprocess.run(
+        [sys.executable, "-m", "reactor", "migrate"],
+        env={**env.process_env(), "DATABASE_URL": multi_host(empty_database, free_port())},
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert migrate.returncode == 0, migrate.stderr
+    env.database_url = url  # every process below gets the multi-host URL
+    assert env.cli_json("submit", "a", "b") == {"submitted": 2, "unchanged": 0}
+    assert env.cli_json("status", "--json")["types"]
+    start_reactor(spawn, "--route", "photo.process=tests.handlers.ok")
+    conn = psycopg.connect(url, autocommit=True)
+    env.cleanups.append(conn.close)
+    conn.execute(SCHEMA)
+    start_worker(spawn, env, burst=False)
+    wait_for(lambda: states(conn) == {"done": 2}, timeout=60, what="both rows done")
+
+
+def test_a_read_only_server_is_retried_not_fatal(env: Env, spawn: Callable[..., Process]) -> None:
+    """The reactor's sessions are cut and every new session of its database is read-only (as
+    on a standby): it must keep retrying, dispatch nothing, and resume when writes work."""
+    admin = env.connect()
+    reactor = start_reactor(spawn, "--route", "photo.process=tests.handlers.ok")
+    insert_rows(admin, 3, prefix="before-")
+    client = env.redis()
+    # Committed, not only enqueued (a cut before the COMMIT would leave them pending).
+    wait_for(lambda: states(admin) == {"active": 3}, timeout=20, what="first rows dispatched")
+    admin.execute(f'ALTER DATABASE "{env.database_name}" SET default_transaction_read_only = on')
+    try:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND application_name LIKE 'photo-reactor %'"
+        )
+        insert_rows(admin, 3, prefix="during-")  # this session was opened writable
+        reactor.wait_for_line("read-only", timeout=30)
+        seen = len(reactor.lines)
+        wait_for(
+            lambda: sum("reconnect_retry" in line for line in reactor.lines[seen:]) >= 2,
+            timeout=30,
+            what="two more reconnect attempts",
+        )
+        assert reactor.proc.poll() is None, reactor.output()
+        assert states(admin) == {"active": 3, "pending": 3}
+    finally:
+        admin.execute(f'ALTER DATABASE "{env.database_name}" RESET default_transaction_read_only')
+    wait_for(lambda: len(queue_ids(client)) == 6, timeout=30, what="rows dispatched after")
+    assert "Traceback" not in reactor.output()
+
+
+def test_losing_the_listener_reopens_both_connections(
+    env: Env, spawn: Callable[..., Process]
+) -> None:
+    """After a failover both sessions are on the old server; the first one noticed gone must
+    take the other with it, so the reactor reconnects in one round, not when a claim fails."""
+    admin = env.connect()
+    reactor = start_reactor(spawn, "--route", "photo.process=tests.handlers.ok")
+
+    def pids() -> dict[str, int]:
+        return {
+            str(name): int(pid)
+            for name, pid in admin.execute(
+                "SELECT application_name, pid FROM pg_stat_activity"
+                " WHERE datname = current_database()"
+                " AND application_name IN ('photo-reactor work', 'photo-reactor listener')"
+            )
+        }
+
+    def both(unlike: dict[str, int]) -> dict[str, int]:
+        found = pids()
+        return found if len(found) == 2 and found != unlike else {}
+
+    before = wait_for(lambda: both({}), what="both sessions")
+    admin.execute("SELECT pg_terminate_backend(%s)", [before["photo-reactor listener"]])
+    after = wait_for(
+        lambda: both(before),
+        timeout=20,
+        what="both sessions reopened",
+    )
+    assert after["photo-reactor work"] != before["photo-reactor work"]
+    assert after["photo-reactor listener"] != before["photo-reactor listener"]
+    insert_rows(admin, 2)
+    client = env.redis()
+    wait_for(lambda: len(queue_ids(client)) == 2, timeout=20, what="dispatch after reconnect")
+    assert reactor.proc.poll() is None
+
+
+def test_connect_refuses_a_read_only_server_whatever_the_url_asks(env: Env) -> None:
+    admin = env.connect()
+    admin.execute(f'ALTER DATABASE "{env.database_name}" SET default_transaction_read_only = on')
+    try:
+        for query in ("", "?target_session_attrs=any"):
+            with pytest.raises(DatabaseError, match="read-only"):
+                db.connect(env.database_url + query)
+        # Reading is fine: `reactor status` may run against a standby.
+        db.connect(env.database_url + "?target_session_attrs=any", read_write=False).close()
+    finally:
+        admin.execute(f'ALTER DATABASE "{env.database_name}" RESET default_transaction_read_only')
+
+
+# -- bad set-ups exit 2 with one line ------------------------------------------------------
+
+
+def run_reactor(env: Env, **variables: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "reactor", "run"],
+        env={**env.process_env(), **variables},
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+
+
+def assert_one_line_exit_2(result: subprocess.CompletedProcess[str], needle: str) -> None:
+    out = (result.stdout + result.stderr).strip()
+    assert result.returncode == 2, out
+    assert len(out.splitlines()) == 1, out
+    assert "Traceback" not in out and "hunter2" not in out, out
+    assert needle in out, out
+
+
+@pytest.fixture
+def sentinel() -> Iterator[tuple[RedisServer, SentinelServer]]:
+    master = RedisServer()
+    watcher = SentinelServer(master.port, "photos", quorum=1)
+    try:
+        yield master, watcher
+    finally:
+        watcher.close()
+        master.close()
+
+
+def test_bad_multi_host_and_sentinel_set_ups_exit_2(
+    env: Env, sentinel: tuple[RedisServer, SentinelServer]
+) -> None:
+    _master, watcher = sentinel
+    pg_port = urlsplit(env.database_url).port
+    bad_multi_host = f"postgresql://u:hunter2@127.0.0.1:{pg_port},127.0.0.1:x/db"
+    assert_one_line_exit_2(run_reactor(env, DATABASE_URL=bad_multi_host), "bad database URL")
+    dead = f"postgresql://u:hunter2@127.0.0.1:{free_port()},127.0.0.1:{free_port()}/db"
+    assert_one_line_exit_2(run_reactor(env, DATABASE_URL=dead), "cannot connect to Postgres")
+    malformed = "redis+sentinel://:hunter2@127.0.0.1:1,127.0.0.1:/"
+    assert_one_line_exit_2(run_reactor(env, REDIS_URL=malformed), "bad Redis Sentinel URL")
+    refusing = f"redis+sentinel://:hunter2@127.0.0.1:{free_port()},127.0.0.1:{free_port()}/photos"
+    assert_one_line_exit_2(run_reactor(env, REDIS_URL=refusing), "no sentinel answered")
+    unknown = f"redis+sentinel://127.0.0.1:{watcher.port}/nope"
+    assert_one_line_exit_2(run_reactor(env, REDIS_URL=unknown), "knows a healthy master 'nope'")
+
+
+def test_reactor_dispatches_through_sentinel(
+    env: Env, spawn: Callable[..., Process], sentinel: tuple[RedisServer, SentinelServer]
+) -> None:
+    master, watcher = sentinel
+    url = f"redis+sentinel://127.0.0.1:{free_port()},127.0.0.1:{watcher.port}/photos/3"
+    start_reactor(spawn, "--route", "photo.process=tests.handlers.ok", REDIS_URL=url)
+    insert_rows(env.connect(), 5)
+    plain = redis.Redis(port=master.port, db=3)
+    env.cleanups.append(plain.close)
+    wait_for(lambda: len(queue_ids(plain)) == 5, timeout=20, what="jobs in the master's db 3")
+
+
+# -- PgBouncer in transaction mode ---------------------------------------------------------
+
+
+def pgbouncer_binary() -> str | None:
+    found = find_binary("pgbouncer")
+    if found:
+        return found
+    return "/usr/sbin/pgbouncer" if Path("/usr/sbin/pgbouncer").exists() else None
+
+
+def test_reactor_and_workers_through_pgbouncer(env: Env, spawn: Callable[..., Process]) -> None:
+    """A poll-only reactor and two forking `rq worker`s, all through PgBouncer in transaction
+    mode with fewer server connections than clients (so consecutive transactions of one client
+    run on different server sessions): no row may fail or be lost."""
+    binary = pgbouncer_binary()
+    if binary is None:
+        pytest.skip("pgbouncer is not installed (Debian: apt-get install pgbouncer)")
+    server = urlsplit(env.pg_server_url)
+    user = server.username or os.environ.get("PGUSER") or os.environ.get("USER", "postgres")
+    if server.password:
+        pytest.skip("the PgBouncer test needs a trust-auth Postgres server")
+    bouncer = PgBouncer(binary, server.hostname or "127.0.0.1", server.port or 5432, user)
+    env.cleanups.append(bouncer.close)
+    pooled = f"postgresql://{user}@127.0.0.1:{bouncer.port}/{env.database_name}"
+    admin = env.connect()
+    admin.execute(SCHEMA)
+    env.database_url = pooled  # the reactor's and the workers' DATABASE_URL
+    poll = 0.2
+    reactor = start_reactor(
+        spawn,
+        "--doorbell",
+        "poll-only",
+        "--poll-interval",
+        str(poll),
+        "--batch-size",
+        "7",
+        "--route",
+        "photo.process=tests.handlers.ok",
+    )
+    workers = [start_worker(spawn, env) for _ in range(2)]
+    total = 0
+    for i in range(40):
+        with admin.transaction():
+            insert_rows(admin, 3, prefix=f"b{i}-")
+        total += 3
+        time.sleep(0.05)  # pacing: batches keep arriving while work runs
+    wait_for(
+        lambda: states(admin).get("done", 0) == total,
+        timeout=180,
+        interval=0.2,
+        what=f"{total} rows done",
+    )
+    assert states(admin) == {"done": total}
+    runs = Counter(
+        photo
+        for (photo,) in admin.execute("SELECT photo_id FROM handler_runs WHERE outcome = 'ok'")
+    )
+    assert len(runs) == total and set(runs.values()) == {1}, runs.most_common(3)
+    attempts = admin.execute("SELECT max(attempts) FROM photo_jobs").fetchone()
+    assert attempts == (1,), "an attempt was retried or rescued"
+    delay = admin.execute(
+        "SELECT max(t.at - j.created_at) FROM transitions t JOIN photo_jobs j USING (photo_id)"
+        " WHERE t.new_state = 'active'"
+    ).fetchone()
+    assert delay is not None
+    print(f"\npgbouncer: {total} rows done, max dispatch delay {delay[0]} (poll {poll}s)")
+    for proc in [reactor, *workers]:
+        assert proc.proc.poll() is None, proc.output()
+        assert "prepared statement" not in proc.output(), proc.output()
+    assert "prepared statement" not in bouncer.log()
