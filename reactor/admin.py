@@ -29,25 +29,6 @@ __all__ = [
 
 DEFAULT_ADMIN_BATCH = 5000
 
-_REARM = "state = 'pending', attempts = 0, next_retry_at = NULL, last_error = NULL"
-
-_REQUEUE_FAILED = f"""
-UPDATE photo_jobs SET {_REARM}
- WHERE ctid = ANY (ARRAY(
-         SELECT ctid FROM photo_jobs
-          WHERE state = 'failed' AND (%(type)s::text IS NULL OR type = %(type)s)
-          LIMIT %(limit)s
-            FOR UPDATE SKIP LOCKED))
-   AND state = 'failed'
-"""
-
-_REQUEUE_PHOTOS = f"""
-UPDATE photo_jobs SET {_REARM}
- WHERE photo_id = ANY (%(photo_ids)s::text[])
-   AND (%(type)s::text IS NULL OR type = %(type)s)
-   AND state IN ('done', 'failed')
-"""
-
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw]?)")
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
@@ -81,7 +62,7 @@ def requeue_failed(
     conn: Connection, job_type: str | None = None, *, batch_size: int = DEFAULT_ADMIN_BATCH
 ) -> int:
     """Move every `failed` row (of `job_type`, if given) back to `pending`; rows moved."""
-    return _batched(conn, _REQUEUE_FAILED, {"type": job_type}, batch_size)
+    return _batched(conn, queries.REQUEUE_FAILED, {"type": job_type}, batch_size)
 
 
 def requeue_photos(
@@ -98,7 +79,7 @@ def requeue_photos(
             chunk = list(photo_ids[start : start + batch_size])
             with conn.transaction():
                 total += conn.execute(
-                    _REQUEUE_PHOTOS, {"photo_ids": chunk, "type": job_type}
+                    queries.REQUEUE_PHOTOS, {"photo_ids": chunk, "type": job_type}
                 ).rowcount
     except psycopg.Error as exc:
         raise DatabaseError(f"requeue failed after {total} rows: {describe_error(exc)}") from exc

@@ -218,11 +218,11 @@ def _require_writable(conn: Connection) -> None:
 def schema_version(conn: Connection) -> int:
     """The highest applied migration version, 0 for a database never migrated."""
     with conn.cursor() as cur:
-        cur.execute("SELECT to_regclass('reactor_migrations') IS NOT NULL")
+        cur.execute(queries.LEDGER_EXISTS)
         row = cur.fetchone()
         if row is None or not row[0]:
             return 0
-        cur.execute("SELECT coalesce(max(version), 0) FROM reactor_migrations")
+        cur.execute(queries.SCHEMA_VERSION)
         row = cur.fetchone()
     return int(row[0]) if row else 0
 

@@ -19,13 +19,14 @@ import time
 
 import psycopg
 
+from reactor import queries
 from reactor.db import Connection, connect, describe_error
 from reactor.doorbell import ArmOutcome
 from reactor.errors import DatabaseError
 
-__all__ = ["ARM_LOCK_TIMEOUT_MS", "CHANNEL", "LIVENESS_SECONDS", "LOCK_DOORBELL", "Listener"]
+__all__ = ["ARM_LOCK_TIMEOUT_MS", "CHANNEL", "LIVENESS_SECONDS", "Listener"]
 
-#: The NOTIFY channel the triggers of sql/0003 use.
+#: The NOTIFY channel the triggers of sql/0003 use (`queries.LISTEN` listens to it).
 CHANNEL = "photo_jobs"
 #: Probe an idle listener connection this often.
 LIVENESS_SECONDS = 15.0
@@ -33,35 +34,6 @@ LIVENESS_SECONDS = 15.0
 #: it gives up and polls on. While it waits, new writers notify, and the loop is blocked, so
 #: this bounds the extra delay an arm attempt can add.
 ARM_LOCK_TIMEOUT_MS = 10
-
-# The doorbell is `photo_jobs_doorbell_stripes()` advisory lock keys from
-# `photo_jobs_doorbell_key()` on (sql/0004); armed means holding all of them in exclusive
-# mode. Each statement takes them row by row in generate_series order, that is in key order,
-# so two arming reactors cannot deadlock.
-_KEYS = "FROM generate_series(0, photo_jobs_doorbell_stripes() - 1) AS s"
-_TRY_LOCK = f"SELECT bool_and(pg_try_advisory_lock(photo_jobs_doorbell_key() + s)) {_KEYS}"
-LOCK_DOORBELL = f"SELECT count(pg_advisory_lock(photo_jobs_doorbell_key() + s)) {_KEYS}"
-# Releases every session-level advisory lock of the listener session, which only ever takes
-# the doorbell's: so a partial arm, or a key counted twice (a retry after a partial try, a
-# timeout that raced its grant), cannot stay behind.
-_UNLOCK = "SELECT pg_advisory_unlock_all()"
-# How many stripes this session holds in exclusive mode, and whether another session holds
-# any (a bigint key is classid = high 32 bits, objid = low 32 bits, objsubid = 1 in pg_locks).
-_HOLDERS = """
-SELECT count(DISTINCT l.objid) FILTER (WHERE l.pid = pg_backend_pid()),
-       coalesce(bool_or(l.pid <> pg_backend_pid()), false),
-       photo_jobs_doorbell_stripes()
-  FROM pg_locks AS l
- WHERE l.locktype = 'advisory'
-   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-   AND l.classid = (photo_jobs_doorbell_key() >> 32)::oid
-   AND l.objid BETWEEN (photo_jobs_doorbell_key() & 4294967295)::oid
-                   AND ((photo_jobs_doorbell_key() & 4294967295)
-                        + photo_jobs_doorbell_stripes() - 1)::oid
-   AND l.objsubid = 1
-   AND l.mode = 'ExclusiveLock'
-   AND l.granted
-"""
 
 
 class Listener:
@@ -90,10 +62,8 @@ class Listener:
         self.close()
         conn = connect(self._url, autocommit=True, purpose="listener")
         try:
-            conn.execute(f"LISTEN {CHANNEL}")
-            conn.execute(
-                "SELECT set_config('lock_timeout', %s, false)", [f"{ARM_LOCK_TIMEOUT_MS}ms"]
-            )
+            conn.execute(queries.LISTEN)
+            conn.execute(queries.SET_LOCK_TIMEOUT, {"timeout": f"{ARM_LOCK_TIMEOUT_MS}ms"})
         except psycopg.Error as exc:
             conn.close()
             raise DatabaseError(f"LISTEN failed: {describe_error(exc)}") from exc
@@ -114,21 +84,22 @@ class Listener:
         """
         conn = self._require()
         try:
-            row = conn.execute(_TRY_LOCK).fetchone()
+            row = conn.execute(queries.DOORBELL_TRY_ARM).fetchone()
             if row is not None and row[0]:
                 return ArmOutcome.ARMED
             try:
                 # Queue behind the writers in flight (new writers notify while we wait).
-                conn.execute(LOCK_DOORBELL)
+                conn.execute(queries.DOORBELL_ARM)
                 return ArmOutcome.ARMED
             except psycopg.errors.LockNotAvailable:
                 pass
             # The timeout can fire just as the last key is granted: then we hold them all
             # although the call failed. Ask the server.
-            mine, other, stripes = conn.execute(_HOLDERS).fetchone() or (0, False, 1)
+            holders = conn.execute(queries.DOORBELL_HOLDERS).fetchone()
+            mine, other, stripes = holders or (0, False, 1)
             if mine == stripes:
                 return ArmOutcome.ARMED
-            conn.execute(_UNLOCK)  # a partial arm: give back what we got
+            conn.execute(queries.DOORBELL_RELEASE)  # a partial arm: give back what we got
         except psycopg.Error as exc:
             self.close()
             raise DatabaseError(f"listener connection lost: {describe_error(exc)}") from exc
@@ -144,7 +115,7 @@ class Listener:
         """
         conn = self._require()
         try:
-            conn.execute(_UNLOCK)
+            conn.execute(queries.DOORBELL_RELEASE)
         except psycopg.Error as exc:
             self.close()
             raise DatabaseError(f"listener connection lost: {describe_error(exc)}") from exc
@@ -175,7 +146,7 @@ class Listener:
             if payloads:
                 self._last_traffic = now
             elif now - self._last_traffic >= LIVENESS_SECONDS:
-                conn.execute("SELECT 1")
+                conn.execute(queries.PING)
                 self._last_traffic = now
         except psycopg.Error as exc:
             self.close()

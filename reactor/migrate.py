@@ -93,9 +93,10 @@ def load_migrations() -> list[Migration]:
 
 
 def _applied_versions(conn: Connection) -> set[int]:
-    if conn.execute("SELECT to_regclass('reactor_migrations')").fetchone() == (None,):
+    row = conn.execute(queries.LEDGER_EXISTS).fetchone()
+    if row is None or not row[0]:
         return set()
-    return {row[0] for row in conn.execute("SELECT version FROM reactor_migrations")}
+    return {row[0] for row in conn.execute(queries.APPLIED_VERSIONS)}
 
 
 def migrate(conn: Connection) -> MigrateResult:
@@ -110,8 +111,8 @@ def migrate(conn: Connection) -> MigrateResult:
     try:
         # Whatever the role's search_path (a schema named after it, one another role can
         # write to), the files' names resolve in pg_catalog, then public.
-        conn.execute("SELECT pg_catalog.set_config('search_path', %s, false)", [SEARCH_PATH])
-        conn.execute("SELECT pg_advisory_lock(%s)", [MIGRATION_LOCK_KEY])
+        conn.execute(queries.SET_SEARCH_PATH, {"search_path": SEARCH_PATH})
+        conn.execute(queries.MIGRATION_LOCK, {"key": MIGRATION_LOCK_KEY})
         try:
             row = conn.execute(queries.LEDGER_PROBLEM).fetchone()
             if row is not None and row[0] is not None:
@@ -137,7 +138,7 @@ def migrate(conn: Connection) -> MigrateResult:
             version = max(_applied_versions(conn), default=0)
         finally:
             if not conn.closed:
-                conn.execute("SELECT pg_advisory_unlock(%s)", [MIGRATION_LOCK_KEY])
+                conn.execute(queries.MIGRATION_UNLOCK, {"key": MIGRATION_LOCK_KEY})
     except psycopg.OperationalError as exc:
         raise DatabaseError(f"migration aborted: {describe_error(exc)}") from exc
     return MigrateResult(tuple(applied), version)

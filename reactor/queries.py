@@ -12,33 +12,51 @@ on one type and orders by that expression, so it is one index range scan.
 from __future__ import annotations
 
 __all__ = [
+    "APPLIED_VERSIONS",
     "BACKLOG",
     "CLAIM_DUE",
     "CURRENT_MINUTE",
+    "DATABASE_NOW",
+    "DOORBELL_ARM",
+    "DOORBELL_HOLDERS",
+    "DOORBELL_RELEASE",
+    "DOORBELL_TRY_ARM",
     "FAILURES",
     "FINISHED_BY_MINUTE",
     "FORGET_DEAD_ROUTES",
     "FOUND_PHOTO_IDS",
     "KNOWN_TYPES",
+    "LEDGER_EXISTS",
     "LEDGER_PROBLEM",
+    "LISTEN",
     "LIST_ACTIVE",
     "LIVE_ROUTE_CONFLICTS",
     "LOCK_ROUTES",
+    "MIGRATION_LOCK",
+    "MIGRATION_UNLOCK",
     "NEXT_DUE_IN",
     "OLDEST_DUE_AGE",
     "PAUSED_TYPES",
     "PAUSE_TYPES",
     "PENDING_TYPES",
+    "PING",
     "PRUNE_FINISHED",
     "REACTOR_SESSIONS",
     "RECENT_FAILURES",
     "RECORDED_ROUTES",
     "RECORD_ROUTE",
     "REDISPATCH",
+    "REQUEUE_FAILED",
+    "REQUEUE_PHOTOS",
     "RESUME_TYPES",
     "ROUTES_LOCK_TRY",
     "ROUTES_UNLOCK",
+    "SCHEMA_VERSION",
     "SERVER_READ_ONLY",
+    "SET_LOCK_TIMEOUT",
+    "SET_SEARCH_PATH",
+    "STATUS_COUNTS",
+    "STATUS_PER_TYPE",
 ]
 
 #: Claim up to `limit` due pending rows of one type: a new attempt each, now `active`. A row
@@ -386,4 +404,125 @@ END
 #: Whether this session cannot write: a standby (in recovery) or a read-only default.
 SERVER_READ_ONLY = """
 SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool
+"""
+
+# -- the LISTEN session and the doorbell --------------------------------------------------------
+
+#: Listen to the channel the NOTIFY triggers use (`reactor.listener.CHANNEL`).
+LISTEN = "LISTEN photo_jobs"
+
+#: The listener session's lock timeout (`timeout`, e.g. '10ms'): how long an arm waits.
+SET_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', %(timeout)s, false)"
+
+#: The idle listener's liveness probe.
+PING = "SELECT 1"
+
+# The doorbell is `photo_jobs_doorbell_stripes()` advisory lock keys from
+# `photo_jobs_doorbell_key()` on (sql/0004); armed means holding all of them in exclusive
+# mode. Each statement takes them row by row in generate_series order, that is in key order,
+# so two arming reactors cannot deadlock.
+
+#: Take every doorbell key without waiting (true when all were granted).
+DOORBELL_TRY_ARM = """
+SELECT bool_and(pg_try_advisory_lock(photo_jobs_doorbell_key() + s))
+  FROM generate_series(0, photo_jobs_doorbell_stripes() - 1) AS s
+"""
+
+#: Take every doorbell key, queueing behind writers in flight (bounded by the lock timeout).
+DOORBELL_ARM = """
+SELECT count(pg_advisory_lock(photo_jobs_doorbell_key() + s))
+  FROM generate_series(0, photo_jobs_doorbell_stripes() - 1) AS s
+"""
+
+#: Release every session-level advisory lock of the listener session, which only ever takes
+#: the doorbell's: so a partial arm, or a key counted twice (a retry after a partial try, a
+#: timeout that raced its grant), cannot stay behind.
+DOORBELL_RELEASE = "SELECT pg_advisory_unlock_all()"
+
+#: How many stripes this session holds in exclusive mode, whether another session holds any,
+#: and how many there are (a bigint key is classid = high 32 bits, objid = low 32 bits,
+#: objsubid = 1 in pg_locks).
+DOORBELL_HOLDERS = """
+SELECT count(DISTINCT l.objid) FILTER (WHERE l.pid = pg_backend_pid()),
+       coalesce(bool_or(l.pid <> pg_backend_pid()), false),
+       photo_jobs_doorbell_stripes()
+  FROM pg_locks AS l
+ WHERE l.locktype = 'advisory'
+   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+   AND l.classid = (photo_jobs_doorbell_key() >> 32)::oid
+   AND l.objid BETWEEN (photo_jobs_doorbell_key() & 4294967295)::oid
+                   AND ((photo_jobs_doorbell_key() & 4294967295)
+                        + photo_jobs_doorbell_stripes() - 1)::oid
+   AND l.objsubid = 1
+   AND l.mode = 'ExclusiveLock'
+   AND l.granted
+"""
+
+# -- migrations ---------------------------------------------------------------------------------
+
+#: Whether the migrations ledger exists (false: a database never migrated).
+LEDGER_EXISTS = "SELECT to_regclass('reactor_migrations') IS NOT NULL"
+
+#: The versions the ledger records.
+APPLIED_VERSIONS = "SELECT version FROM reactor_migrations"
+
+#: The highest applied version (0 for an empty ledger).
+SCHEMA_VERSION = "SELECT coalesce(max(version), 0) FROM reactor_migrations"
+
+#: The migrate session's search_path (`search_path`), for the whole session.
+SET_SEARCH_PATH = "SELECT pg_catalog.set_config('search_path', %(search_path)s, false)"
+
+#: The advisory lock `reactor migrate` holds while it applies files (`key`).
+MIGRATION_LOCK = "SELECT pg_advisory_lock(%(key)s)"
+MIGRATION_UNLOCK = "SELECT pg_advisory_unlock(%(key)s)"
+
+# -- the sweep and the operator's commands -------------------------------------------------------
+
+#: The database's clock (the sweep pages active rows up to its start).
+DATABASE_NOW = "SELECT now()"
+
+#: `reactor status`: rows by type and state (a scan of the table: an operator's query).
+STATUS_COUNTS = "SELECT type, state, count(*) FROM photo_jobs GROUP BY type, state ORDER BY type"
+
+#: `reactor status`: per given type, the age of the oldest due row, the next retry, and how
+#: many active rows have had no heartbeat for `stale_after` seconds.
+STATUS_PER_TYPE = """
+SELECT t.type,
+       (SELECT CASE WHEN min(due) IS NULL THEN NULL  -- none due (greatest() skips NULLs)
+                    ELSE extract(epoch FROM now() - greatest(min(due), '1970-01-01'::timestamptz))
+               END::float8
+          FROM (SELECT coalesce(p.next_retry_at, p.created_at) AS due
+                  FROM photo_jobs AS p
+                 WHERE p.type = t.type AND p.state = 'pending'
+                   AND coalesce(p.next_retry_at, p.created_at) <= now()) AS d),
+       (SELECT min(p.next_retry_at)::text  -- text: 'infinity' has no Python datetime
+          FROM photo_jobs AS p
+         WHERE p.type = t.type AND p.state = 'pending'
+           AND coalesce(p.next_retry_at, p.created_at) > now()),
+       (SELECT count(*)
+          FROM photo_jobs AS a
+         WHERE a.type = t.type AND a.state = 'active'
+           AND a.updated_at < now() - make_interval(secs => %(stale_after)s::float8))
+  FROM unnest(%(types)s::text[]) AS t(type)
+"""
+
+#: Move up to `limit` failed rows (of `type`, if not NULL) back to pending, attempts 0.
+REQUEUE_FAILED = """
+UPDATE photo_jobs
+   SET state = 'pending', attempts = 0, next_retry_at = NULL, last_error = NULL
+ WHERE ctid = ANY (ARRAY(
+         SELECT ctid FROM photo_jobs
+          WHERE state = 'failed' AND (%(type)s::text IS NULL OR type = %(type)s)
+          LIMIT %(limit)s
+            FOR UPDATE SKIP LOCKED))
+   AND state = 'failed'
+"""
+
+#: Move the done/failed rows of the given photos (of `type`, if not NULL) back to pending.
+REQUEUE_PHOTOS = """
+UPDATE photo_jobs
+   SET state = 'pending', attempts = 0, next_retry_at = NULL, last_error = NULL
+ WHERE photo_id = ANY (%(photo_ids)s::text[])
+   AND (%(type)s::text IS NULL OR type = %(type)s)
+   AND state IN ('done', 'failed')
 """

@@ -24,27 +24,6 @@ __all__ = ["Status", "TypeStatus", "format_status", "read_status"]
 
 _STATES = ("pending", "active", "done", "failed")
 
-_COUNTS = "SELECT type, state, count(*) FROM photo_jobs GROUP BY type, state ORDER BY type"
-_PER_TYPE = """
-SELECT t.type,
-       (SELECT CASE WHEN min(due) IS NULL THEN NULL  -- none due (greatest() skips NULLs)
-                    ELSE extract(epoch FROM now() - greatest(min(due), '1970-01-01'::timestamptz))
-               END::float8
-          FROM (SELECT coalesce(p.next_retry_at, p.created_at) AS due
-                  FROM photo_jobs AS p
-                 WHERE p.type = t.type AND p.state = 'pending'
-                   AND coalesce(p.next_retry_at, p.created_at) <= now()) AS d),
-       (SELECT min(p.next_retry_at)::text  -- text: 'infinity' has no Python datetime
-          FROM photo_jobs AS p
-         WHERE p.type = t.type AND p.state = 'pending'
-           AND coalesce(p.next_retry_at, p.created_at) > now()),
-       (SELECT count(*)
-          FROM photo_jobs AS a
-         WHERE a.type = t.type AND a.state = 'active'
-           AND a.updated_at < now() - make_interval(secs => %(stale_after)s::float8))
-  FROM unnest(%(types)s::text[]) AS t(type)
-"""
-
 
 @dataclass(frozen=True)
 class TypeStatus:
@@ -101,14 +80,14 @@ def read_status(conn: Connection, stale_after_seconds: float) -> Status:
     try:
         with conn.transaction():
             counts: dict[str, dict[str, int]] = {}
-            for job_type, state, count in conn.execute(_COUNTS):
+            for job_type, state, count in conn.execute(queries.STATUS_COUNTS):
                 counts.setdefault(job_type, dict.fromkeys(_STATES, 0))[state] = int(count)
             pending_types = [row[0] for row in conn.execute(queries.PENDING_TYPES)]
             paused = paused_types(conn)
             paused_names = {p.type for p in paused}
             all_types = sorted(set(counts) | set(routed) | paused_names)
             rows = conn.execute(
-                _PER_TYPE, {"types": all_types, "stale_after": stale_after_seconds}
+                queries.STATUS_PER_TYPE, {"types": all_types, "stale_after": stale_after_seconds}
             ).fetchall()
     except psycopg.Error as exc:
         raise DatabaseError(f"status query failed: {describe_error(exc)}") from exc

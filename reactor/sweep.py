@@ -156,7 +156,7 @@ class Sweeper:
         rescued = lost = failed = 0
         try:
             with conn.transaction():
-                row = conn.execute("SELECT now()").fetchone()
+                row = conn.execute(queries.DATABASE_NOW).fetchone()
             until: datetime = row[0] if row else datetime.max
             after: tuple[object, str, str] = ("-infinity", "", "")
             waiting: list[JobRef] = []  # stale and still queued: maybe orphans

@@ -19,7 +19,8 @@ import psycopg
 import pytest
 
 from reactor.doorbell import RECHECK_SECONDS, ArmOutcome
-from reactor.listener import LOCK_DOORBELL, Listener
+from reactor.listener import Listener
+from reactor.queries import DOORBELL_ARM as LOCK_DOORBELL
 from tests.conftest import Env, Process, start_reactor, wait_for
 from tests.helpers import (
     armed_by,

@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from reactor import queries, submit
-from reactor.listener import LOCK_DOORBELL
+from reactor.queries import DOORBELL_ARM as LOCK_DOORBELL
 from tests.conftest import Env
 
 SENTINEL = "photo_jobs_test_sentinel"
