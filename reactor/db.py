@@ -47,7 +47,7 @@ __all__ = [
 ]
 
 #: The migration version this release of the code needs (the last file in sql/).
-LATEST_SCHEMA_VERSION = 7
+LATEST_SCHEMA_VERSION = 8
 
 Connection = psycopg.Connection[TupleRow]
 
