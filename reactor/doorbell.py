@@ -36,6 +36,7 @@ import logging
 from typing import Protocol
 
 from reactor.metrics import Metrics
+from reactor.settings import DoorbellMode
 
 __all__ = [
     "POLL_PAUSE_SECONDS",
@@ -55,12 +56,6 @@ POLL_PAUSE_SECONDS = 0.001
 QUIET_DRAINS = 3
 #: How often a reactor that found the lock held by another reactor tries again.
 RECHECK_SECONDS = 0.5
-
-
-class DoorbellMode(str, enum.Enum):
-    ADAPTIVE = "adaptive"
-    PLAIN = "plain"
-    POLL_ONLY = "poll-only"
 
 
 class ArmOutcome(str, enum.Enum):

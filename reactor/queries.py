@@ -12,6 +12,12 @@ on one type and orders by that expression, so it is one index range scan.
 from __future__ import annotations
 
 __all__ = [
+    "ATTEMPT_DONE",
+    "ATTEMPT_FAILED",
+    "ATTEMPT_HEARTBEAT",
+    "ATTEMPT_RETRY",
+    "ATTEMPT_START",
+    "ATTEMPT_STATE",
     "BACKLOG",
     "CLAIM_DUE",
     "LIST_ACTIVE",
@@ -129,4 +135,53 @@ SELECT t.type,
            AND coalesce(p.next_retry_at, p.created_at) <= now()
          ORDER BY coalesce(p.next_retry_at, p.created_at)
          LIMIT 1) AS d ON true
+"""
+
+
+# -- the worker side: one attempt's lifecycle, every transition fenced by the attempt number --
+
+#: Fenced start: the row is `active` at this attempt, or `pending` at the attempt before (the
+#: claim's COMMIT was lost after the enqueue: this job takes the row over). No row: skip.
+ATTEMPT_START = """
+UPDATE photo_jobs
+   SET state = 'active', attempts = %(attempt)s
+ WHERE photo_id = %(photo_id)s AND type = %(type)s
+   AND ((state = 'active' AND attempts = %(attempt)s)
+     OR (state = 'pending' AND attempts = %(attempt)s - 1))
+RETURNING max_attempts
+"""
+
+#: Why a start was refused (for the log line only).
+ATTEMPT_STATE = """
+SELECT state, attempts FROM photo_jobs WHERE photo_id = %(photo_id)s AND type = %(type)s
+"""
+
+#: Heartbeat of a running attempt: keeps the sweep from rescuing it.
+ATTEMPT_HEARTBEAT = """
+UPDATE photo_jobs SET updated_at = now()
+ WHERE photo_id = %(photo_id)s AND type = %(type)s
+   AND state = 'active' AND attempts = %(attempt)s
+"""
+
+#: Success.
+ATTEMPT_DONE = """
+UPDATE photo_jobs SET state = 'done', next_retry_at = NULL, last_error = NULL
+ WHERE photo_id = %(photo_id)s AND type = %(type)s
+   AND state = 'active' AND attempts = %(attempt)s
+"""
+
+#: Final failure (a permanent error, or the last attempt failed).
+ATTEMPT_FAILED = """
+UPDATE photo_jobs SET state = 'failed', last_error = %(error)s
+ WHERE photo_id = %(photo_id)s AND type = %(type)s
+   AND state = 'active' AND attempts = %(attempt)s
+"""
+
+#: A failed attempt with attempts left: pending again, due after `delay` seconds.
+ATTEMPT_RETRY = """
+UPDATE photo_jobs
+   SET state = 'pending', last_error = %(error)s,
+       next_retry_at = now() + make_interval(secs => %(delay)s)
+ WHERE photo_id = %(photo_id)s AND type = %(type)s
+   AND state = 'active' AND attempts = %(attempt)s
 """
