@@ -1,4 +1,4 @@
-"""`python -m bench [all|latency|drain|sweep|writers|memory|scaleout ...] [--quick]`.
+"""`python -m bench [all|latency|drain|sweep|writers|memory|scaleout|workers ...] [--quick]`.
 
 Runs the chosen benchmarks against real servers (see bench.common), prints each table, and
 writes bench/results/latest.json and bench/results/latest.md.
@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bench import drain, latency, memory, scaleout, sweep_cost, writers
+from bench import drain, latency, memory, scaleout, sweep_cost, workers, writers
 from bench.common import ROOT
 
 SUITES: dict[str, tuple[str, Callable[[bool], dict[str, Any]]]] = {
@@ -23,6 +23,7 @@ SUITES: dict[str, tuple[str, Callable[[bool], dict[str, Any]]]] = {
     "writers": ("Writer cost of the NOTIFY triggers", writers.run),
     "memory": ("Reactor memory", memory.run),
     "scaleout": ("Scale-out", scaleout.run),
+    "workers": ("Workers end to end", workers.run),
 }
 
 

@@ -52,7 +52,8 @@ __all__ = ["SimpleWorker", "Worker", "load_routes"]
 
 logger = logging.getLogger(__name__)
 
-#: The `last_error` head of an attempt whose handler never reported an outcome.
+#: The `last_error` head of an attempt whose handler never reported an outcome (a horse killed
+#: mid-handler, or RQ failing the job before the handler ran, e.g. on a Redis error).
 HORSE_LOST = "WorkHorseLost: the work horse ended before the handler returned"
 
 
@@ -289,9 +290,8 @@ class _Lifecycle(BaseWorker):
             os.close(read_fd)
             outcome = decode_outcome(data) if data else None
         if outcome is None:
-            outcome = lifecycle.Outcome(
-                "error", f"{HORSE_LOST} ({_describe_status(self._horse_status)})"
-            )
+            why = _describe_status(self._horse_status) if self.forks else "RQ ended the job"
+            outcome = lifecycle.Outcome("error", f"{HORSE_LOST} ({why})")
         return outcome
 
     # -- RQ hooks ------------------------------------------------------------------------------

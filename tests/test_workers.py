@@ -55,9 +55,14 @@ def start_ours(
     """`rq worker -w reactor.Worker|SimpleWorker photo-process` (routes from REACTOR_ROUTES)."""
     if handler is not None:
         extra_env.setdefault("REACTOR_ROUTES", route(handler))
-    return start_worker(
+    worker = start_worker(
         spawn, env, burst=burst, extra_args=("--worker-class", CLASSES[kind]), **extra_env
     )
+    if not burst:
+        # Ready before rows come: a job that waited in the queue for longer than a test's
+        # stale_after would be rescued before it ran.
+        worker.wait_for_line("Listening on")
+    return worker
 
 
 def burst_ours(spawn: Callable[..., Process], env: Env, kind: str, **extra: str) -> Process:
