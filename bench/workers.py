@@ -3,7 +3,7 @@
 Each measure runs ours and plain RQ side by side in one run (alternating order), with the
 same no-op function (`bench.noop`) on the same RQ worker class:
 
-- throughput: 5,000 photos (`--quick`: 1,000) inserted in 100-row transactions, 2 worker
+- throughput: 5,000 photos (`--quick`: 500) inserted in 100-row transactions, 2 worker
   processes of `reactor.Worker` / `reactor.SimpleWorker` behind a `reactor run`, clock from
   the first insert to the last row `done`; plain RQ: the same number of jobs with
   `enqueue_many` (100 a call) to 2 `rq.worker.Worker` / `SimpleWorker`, clock to the last job
@@ -132,7 +132,7 @@ def _ours_throughput(url: str, kind: str, photos: int) -> tuple[float, float]:
             for first in range(0, photos, 100):
                 writer.execute(
                     "INSERT INTO photo_jobs (photo_id, type)"
-                    " SELECT 't' || i, 'photo.process' FROM generate_series(%s, %s) AS i",
+                    " SELECT 't' || i, 'photo.process' FROM generate_series(%s::int, %s::int) AS i",
                     [first, min(first + 100, photos) - 1],
                 )
                 writer.commit()
@@ -263,7 +263,7 @@ def _load() -> str:
 
 
 def run(quick: bool) -> dict[str, Any]:
-    photos = 1000 if quick else 5000
+    photos = 500 if quick else 5000
     reps = 3 if quick else 5
     lat_count, warmup = (100, 20) if quick else (500, 20)
     load_before = _load()

@@ -142,9 +142,14 @@ SELECT t.type,
 
 #: Fenced start: the row is `active` at this attempt, or `pending` at the attempt before (the
 #: claim's COMMIT was lost after the enqueue: this job takes the row over). No row: skip.
+#: Its commit does not wait for the WAL flush (`synchronous_commit` off for this statement's
+#: own transaction): it is on every job's latency path, and losing it in a server crash is
+#: harmless (the row keeps the claim's state, or stays pending and is dispatched again; the
+#: durable outcome write is fenced either way).
 ATTEMPT_START = """
 UPDATE photo_jobs
    SET state = 'active', attempts = %(attempt)s
+  FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
  WHERE photo_id = %(photo_id)s AND type = %(type)s
    AND ((state = 'active' AND attempts = %(attempt)s)
      OR (state = 'pending' AND attempts = %(attempt)s - 1))
