@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -39,6 +40,7 @@ from reactor.settings import WorkerSettings
 __all__ = [
     "MAX_ERROR_CHARS",
     "Heartbeat",
+    "Heartbeater",
     "Outcome",
     "Store",
     "backoff_seconds",
@@ -229,3 +231,63 @@ class Heartbeat:
                     return
             except DatabaseError as exc:
                 logger.warning("heartbeat_failed %s error=%s", describe(self._ref), exc)
+
+
+class Heartbeater:
+    """One heartbeat thread for a worker process's whole life, beating for one attempt at a time.
+
+    `beat_for(ref)` starts beating for an attempt, `pause()` stops it; `pause` returns only
+    when no beat is in flight, so the owner may fork or write the outcome on the same
+    connection right after. (A thread per job cost a thread start and a join per job, several
+    milliseconds on a loaded machine.) The thread idles on a condition while paused, so it is
+    never inside a query when the worker forks.
+    """
+
+    def __init__(self, store: Store, interval: float) -> None:
+        self._store = store
+        self._interval = interval
+        self._cond = threading.Condition()
+        self._busy = threading.Lock()
+        self._ref: JobRef | None = None
+        self._due = 0.0
+        self._thread: threading.Thread | None = None
+
+    def beat_for(self, ref: JobRef) -> None:
+        with self._cond:
+            self._ref = ref
+            self._due = time.monotonic() + self._interval
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="reactor-heartbeat", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify()
+
+    def pause(self) -> None:
+        with self._cond:
+            self._ref = None
+            self._cond.notify()
+        with self._busy:  # wait out a beat in flight
+            pass
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                ref = self._ref
+                wait = None if ref is None else self._due - time.monotonic()
+                if wait is None or wait > 0:
+                    self._cond.wait(wait)
+                    continue
+                self._due = time.monotonic() + self._interval
+            assert ref is not None
+            with self._busy:
+                if self._ref is not ref:
+                    continue  # paused (or moved on) meanwhile
+                try:
+                    if self._store.execute_once(queries.ATTEMPT_HEARTBEAT, _params(ref))[0] == 0:
+                        logger.warning("heartbeat_superseded %s", describe(ref))
+                        with self._cond:
+                            if self._ref is ref:
+                                self._ref = None
+                except DatabaseError as exc:
+                    logger.warning("heartbeat_failed %s error=%s", describe(ref), exc)

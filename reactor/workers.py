@@ -12,10 +12,11 @@ For a job of `reactor.worker.perform`, the worker process, not the job:
 - does the fenced start before the horse is forked (or the handler called), then hands the
   attempt over to `perform` (`reactor.worker.hand_over`), which only calls the handler and
   reports how it ended through a pipe made before the fork;
-- heartbeats the row from a thread started after the fork and stopped before the outcome is
-  written (so no query is ever in flight at a fork), and writes the outcome, fenced by the
-  attempt, once the horse has exited. A horse that dies without reporting (SIGKILL, OOM, the
-  job timeout's kill) is a failed attempt with a `last_error` that says so.
+- heartbeats the row from one long-lived thread, told to beat after the fork and paused
+  before the outcome is written (so no query is ever in flight at a fork), and writes the
+  outcome, fenced by the attempt, once the horse has exited. A horse that dies without
+  reporting (SIGKILL, OOM, the job timeout's kill) is a failed attempt with a `last_error`
+  that says so.
 
 The horse never uses the worker's connection: it runs only the handler and leaves with
 `os._exit`, which sends nothing on inherited sockets. Jobs of other functions run as in RQ.
@@ -135,7 +136,7 @@ class _Lifecycle(BaseWorker):
         self.settings = settings
         self._store = lifecycle.Store(settings.database_url)
         self._checked = False
-        self._heartbeat: lifecycle.Heartbeat | None = None
+        self._heartbeat = lifecycle.Heartbeater(self._store, settings.heartbeat_seconds)
         self._running: Handoff | None = None
         self._report_fds: tuple[int, int] | None = None
         self._horse_status: int | None = None
@@ -248,9 +249,7 @@ class _Lifecycle(BaseWorker):
         finally:
             hand_over(None)
             self._running = None
-            if self._heartbeat is not None:
-                self._heartbeat.stop()
-                self._heartbeat = None
+            self._heartbeat.pause()
             outcome = self._collect(handoff)
             try:
                 lifecycle.finish(self._store, self.settings, handoff.ref, max_attempts, outcome)
@@ -262,9 +261,7 @@ class _Lifecycle(BaseWorker):
                 )
 
     def _start_heartbeat(self, ref: JobRef) -> None:
-        self._heartbeat = lifecycle.Heartbeat(
-            self._store, ref, self.settings.heartbeat_seconds
-        ).start()
+        self._heartbeat.beat_for(ref)
 
     def _after_fork(self, ref: JobRef) -> None:
         """In the parent, right after the fork: drop our copy of the pipe's write end (so the
