@@ -17,9 +17,11 @@ from typing import Any
 
 import psycopg
 import pytest
+from rq import Queue
 from rq.job import Job
 
 from reactor import submit
+from reactor.jobs import ENTRY_POINT, job_id
 from tests.conftest import Env, Process, start_reactor, start_worker, wait_for
 from tests.handlers import SCHEMA
 from tests.helpers import states
@@ -474,3 +476,24 @@ def test_unimportable_handler_is_reported_at_start_and_fails_only_its_type(
     assert error == (
         "HandlerImportError: cannot import handler myapp.photos.process: No module named 'myapp'"
     )
+
+
+@pytest.mark.parametrize("worker_class", [*CLASSES.values(), "rq.worker.Worker"])
+def test_a_job_whose_claim_commit_was_lost_takes_the_row_over(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], worker_class: str
+) -> None:
+    # The reactor enqueued attempt 1 but its COMMIT was lost: the row is still pending at 0.
+    submit(conn, "p1")
+    Queue("photo-process", connection=env.redis()).enqueue(
+        ENTRY_POINT,
+        "photo.process",
+        "p1",
+        1,
+        handler="tests.handlers.ok",
+        job_id=job_id("photo.process", "p1", 1),
+        meta={"type": "photo.process", "photo_id": "p1", "attempt": 1},
+    )
+    worker = start_worker(spawn, env, burst=True, extra_args=("--worker-class", worker_class))
+    assert worker.proc.wait(timeout=60) == 0, worker.output()
+    assert row_of(conn, "p1") == ("done", 1, None, None)
+    assert runs(conn, "p1") == [("p1", 1, "ok")]
