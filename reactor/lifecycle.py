@@ -47,6 +47,7 @@ __all__ = [
     "error_text",
     "finish",
     "start",
+    "warm_up",
 ]
 
 logger = logging.getLogger(__name__)
@@ -145,6 +146,16 @@ class Store:
 
 def _params(ref: JobRef) -> dict[str, Any]:
     return {"type": ref.type, "photo_id": ref.photo_id, "attempt": ref.attempt}
+
+
+def warm_up(store: Store) -> None:
+    """Run the fenced start once on no row, so the first real job does not pay for the
+    statement's first use (psycopg parses and caches it).
+
+    Raises:
+        DatabaseError: Postgres could not be reached.
+    """
+    store.execute_once(queries.ATTEMPT_START, {"type": "", "photo_id": "", "attempt": 0})
 
 
 def start(store: Store, ref: JobRef) -> int | None:
@@ -252,15 +263,20 @@ class Heartbeater:
         self._due = 0.0
         self._thread: threading.Thread | None = None
 
-    def beat_for(self, ref: JobRef) -> None:
+    def start(self) -> None:
+        """Start the (idle) thread now rather than on the first job."""
         with self._cond:
-            self._ref = ref
-            self._due = time.monotonic() + self._interval
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="reactor-heartbeat", daemon=True
                 )
                 self._thread.start()
+
+    def beat_for(self, ref: JobRef) -> None:
+        self.start()
+        with self._cond:
+            self._ref = ref
+            self._due = time.monotonic() + self._interval
             self._cond.notify()
 
     def pause(self) -> None:

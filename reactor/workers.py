@@ -168,8 +168,10 @@ class _Lifecycle(BaseWorker):
             raise self._settings_error
         try:
             db.check_schema(self._store.conn)
+            lifecycle.warm_up(self._store)
         except DatabaseError as exc:
             raise ConfigError(str(exc)) from exc
+        self._heartbeat.start()
         served = self.served_routes()
         for route in served:
             try:
