@@ -1,4 +1,5 @@
-# photo-reactor image: the `reactor` CLI and `rq worker`, with the migrations inside the wheel.
+# photo-reactor image: the `reactor` CLI (`reactor run`, `reactor worker`, ...) and `rq`, with the
+# migrations inside the wheel. Install your handlers' package into it (or mount it on PYTHONPATH).
 FROM python:3.12-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./

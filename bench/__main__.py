@@ -1,4 +1,5 @@
-"""`python -m bench [all|latency|drain|sweep|writers|memory|scaleout|operator ...] [--quick]`.
+"""`python -m bench [all|latency|drain|sweep|writers|memory|scaleout|operator|workers ...]
+[--quick]`.
 
 Runs the chosen benchmarks against real servers (see bench.common), prints each table, and
 writes bench/results/latest.json and bench/results/latest.md.
@@ -13,7 +14,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bench import drain, latency, memory, operator_features, scaleout, sweep_cost, writers
+from bench import (
+    drain,
+    latency,
+    memory,
+    operator_features,
+    scaleout,
+    sweep_cost,
+    workers,
+    writers,
+)
 from bench.common import ROOT
 
 SUITES: dict[str, tuple[str, Callable[[bool], dict[str, Any]]]] = {
@@ -24,6 +34,7 @@ SUITES: dict[str, tuple[str, Callable[[bool], dict[str, Any]]]] = {
     "memory": ("Reactor memory", memory.run),
     "scaleout": ("Scale-out", scaleout.run),
     "operator": ("Operator features: pause check and retention", operator_features.run),
+    "workers": ("Workers end to end", workers.run),
 }
 
 

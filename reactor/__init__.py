@@ -1,13 +1,27 @@
 """photo-reactor: turn committed `photo_jobs` rows into RQ jobs, fast and exactly once per attempt.
 
-Public API: `submit` (producer side) and `PermanentError` (raised by handlers).
+Public API: `submit` (producer side), `PermanentError` (raised by handlers), and the RQ worker
+classes `Worker` and `SimpleWorker` (loaded on first use, so producers do not import RQ's
+worker machinery).
 """
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from reactor.errors import PermanentError
 from reactor.producer import submit
 
-__all__ = ["PermanentError", "__version__", "submit"]
+if TYPE_CHECKING:
+    from reactor.workers import SimpleWorker, Worker
+
+__all__ = ["PermanentError", "SimpleWorker", "Worker", "__version__", "submit"]
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("Worker", "SimpleWorker"):
+        return getattr(importlib.import_module("reactor.workers"), name)
+    raise AttributeError(f"module 'reactor' has no attribute {name!r}")

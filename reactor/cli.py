@@ -577,6 +577,73 @@ def dashboard(**options: Any) -> None:
     board.close()
 
 
+# -- reactor worker --------------------------------------------------------------------------
+
+#: Retries of one Redis command by `reactor worker` before it gives up (with backoff to 2 s).
+WORKER_REDIS_RETRIES = 20
+
+
+@cli.command("worker")
+@_database_option
+@_routes_option
+@click.option(
+    "--redis-url",
+    envvar="REDIS_URL",
+    default=DEFAULT_REDIS_URL,
+    show_default=True,
+    show_envvar=True,
+    help="Redis URL of the RQ queues (or redis+sentinel://…, as for reactor run).",
+)
+@click.option("--simple", is_flag=True, help="Run jobs in this process (no fork per job).")
+@click.option("--burst", is_flag=True, help="Quit when the queues are empty.")
+@click.option("--name", default=None, help="Worker name in RQ (default: random).")
+@click.option(
+    "--max-jobs", type=click.IntRange(min=1), default=None, help="Quit after this many jobs."
+)
+@click.argument("queues", nargs=-1)
+def worker_command(**options: Any) -> None:
+    """Run an RQ worker on QUEUES (default: the routed ones) with the lifecycle in this process.
+
+    Retry and heartbeat settings come from REACTOR_RETRY_BASE_SECONDS,
+    REACTOR_RETRY_MAX_SECONDS and REACTOR_HEARTBEAT_SECONDS.
+    """
+    import redis  # noqa: PLC0415 - the other commands do not need RQ's worker machinery
+    from redis.backoff import ExponentialWithJitterBackoff  # noqa: PLC0415
+    from redis.retry import Retry  # noqa: PLC0415
+
+    from reactor.enqueue import connect_redis  # noqa: PLC0415
+    from reactor.settings import WorkerSettings  # noqa: PLC0415
+    from reactor.workers import SimpleWorker, Worker  # noqa: PLC0415
+
+    routed = resolve_routes(options["routes"])
+    if not routed:
+        with _connect(options["database_url"], "worker") as conn:
+            routed = dict(load_routes(conn))
+    names = list(options["queues"]) or sorted({route.queue for route in routed.values()})
+    if not names:
+        raise ConfigError(
+            "no queue: name QUEUE..., route a type (--route or REACTOR_ROUTES), "
+            "or start a reactor with routes first"
+        )
+    settings = replace(WorkerSettings.from_env(), database_url=options["database_url"])
+    worker_class = SimpleWorker if options["simple"] else Worker
+    # Rides out a Redis restart or a Sentinel failover (about 40 s of retries) instead of
+    # exiting on the first connection error outside the blocking dequeue.
+    retry = Retry(ExponentialWithJitterBackoff(base=0.2, cap=2), WORKER_REDIS_RETRIES)
+    instance = worker_class(
+        names,
+        name=options["name"],
+        connection=connect_redis(options["redis_url"], retry=retry),
+        routes=routed,
+        settings=settings,
+    )
+    instance.check_startup()
+    try:
+        instance.work(burst=options["burst"], max_jobs=options["max_jobs"])
+    except redis.RedisError as exc:
+        raise click.ClickException(f"Redis: {redact(str(exc))}") from None
+
+
 def main() -> None:
     """Console-script entry point."""
     cli(prog_name="reactor")

@@ -36,6 +36,7 @@ import logging
 from typing import Protocol
 
 from reactor.metrics import Metrics
+from reactor.settings import DoorbellMode
 
 __all__ = [
     "ARM_BACKOFF_MAX_SECONDS",
@@ -64,12 +65,6 @@ RECHECK_SECONDS = 0.5
 ARM_BACKOFF_SECONDS = 0.01
 ARM_BACKOFF_MAX_SECONDS = 1.0
 BUSY_POLL_PAUSE_MAX_SECONDS = 0.01
-
-
-class DoorbellMode(str, enum.Enum):
-    ADAPTIVE = "adaptive"
-    PLAIN = "plain"
-    POLL_ONLY = "poll-only"
 
 
 class ArmOutcome(str, enum.Enum):

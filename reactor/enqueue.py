@@ -88,7 +88,7 @@ return 0
 """
 
 
-def connect_redis(url: str) -> redis.Redis:
+def connect_redis(url: str, **kwargs: Any) -> redis.Redis:
     """A client for `url`, a plain Redis or a `redis+sentinel://` one (no I/O yet).
 
     Raises:
@@ -99,7 +99,7 @@ def connect_redis(url: str) -> redis.Redis:
             "bad Redis URL: the user name or password holds a raw '@', '/', '?' or '#'; "
             "percent-encode them (e.g. '@' as %40)"
         )
-    return client_for(url, health_check_interval=30)
+    return client_for(url, **{"health_check_interval": 30, **kwargs})
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,12 @@ from __future__ import annotations
 
 __all__ = [
     "APPLIED_VERSIONS",
+    "ATTEMPT_DONE",
+    "ATTEMPT_FAILED",
+    "ATTEMPT_HEARTBEAT",
+    "ATTEMPT_RETRY",
+    "ATTEMPT_START",
+    "ATTEMPT_STATE",
     "BACKLOG",
     "CLAIM_DUE",
     "CURRENT_MINUTE",
@@ -525,4 +531,58 @@ UPDATE photo_jobs
  WHERE photo_id = ANY (%(photo_ids)s::text[])
    AND (%(type)s::text IS NULL OR type = %(type)s)
    AND state IN ('done', 'failed')
+"""
+
+
+# -- the worker side: one attempt's lifecycle, every transition fenced by the attempt number --
+
+#: Fenced start: the row is `active` at this attempt, or `pending` at the attempt before (the
+#: claim's COMMIT was lost after the enqueue: this job takes the row over). No row: skip.
+#: Its commit does not wait for the WAL flush (`synchronous_commit` off for this statement's
+#: own transaction): it is on every job's latency path, and losing it in a server crash is
+#: harmless (the row keeps the claim's state, or stays pending and is dispatched again; the
+#: durable outcome write is fenced either way).
+ATTEMPT_START = """
+UPDATE photo_jobs
+   SET state = 'active', attempts = %(attempt)s
+  FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
+ WHERE photo_id = %(photo_id)s AND type = %(type)s
+   AND ((state = 'active' AND attempts = %(attempt)s)
+     OR (state = 'pending' AND attempts = %(attempt)s - 1))
+RETURNING max_attempts
+"""
+
+#: Why a start was refused (for the log line only).
+ATTEMPT_STATE = """
+SELECT state, attempts FROM photo_jobs WHERE photo_id = %(photo_id)s AND type = %(type)s
+"""
+
+#: Heartbeat of a running attempt: keeps the sweep from rescuing it.
+ATTEMPT_HEARTBEAT = """
+UPDATE photo_jobs SET updated_at = now()
+ WHERE photo_id = %(photo_id)s AND type = %(type)s
+   AND state = 'active' AND attempts = %(attempt)s
+"""
+
+#: Success.
+ATTEMPT_DONE = """
+UPDATE photo_jobs SET state = 'done', next_retry_at = NULL, last_error = NULL
+ WHERE photo_id = %(photo_id)s AND type = %(type)s
+   AND state = 'active' AND attempts = %(attempt)s
+"""
+
+#: Final failure (a permanent error, or the last attempt failed).
+ATTEMPT_FAILED = """
+UPDATE photo_jobs SET state = 'failed', last_error = %(error)s
+ WHERE photo_id = %(photo_id)s AND type = %(type)s
+   AND state = 'active' AND attempts = %(attempt)s
+"""
+
+#: A failed attempt with attempts left: pending again, due after `delay` seconds.
+ATTEMPT_RETRY = """
+UPDATE photo_jobs
+   SET state = 'pending', last_error = %(error)s,
+       next_retry_at = now() + make_interval(secs => %(delay)s)
+ WHERE photo_id = %(photo_id)s AND type = %(type)s
+   AND state = 'active' AND attempts = %(attempt)s
 """

@@ -1,213 +1,220 @@
-"""The RQ entry point every dispatched job runs: the fenced lifecycle around a handler.
+"""The RQ entry point every dispatched job runs: `perform(type, photo_id, attempt, handler=...)`.
 
-`perform(type, photo_id, attempt, handler=...)` runs inside a plain `rq worker` process:
-1. Fenced start: proceed only if the row is `active` at this attempt, or `pending` at the
-   attempt before (the claim's COMMIT was lost after the enqueue: this job takes the row
-   over). Otherwise the attempt was superseded or the row is finished: log and return without
-   running the handler.
-2. Heartbeat: a thread touches `updated_at` every `REACTOR_HEARTBEAT_SECONDS` while the handler
-   runs, so the sweep does not rescue a live attempt.
-3. Outcome, fenced by the attempt number (`WHERE state = 'active' AND attempts = N`): success
-   → `done`; `PermanentError` → `failed`; any other exception (an RQ job timeout included) →
-   `pending` with `next_retry_at = now() + backoff` while attempts remain, else `failed`.
-   A superseded attempt changes nothing. Exceptions are re-raised after the row is updated,
-   so RQ shows the job in its failed registry (kept `FAILED_JOB_TTL_SECONDS`).
+It runs one attempt of one row under the fenced lifecycle of `reactor.lifecycle`, in one of
+two ways:
 
-Handlers run at least once per attempt and may run again after a worker dies mid-job: they
-must be idempotent.
+- In a plain `rq worker` (no `-w`), the job runs the whole lifecycle itself: fenced start,
+  heartbeat thread, outcome, on one Postgres connection per process (a forked work horse opens
+  its own; it never touches one inherited through the fork).
+- In a worker of the project's classes (`reactor.Worker`, `reactor.SimpleWorker`), the worker
+  process did the fenced start and imported the handler before the fork, and handed the
+  attempt over (`hand_over`). The job then only calls the handler and reports how it ended
+  (`Handoff.report`: through a pipe from a forked horse, in memory in-process); the worker
+  process heartbeats and writes the outcome.
+
+Both paths obey the same fence, so both kinds of worker may serve one queue. The exception a
+handler raised propagates after the outcome is known, so RQ shows the job in its failed
+registry; on the plain path its text is re-raised with passwords masked when it held one (the
+worker classes mask RQ's stored traceback instead). Handlers run at least once per attempt
+and may run again after a worker dies mid-job: they must be idempotent.
 """
 
 from __future__ import annotations
 
+import importlib
+import json
 import logging
 import os
-import random
-import threading
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Literal, NoReturn
 
-import psycopg
-import tenacity
-from rq.utils import import_attribute
-
-from reactor import db
-from reactor.errors import DatabaseError, PermanentError
+from reactor.errors import PermanentError
+from reactor.jobs import JobRef
+from reactor.lifecycle import Heartbeat, Outcome, Store, backoff_seconds, error_text, finish, start
+from reactor.redact import redact
 from reactor.settings import WorkerSettings
 
-__all__ = ["backoff_seconds", "perform"]
+__all__ = [
+    "HandlerError",
+    "HandlerImportError",
+    "Handoff",
+    "backoff_seconds",
+    "decode_outcome",
+    "hand_over",
+    "load_handler",
+    "perform",
+]
 
 logger = logging.getLogger(__name__)
 
-#: Longest `last_error` kept in the row.
-MAX_ERROR_CHARS = 2000
-
-_START = """
-UPDATE photo_jobs
-   SET state = 'active', attempts = %(attempt)s
- WHERE photo_id = %(photo_id)s AND type = %(type)s
-   AND ((state = 'active' AND attempts = %(attempt)s)
-     OR (state = 'pending' AND attempts = %(attempt)s - 1))
-RETURNING max_attempts
-"""
-_WHY_NOT = (
-    "SELECT state, attempts FROM photo_jobs WHERE photo_id = %(photo_id)s AND type = %(type)s"
-)
-_FENCE = (
-    "photo_id = %(photo_id)s AND type = %(type)s AND state = 'active' AND attempts = %(attempt)s"
-)
-_HEARTBEAT = "UPDATE photo_jobs SET updated_at = now() WHERE " + _FENCE
-_DONE = (
-    "UPDATE photo_jobs SET state = 'done', next_retry_at = NULL, last_error = NULL WHERE " + _FENCE
-)
-_FAILED = "UPDATE photo_jobs SET state = 'failed', last_error = %(error)s WHERE " + _FENCE
-_RETRY = (
-    "UPDATE photo_jobs SET state = 'pending', last_error = %(error)s,"
-    " next_retry_at = now() + make_interval(secs => %(delay)s) WHERE " + _FENCE
-)
-
-_conn: db.Connection | None = None
-_conn_pid = 0
+Handler = Callable[[str], object]
 
 
-def backoff_seconds(attempt: int, base: float, cap: float) -> float:
-    """Delay before the retry that follows failed attempt `attempt` (1-based).
-
-    Exponential (`base * 2**(attempt-1)`, capped at `cap`) with "equal jitter": uniformly in
-    [d/2, d], so retries of a burst spread out but never come sooner than half the step.
-    """
-    step = min(cap, base * 2.0 ** min(attempt - 1, 62))
-    return step / 2 + random.uniform(0, step / 2)
+class HandlerImportError(Exception):
+    """The handler named in a route or a job cannot be imported (a failed attempt, retried)."""
 
 
-def _connection(settings: WorkerSettings) -> db.Connection:
-    # One connection per process; RQ forks a work horse per job, and a libpq connection must
-    # never be shared across a fork, hence the pid check.
-    global _conn, _conn_pid
-    if _conn is None or _conn.closed or _conn_pid != os.getpid():
-        _conn = db.connect(settings.database_url, autocommit=True, purpose="worker")
-        _conn_pid = os.getpid()
-    return _conn
+class HandlerError(Exception):
+    """A handler's exception re-raised with its text redacted (it held a password)."""
 
 
-def _execute(
-    settings: WorkerSettings, query: str, params: dict[str, Any]
-) -> tuple[int, tuple[Any, ...] | None]:
-    """Run one statement, retrying briefly on connection failures; (rows changed, first row).
+_handlers: dict[str, Handler | HandlerImportError] = {}
 
-    Retrying is safe: every statement here is fenced by the attempt number, so running it
-    twice (a connection lost after the server applied it) changes nothing more.
+
+def load_handler(path: str) -> Handler:
+    """Import the handler at dotted `path` (`pkg.module.func`), once per process.
+
+    A failure is remembered too: importing a broken module again could half-run it again;
+    a fixed deploy restarts the worker anyway.
 
     Raises:
-        DatabaseError: Postgres stayed unreachable through every retry.
+        HandlerImportError: "cannot import handler PATH: CAUSE".
+    """
+    found = _handlers.get(path)
+    if found is None:
+        module_name, _, attribute = path.rpartition(".")
+        try:
+            if not module_name:
+                raise ValueError("not a dotted path")
+            found = getattr(importlib.import_module(module_name), attribute)
+            if not callable(found):
+                raise TypeError(f"{attribute} is not callable")
+        except Exception as exc:
+            cause = str(exc) if isinstance(exc, ImportError) else f"{type(exc).__name__}: {exc}"
+            found = HandlerImportError(redact(f"cannot import handler {path}: {cause}"))
+        _handlers[path] = found
+    if isinstance(found, HandlerImportError):
+        raise found
+    return found
+
+
+@dataclass
+class Handoff:
+    """One attempt whose lifecycle the worker process runs; the job only runs the handler.
+
+    `action`: `run` (the fenced start succeeded; `handler` is imported, or `failure` says why
+    it cannot be, which is the attempt's error), `skip` (superseded or finished: do nothing),
+    `unstarted` (the start could not reach Postgres: `failure` is raised, nothing is
+    reported, the row is left to the stale rescue).
     """
 
-    @tenacity.retry(
-        retry=tenacity.retry_if_exception_type(DatabaseError),
-        wait=tenacity.wait_random_exponential(multiplier=0.2, max=5),
-        stop=tenacity.stop_after_attempt(6),
-        reraise=True,
-    )
-    def attempt() -> tuple[int, tuple[Any, ...] | None]:
-        try:
-            conn = _connection(settings)
-            cursor = conn.execute(query, params)
-            return cursor.rowcount, cursor.fetchone() if cursor.description else None
-        except psycopg.OperationalError as exc:
-            if _conn is not None:
-                _conn.close()
-            raise DatabaseError(f"worker query failed: {db.describe_error(exc)}") from exc
+    ref: JobRef
+    action: Literal["run", "skip", "unstarted"]
+    handler: Handler | None = None
+    failure: Exception | None = None
+    #: Write end of the worker process's pipe (forking workers); None in-process.
+    report_fd: int | None = None
+    outcome: Outcome | None = None
 
-    return attempt()
+    def report(self, outcome: Outcome) -> None:
+        """Tell the worker process how the handler ended (once)."""
+        self.outcome = outcome
+        if self.report_fd is not None:
+            # One write well under the pipe's buffer: the horse never blocks on it.
+            os.write(self.report_fd, json.dumps([outcome.kind, outcome.error]).encode())
 
 
-def _write(settings: WorkerSettings, query: str, params: dict[str, Any]) -> int:
-    """Run one fenced UPDATE (retried like `_execute`); rows changed."""
-    return _execute(settings, query, params)[0]
+def decode_outcome(data: bytes) -> Outcome | None:
+    """The outcome a forked horse wrote with `Handoff.report`; None if it wrote none (or
+    died mid-write)."""
+    try:
+        kind, error = json.loads(data.decode())
+    except ValueError:
+        return None
+    if kind not in ("ok", "error", "permanent"):
+        return None
+    return Outcome(kind, error)
 
 
-class _Heartbeat:
-    """Touches the row's `updated_at` every `interval` seconds until stopped."""
-
-    def __init__(self, settings: WorkerSettings, params: dict[str, Any]) -> None:
-        self._settings = settings
-        self._params = params
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="reactor-heartbeat", daemon=True)
-        self.superseded = False
-
-    def __enter__(self) -> _Heartbeat:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._settings.heartbeat_seconds):
-            try:
-                if _write(self._settings, _HEARTBEAT, self._params) == 0:
-                    self.superseded = True
-                    logger.warning("heartbeat_superseded %s", _describe(self._params))
-                    return
-            except DatabaseError as exc:
-                logger.warning("heartbeat_failed %s error=%s", _describe(self._params), exc)
+_handoff: Handoff | None = None
 
 
-def _describe(params: dict[str, Any]) -> str:
-    return f"type={params['type']} photo_id={params['photo_id']!r} attempt={params['attempt']}"
-
-
-def _error_text(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}"
-    return text[:MAX_ERROR_CHARS]
+def hand_over(handoff: Handoff | None) -> None:
+    """Set (or clear) the attempt the worker process runs the lifecycle of (before the fork)."""
+    global _handoff
+    _handoff = handoff
 
 
 def perform(job_type: str, photo_id: str, attempt: int, *, handler: str) -> str:
     """Run `handler(photo_id)` for one attempt of one row, under the fenced lifecycle.
 
     Returns:
-        What happened: "done", or "skipped" when the attempt was not (or no longer) the row's.
+        "done" when the handler succeeded (in a plain worker: and the row is done), or
+        "skipped" when the attempt was not (or no longer) the row's.
 
     Raises:
-        Exception: whatever the handler raised, after the row was moved to pending/failed.
+        Exception: whatever the handler raised (after the outcome was recorded or reported).
     """
-    settings = WorkerSettings.from_env()
-    params: dict[str, Any] = {"type": job_type, "photo_id": photo_id, "attempt": attempt}
-    _, row = _execute(settings, _START, params)
-    if row is None:
-        _, current = _execute(settings, _WHY_NOT, params)
-        why = "row missing" if current is None else f"row is {current[0]} at attempt {current[1]}"
-        logger.info("attempt_skipped %s (%s)", _describe(params), why)
+    handoff = _handoff
+    if handoff is not None and handoff.ref == JobRef(job_type, photo_id, attempt):
+        return _run_handed_over(handoff, photo_id)
+    return _run_lifecycle(JobRef(job_type, photo_id, attempt), handler)
+
+
+def _run_handed_over(handoff: Handoff, photo_id: str) -> str:
+    if handoff.action == "skip":
         return "skipped"
-    max_attempts = int(row[0])
+    if handoff.action == "unstarted":
+        assert handoff.failure is not None
+        raise handoff.failure
+    try:
+        if handoff.handler is None:
+            assert handoff.failure is not None
+            raise handoff.failure
+        handoff.handler(photo_id)
+    except PermanentError as exc:
+        handoff.report(Outcome("permanent", error_text(exc)))
+        raise
+    except BaseException as exc:
+        # An RQ job timeout, a shutdown: a failed attempt like any other error.
+        handoff.report(Outcome("error", error_text(exc)))
+        raise
+    handoff.report(Outcome("ok"))
+    return "done"
+
+
+_store: Store | None = None
+_store_pid = 0
+
+
+def _process_store(settings: WorkerSettings) -> Store:
+    # One connection per process. RQ forks a work horse per job, and a libpq connection must
+    # never be shared across a fork, hence the pid check (the parent's copy is left untouched).
+    global _store, _store_pid
+    if _store is None or _store_pid != os.getpid():
+        _store = Store(settings.database_url)
+        _store_pid = os.getpid()
+    return _store
+
+
+def _reraise(exc: Exception) -> NoReturn:
+    """Re-raise the handler's exception, as a `HandlerError` with the text masked if it held
+    a password (RQ stores and logs the traceback of what the job raised)."""
+    text = str(exc)
+    if redact(text) == text:
+        raise exc
+    raise HandlerError(error_text(exc)).with_traceback(exc.__traceback__) from None
+
+
+def _run_lifecycle(ref: JobRef, handler: str) -> str:
+    settings = WorkerSettings.from_env()
+    store = _process_store(settings)
+    max_attempts = start(store, ref)
+    if max_attempts is None:
+        return "skipped"
     try:
         # Imported inside the fence: a handler that cannot be found is a failed attempt with a
         # last_error that says so (retried, since a deploy may fix it), never a stuck row.
-        func: Callable[[str], object] = import_attribute(handler)
-        with _Heartbeat(settings, params):
-            func(photo_id)
+        func = load_handler(handler)
+        with Heartbeat(store, ref, settings.heartbeat_seconds):
+            func(ref.photo_id)
     except PermanentError as exc:
-        changed = _write(settings, _FAILED, {**params, "error": _error_text(exc)})
-        logger.warning("attempt_failed_permanently %s changed=%d", _describe(params), changed)
-        raise
+        finish(store, settings, ref, max_attempts, Outcome("permanent", error_text(exc)))
+        _reraise(exc)
     except Exception as exc:
-        if attempt < max_attempts:
-            delay = backoff_seconds(
-                attempt, settings.retry_base_seconds, settings.retry_max_seconds
-            )
-            changed = _write(
-                settings, _RETRY, {**params, "error": _error_text(exc), "delay": delay}
-            )
-            logger.warning(
-                "attempt_failed %s retry_in=%.1fs changed=%d", _describe(params), delay, changed
-            )
-        else:
-            changed = _write(settings, _FAILED, {**params, "error": _error_text(exc)})
-            logger.warning("attempts_exhausted %s changed=%d", _describe(params), changed)
-        raise
-    changed = _write(settings, _DONE, params)
-    if changed == 0:
-        logger.warning("completion_superseded %s", _describe(params))
+        finish(store, settings, ref, max_attempts, Outcome("error", error_text(exc)))
+        _reraise(exc)
+    if not finish(store, settings, ref, max_attempts, Outcome("ok")):
         return "skipped"
     return "done"

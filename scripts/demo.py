@@ -1,7 +1,7 @@
 """The demo behind `scripts/demo`: the whole flow, end to end, on real servers.
 
 Migrates, starts `reactor run` with the demo route named (`photo.process` to the built-in demo
-handler) and one `rq worker`, submits sample photos through the `reactor submit` command (one
+handler) and one `reactor worker`, submits sample photos through the `reactor submit` command (one
 transaction), waits until every one is `done`, prints `reactor status`, and stops everything it
 started. Exit code 0 only if every photo is done.
 
@@ -54,12 +54,7 @@ def main() -> int:
         reactor = [sys.executable, "-m", "reactor"]
         subprocess.run([*reactor, "migrate"], env=env, check=True)
         procs.append(subprocess.Popen([*reactor, "run", "--route", DEMO_ROUTE], env=env))
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "rq.cli", "worker", "photo-process", "--url", redis_url],
-                env=env,
-            )
-        )
+        procs.append(subprocess.Popen([*reactor, "worker", "--route", DEMO_ROUTE], env=env))
         photos = [f"demo-photo-{i}" for i in range(1, options.photos + 1)]
         subprocess.run([*reactor, "submit", *photos], env=env, check=True)
 

@@ -126,3 +126,15 @@ def chaos(photo_id: str) -> None:
 
 def chaos_told_to_fail(photo_id: str) -> bool:
     return zlib.crc32(photo_id.encode()) % 50 == 1
+
+
+def noop(photo_id: str) -> None:
+    """Does nothing (and opens no connection): for counting the worker's own sessions."""
+
+
+def leaks_password(photo_id: str) -> None:
+    """Fails with a URL holding a password (built at run time, so this source line, which a
+    traceback quotes, does not hold it)."""
+    _record(photo_id, "error")
+    url = "https://svc:" + "S3cret" + "PW@photos.example/"
+    raise RuntimeError(f"cannot fetch {url}{photo_id}")

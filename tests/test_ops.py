@@ -164,11 +164,19 @@ def test_compose_wiring() -> None:
         assert services[name]["build"] == "."
     assert services["migrate"]["command"] == ["migrate"]
     assert services["reactor"]["command"][0] == "run"
-    assert (
-        services["worker"]["entrypoint"] == ["rq"] and services["worker"]["command"][0] == "worker"
-    )
+    # `reactor worker` (the image's entrypoint is `reactor`)
+    assert "entrypoint" not in services["worker"] and services["worker"]["command"][0] == "worker"
     assert services["producer"]["command"][0] == "submit"
-    assert set(cli.commands) >= {"migrate", "run", "submit", "status", "sweep", "requeue", "prune"}
+    assert set(cli.commands) >= {
+        "migrate",
+        "run",
+        "worker",
+        "submit",
+        "status",
+        "sweep",
+        "requeue",
+        "prune",
+    }
     for name in ("migrate", "reactor"):
         assert services[name]["depends_on"]["postgres"]["condition"] == "service_healthy"
     assert services["reactor"]["depends_on"]["redis"]["condition"] == "service_healthy"

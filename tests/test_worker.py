@@ -181,7 +181,8 @@ def test_heartbeat_keeps_a_long_handler_alive(
     start_fast_rescue_reactor(spawn, "slow_first_attempt")
     start_worker(
         spawn, env, REACTOR_HEARTBEAT_SECONDS="0.2", REACTOR_TEST_WORK_SECONDS="3"
-    )  # the handler works 3x stale_after
+    ).wait_for_line("Listening on")  # the handler works 3x stale_after
+    # (a job waiting in the queue for longer than stale_after would be rescued before it ran)
     submit(conn, "p1")
     wait_for(lambda: row_of(conn, "p1")[0] == "done", timeout=30, interval=0.05, what="done")
     assert row_of(conn, "p1")[:2] == ("done", 1)
@@ -195,6 +196,7 @@ def test_worker_killed_mid_handler_is_rescued_and_completed_elsewhere(
     doomed = start_worker(
         spawn, env, REACTOR_HEARTBEAT_SECONDS="0.2", REACTOR_TEST_WORK_SECONDS="60"
     )
+    doomed.wait_for_line("Listening on")
     submit(conn, "p1")
     wait_for(
         lambda: runs(conn, "p1") == [("p1", 1, "started")], timeout=20, what="attempt 1 running"

@@ -1,0 +1,359 @@
+"""Workers end to end: photos committed → handler → `done`, beside plain RQ on the same class.
+
+Each measure runs ours and plain RQ side by side in one run (alternating order), with the
+same no-op function (`bench.noop`) on the same RQ worker class:
+
+- throughput: 5,000 photos (`--quick`: 500) inserted in 100-row transactions, 2 worker
+  processes of `reactor.Worker` / `reactor.SimpleWorker` behind a `reactor run`, clock from
+  the first insert to the last row `done`; plain RQ: the same number of jobs with
+  `enqueue_many` (100 a call) to 2 `rq.worker.Worker` / `SimpleWorker`, clock to the last job
+  finished. Also Postgres sessions opened per job during our run (`pg_stat_database.sessions`).
+- latency (SimpleWorker, 2 workers): one insert every 20 ms after 20 warm-up jobs, COMMIT
+  (the insert's autocommit `execute` returned) → handler start; plain RQ: `enqueue` returned
+  → handler start. The handler stamps its start (wall clock) into Redis.
+- first job: a freshly started worker, idle for a second, gets one photo (one job): COMMIT
+  (enqueue) → handler start, for both classes.
+The machine's load average is recorded before and after, since other work skews figures.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+from rq import Queue, Worker
+
+from bench.common import (
+    REDIS_URL,
+    ROOT,
+    Reactor,
+    Stat,
+    fresh_database,
+    percentile,
+    redis_client,
+    reset,
+    table,
+    wait_until,
+)
+from bench.noop import STARTED_KEY
+
+CLASSES = {
+    ("fork", "ours"): "reactor.Worker",
+    ("fork", "plain"): "rq.worker.Worker",
+    ("simple", "ours"): "reactor.SimpleWorker",
+    ("simple", "plain"): "rq.worker.SimpleWorker",
+}
+QUEUE = "photo-process"
+PLAIN_QUEUE = "plain"
+
+
+def _route(function: str) -> str:
+    return f"photo.process=bench.noop.{function}"
+
+
+@contextmanager
+def _workers(
+    kind: str, side: str, count: int, url: str, function: str
+) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """`count` `rq worker -w CLASS` processes, quiet, registered before this yields."""
+    queue = QUEUE if side == "ours" else PLAIN_QUEUE
+    env = {
+        **os.environ,
+        "DATABASE_URL": url,
+        "REDIS_URL": REDIS_URL,
+        "REACTOR_ROUTES": _route(function),
+        "PYTHONPATH": str(ROOT),
+    }
+    logs = tempfile.TemporaryFile()  # noqa: SIM115 - closed in the finally below
+    command = [sys.executable, "-m", "rq.cli", "worker", "-w", CLASSES[kind, side]]
+    procs = [
+        subprocess.Popen(
+            [*command, queue, "--url", REDIS_URL, "-q"], env=env, stdout=logs, stderr=logs
+        )
+        for _ in range(count)
+    ]
+    client = redis_client()
+    try:
+        probe = Queue(queue, connection=client)
+        wait_until(lambda: Worker.count(queue=probe) >= count, timeout=60, interval=0.02)
+        yield procs
+    except BaseException:
+        logs.seek(0)
+        sys.stderr.write(logs.read().decode(errors="replace")[-3000:])
+        raise
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        logs.close()
+        client.close()
+
+
+def _sessions(conn: psycopg.Connection[Any]) -> int:
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    row = conn.execute(
+        "SELECT sessions FROM pg_stat_database WHERE datname = current_database()"
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _done(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute("SELECT count(*) FROM photo_jobs WHERE state = 'done'").fetchone()
+    return int(row[0]) if row else 0
+
+
+# -- throughput ------------------------------------------------------------------------------
+
+
+def _ours_throughput(url: str, kind: str, photos: int) -> tuple[float, float]:
+    """(jobs/s, Postgres sessions opened per job)."""
+    reset(url)
+    reactor = Reactor(url, "--route", _route("noop"), "--sweep-interval", "600").started()
+    try:
+        with (
+            _workers(kind, "ours", 2, url, "noop"),
+            psycopg.connect(url, autocommit=True) as poll,
+            psycopg.connect(url) as writer,
+        ):
+            before = _sessions(poll)
+            started = time.perf_counter()
+            for first in range(0, photos, 100):
+                writer.execute(
+                    "INSERT INTO photo_jobs (photo_id, type)"
+                    " SELECT 't' || i, 'photo.process' FROM generate_series(%s::int, %s::int) AS i",
+                    [first, min(first + 100, photos) - 1],
+                )
+                writer.commit()
+            wait_until(lambda: _done(poll) == photos, timeout=1800, interval=0.02)
+            elapsed = time.perf_counter() - started
+            opened = _sessions(poll) - before
+    finally:
+        reactor.stop()
+    return photos / elapsed, opened / photos
+
+
+def _plain_throughput(url: str, kind: str, photos: int) -> float:
+    reset(url)
+    client = redis_client()
+    queue = Queue(PLAIN_QUEUE, connection=client)
+    with _workers(kind, "plain", 2, url, "noop"):
+        started = time.perf_counter()
+        for first in range(0, photos, 100):
+            queue.enqueue_many(
+                [
+                    Queue.prepare_data("bench.noop.noop", args=(f"t{i}",))
+                    for i in range(first, min(first + 100, photos))
+                ]
+            )
+        registry = queue.finished_job_registry
+        wait_until(lambda: registry.count >= photos, timeout=1800, interval=0.02)
+        elapsed = time.perf_counter() - started
+    client.close()
+    return photos / elapsed
+
+
+# -- latency ---------------------------------------------------------------------------------
+
+
+def _stamps(expected: int) -> dict[str, float]:
+    client = redis_client()
+    try:
+        wait_until(lambda: client.llen(STARTED_KEY) >= expected, timeout=120, interval=0.01)
+        entries = [
+            (raw.decode() if isinstance(raw, bytes) else raw).split()
+            for raw in client.lrange(STARTED_KEY, 0, -1)
+        ]
+    finally:
+        client.close()
+    return {photo_id: float(at) for photo_id, at in entries}
+
+
+def _paced(count: int, pause: float, send: Any) -> dict[str, float]:
+    sent: dict[str, float] = {}
+    for i in range(count):
+        begun = time.perf_counter()
+        name = f"l{i}"
+        send(name)
+        sent[name] = time.time()
+        time.sleep(max(0.0, pause - (time.perf_counter() - begun)))
+    return sent
+
+
+def _delays(sent: dict[str, float], warmup: int) -> list[float]:
+    started = _stamps(len(sent))
+    return [(started[name] - at) * 1000 for i, (name, at) in enumerate(sent.items()) if i >= warmup]
+
+
+def _ours_latency(url: str, count: int, warmup: int) -> list[float]:
+    reset(url)
+    reactor = Reactor(url, "--route", _route("stamp"), "--sweep-interval", "600").started()
+    try:
+        with (
+            _workers("simple", "ours", 2, url, "stamp"),
+            psycopg.connect(url, autocommit=True) as conn,
+        ):
+
+            def send(name: str) -> None:
+                conn.execute(
+                    "INSERT INTO photo_jobs (photo_id, type) VALUES (%s, 'photo.process')", [name]
+                )
+
+            sent = _paced(count + warmup, 0.020, send)
+            return _delays(sent, warmup)
+    finally:
+        reactor.stop()
+
+
+def _plain_latency(url: str, count: int, warmup: int) -> list[float]:
+    reset(url)
+    client = redis_client()
+    queue = Queue(PLAIN_QUEUE, connection=client)
+    with _workers("simple", "plain", 2, url, "stamp"):
+        sent = _paced(count + warmup, 0.020, lambda name: queue.enqueue("bench.noop.stamp", name))
+        delays = _delays(sent, warmup)
+    client.close()
+    return delays
+
+
+def _first_job(url: str, kind: str, side: str) -> float:
+    """ms from COMMIT (enqueue) to the handler's start, on a fresh worker idle for a second."""
+    reset(url)
+    reactor = (
+        Reactor(url, "--route", _route("stamp"), "--sweep-interval", "600").started()
+        if side == "ours"
+        else None
+    )
+    try:
+        with _workers(kind, side, 1, url, "stamp"):
+            time.sleep(1.0)  # idle: what a freshly started worker looks like when work arrives
+            if side == "ours":
+                with psycopg.connect(url, autocommit=True) as conn:
+                    conn.execute(
+                        "INSERT INTO photo_jobs (photo_id, type) VALUES ('f', 'photo.process')"
+                    )
+                    sent = time.time()
+            else:
+                client = redis_client()
+                Queue(PLAIN_QUEUE, connection=client).enqueue("bench.noop.stamp", "f")
+                sent = time.time()
+                client.close()
+            return (_stamps(1)["f"] - sent) * 1000
+    finally:
+        if reactor is not None:
+            reactor.stop()
+
+
+# -- the suite -------------------------------------------------------------------------------
+
+
+def _load() -> str:
+    return " / ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def run(quick: bool) -> dict[str, Any]:
+    photos = 500 if quick else 5000
+    reps = 3 if quick else 5
+    lat_count, warmup = (100, 20) if quick else (500, 20)
+    load_before = _load()
+    rates: dict[tuple[str, str], list[float]] = {}
+    sessions: dict[str, list[float]] = {"fork": [], "simple": []}
+    latency: dict[str, list[list[float]]] = {"ours": [], "plain": []}
+    first: dict[tuple[str, str], list[float]] = {}
+    with fresh_database() as url:
+        for rep in range(reps):
+            sides = ("ours", "plain") if rep % 2 == 0 else ("plain", "ours")
+            for kind in ("fork", "simple"):
+                for side in sides:
+                    if side == "ours":
+                        rate, per_job = _ours_throughput(url, kind, photos)
+                        sessions[kind].append(per_job)
+                    else:
+                        rate = _plain_throughput(url, kind, photos)
+                    rates.setdefault((kind, side), []).append(rate)
+            for side in sides:
+                run_latency = _ours_latency if side == "ours" else _plain_latency
+                latency[side].append(run_latency(url, lat_count, warmup))
+            for kind in ("fork", "simple"):
+                for side in sides:
+                    first.setdefault((kind, side), []).append(_first_job(url, kind, side))
+    load_after = _load()
+
+    def ratio(kind: str) -> Stat:
+        pairs = zip(rates[kind, "ours"], rates[kind, "plain"], strict=True)
+        return Stat.of([o / p for o, p in pairs])
+
+    p50 = {s: Stat.of([percentile(r, 0.50) for r in latency[s]]) for s in latency}
+    p99 = {s: Stat.of([percentile(r, 0.99) for r in latency[s]]) for s in latency}
+    rows = []
+    for kind, target in (("fork", "≥ 0.80×"), ("simple", "≥ 0.85×")):
+        rows.append(
+            [
+                f"{kind}: jobs/s, {photos:,} photos, 2 workers",
+                Stat.of(rates[kind, "ours"]).fmt(digits=0),
+                Stat.of(rates[kind, "plain"]).fmt(digits=0),
+                ratio(kind).fmt("×", digits=2),
+                target,
+            ]
+        )
+    for name, stats, margin in (("p50", p50, 1.5), ("p99", p99, 3.0)):
+        rows.append(
+            [
+                f"simple, warm: COMMIT (enqueue) → handler start, {name} ms",
+                stats["ours"].fmt(digits=2),
+                stats["plain"].fmt(digits=2),
+                f"+{stats['ours'].median - stats['plain'].median:.2f} ms",
+                f"≤ +{margin} ms",
+            ]
+        )
+    for kind in ("fork", "simple"):
+        ours, plain = Stat.of(first[kind, "ours"]), Stat.of(first[kind, "plain"])
+        rows.append(
+            [
+                f"{kind}: first job of a fresh idle worker, ms",
+                ours.fmt(digits=1),
+                plain.fmt(digits=1),
+                f"+{ours.median - plain.median:.1f} ms",
+                "≤ +10 ms",
+            ]
+        )
+    for kind in ("fork", "simple"):
+        rows.append(
+            [
+                f"{kind}: Postgres sessions opened per job",
+                Stat.of(sessions[kind]).fmt(digits=4),
+                "",
+                "",
+                "≤ 0.01",
+            ]
+        )
+    text = table(["measure", "photo-reactor", "plain RQ", "ours vs plain", "target"], rows)
+    text += (
+        f"\n\nMedians of {reps} runs (min–max). Load average (1/5/15 min) before: "
+        f"{load_before}; after: {load_after}."
+    )
+    return {
+        "photos": photos,
+        "runs": reps,
+        "jobs_per_second": {f"{k}/{s}": Stat.of(v).as_dict() for (k, s), v in rates.items()},
+        "ratio": {k: ratio(k).as_dict() for k in ("fork", "simple")},
+        "latency_ms": {
+            s: {"p50": p50[s].as_dict(), "p99": p99[s].as_dict()} for s in ("ours", "plain")
+        },
+        "first_job_ms": {f"{k}/{s}": Stat.of(v).as_dict() for (k, s), v in first.items()},
+        "sessions_per_job": {k: Stat.of(v).as_dict() for k, v in sessions.items()},
+        "load_before": load_before,
+        "load_after": load_after,
+        "table": text,
+    }

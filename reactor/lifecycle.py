@@ -1,0 +1,313 @@
+"""One attempt's fenced lifecycle, shared by both worker paths.
+
+The same statements run whether the lifecycle lives in the job (a plain `rq worker` runs
+`reactor.worker.perform`) or in the long-lived worker process (`reactor.Worker`,
+`reactor.SimpleWorker`):
+
+1. `start` — the fenced start: proceed only if the row is `active` at this attempt, or
+   `pending` at the attempt before (the claim's COMMIT was lost after the enqueue). Otherwise
+   the attempt was superseded or the row is finished: the handler must not run.
+2. `Heartbeat` — a thread that touches `updated_at` every `heartbeat_seconds` while the
+   handler runs, so the sweep does not rescue a live attempt.
+3. `finish` — the outcome, fenced by the attempt number (`state = 'active' AND attempts = N`):
+   ok → `done`; permanent → `failed`; error → `pending` after a backoff while attempts remain,
+   else `failed`. A superseded attempt changes nothing.
+
+`Store` holds one autocommit connection and retries a statement on a lost connection with
+backoff; that is safe because every statement is fenced by the attempt number, so running it
+twice changes nothing more. Error texts that reach the row are redacted and bounded.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import psycopg
+import tenacity
+
+from reactor import db, queries
+from reactor.errors import DatabaseError
+from reactor.jobs import JobRef
+from reactor.redact import redact
+from reactor.settings import WorkerSettings
+
+__all__ = [
+    "MAX_ERROR_CHARS",
+    "Heartbeat",
+    "Heartbeater",
+    "Outcome",
+    "Store",
+    "backoff_seconds",
+    "error_text",
+    "finish",
+    "start",
+    "warm_up",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Longest `last_error` kept in the row.
+MAX_ERROR_CHARS = 2000
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a handler call ended: `ok`, `error` (retried while attempts remain) or
+    `permanent` (failed at once); `error` holds the redacted text for `last_error`."""
+
+    kind: Literal["ok", "error", "permanent"]
+    error: str | None = None
+
+
+def backoff_seconds(attempt: int, base: float, cap: float) -> float:
+    """Delay before the retry that follows failed attempt `attempt` (1-based).
+
+    Exponential (`base * 2**(attempt-1)`, capped at `cap`) with "equal jitter": uniformly in
+    [d/2, d], so retries of a burst spread out but never come sooner than half the step.
+    """
+    step = min(cap, base * 2.0 ** min(attempt - 1, 62))
+    return step / 2 + random.uniform(0, step / 2)
+
+
+def error_text(exc: BaseException) -> str:
+    """`Type: message` of an exception, password masked, at most `MAX_ERROR_CHARS`."""
+    return redact(f"{type(exc).__name__}: {exc}")[:MAX_ERROR_CHARS]
+
+
+def describe(ref: JobRef) -> str:
+    """The attempt, for log lines."""
+    return f"type={ref.type} photo_id={ref.photo_id!r} attempt={ref.attempt}"
+
+
+class Store:
+    """One autocommit connection of one process, reconnected on demand.
+
+    `connect` is lazy: the first statement opens it. The owner must not use it from a forked
+    child (the child would share the server session): the worker classes never do, and the
+    job path (`reactor.worker`) keeps one `Store` per process id.
+    """
+
+    def __init__(self, database_url: str) -> None:
+        self._url = database_url
+        self._conn: db.Connection | None = None
+
+    @property
+    def conn(self) -> db.Connection:
+        """The open connection (opened now if needed).
+
+        Raises:
+            ConfigError: the URL is malformed.
+            DatabaseError: Postgres could not be reached.
+        """
+        if self._conn is None or self._conn.closed:
+            self._conn = db.connect(self._url, autocommit=True, purpose="worker")
+        return self._conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def execute_once(
+        self, query: str, params: dict[str, Any]
+    ) -> tuple[int, tuple[Any, ...] | None]:
+        """Run one statement once; (rows changed, first row).
+
+        Raises:
+            DatabaseError: the connection failed (it is closed; the next call reconnects).
+        """
+        try:
+            cursor = self.conn.execute(query, params)
+            return cursor.rowcount, cursor.fetchone() if cursor.description else None
+        except psycopg.Error as exc:
+            # A lost session, or a server that became read-only (a failover): reconnect. Any
+            # other error is the statement's own and is raised as it is.
+            if not db.is_connection_failure(exc):
+                raise
+            self.close()
+            raise DatabaseError(f"worker query failed: {db.describe_error(exc)}") from exc
+
+    def execute(self, query: str, params: dict[str, Any]) -> tuple[int, tuple[Any, ...] | None]:
+        """`execute_once`, retried with backoff on connection failures (about 15 s in all).
+
+        Raises:
+            DatabaseError: Postgres stayed unreachable through every retry.
+        """
+        retrying = tenacity.retry(
+            retry=tenacity.retry_if_exception_type(DatabaseError),
+            wait=tenacity.wait_random_exponential(multiplier=0.2, max=5),
+            stop=tenacity.stop_after_attempt(6),
+            reraise=True,
+        )
+        return retrying(self.execute_once)(query, params)
+
+
+def _params(ref: JobRef) -> dict[str, Any]:
+    return {"type": ref.type, "photo_id": ref.photo_id, "attempt": ref.attempt}
+
+
+def warm_up(store: Store) -> None:
+    """Run the fenced start once on no row, so the first real job does not pay for the
+    statement's first use (psycopg parses and caches it).
+
+    Raises:
+        DatabaseError: Postgres could not be reached.
+    """
+    store.execute_once(queries.ATTEMPT_START, {"type": "", "photo_id": "", "attempt": 0})
+
+
+def start(store: Store, ref: JobRef) -> int | None:
+    """The fenced start; the row's `max_attempts`, or None when the attempt must not run.
+
+    Raises:
+        DatabaseError: Postgres stayed unreachable (the row is left to the stale rescue).
+    """
+    _, row = store.execute(queries.ATTEMPT_START, _params(ref))
+    if row is not None:
+        return int(row[0])
+    _, current = store.execute(queries.ATTEMPT_STATE, _params(ref))
+    why = "row missing" if current is None else f"row is {current[0]} at attempt {current[1]}"
+    logger.info("attempt_skipped %s (%s)", describe(ref), why)
+    return None
+
+
+def finish(
+    store: Store, settings: WorkerSettings, ref: JobRef, max_attempts: int, outcome: Outcome
+) -> bool:
+    """Write the outcome of a started attempt; whether it changed the row (False: superseded).
+
+    Raises:
+        DatabaseError: Postgres stayed unreachable (the row is left to the stale rescue).
+    """
+    params = _params(ref)
+    if outcome.kind == "ok":
+        changed = store.execute(queries.ATTEMPT_DONE, params)[0]
+        if changed == 0:
+            logger.warning("completion_superseded %s", describe(ref))
+        return changed > 0
+    params["error"] = outcome.error
+    if outcome.kind == "permanent":
+        changed = store.execute(queries.ATTEMPT_FAILED, params)[0]
+        logger.warning("attempt_failed_permanently %s changed=%d", describe(ref), changed)
+    elif ref.attempt < max_attempts:
+        delay = backoff_seconds(
+            ref.attempt, settings.retry_base_seconds, settings.retry_max_seconds
+        )
+        changed = store.execute(queries.ATTEMPT_RETRY, {**params, "delay": delay})[0]
+        logger.warning("attempt_failed %s retry_in=%.1fs changed=%d", describe(ref), delay, changed)
+    else:
+        changed = store.execute(queries.ATTEMPT_FAILED, params)[0]
+        logger.warning("attempts_exhausted %s changed=%d", describe(ref), changed)
+    return changed > 0
+
+
+class Heartbeat:
+    """Touches the row's `updated_at` every `interval` seconds, from a thread, until stopped.
+
+    Each beat is one try (the next beat is the retry), so stopping never waits for a backoff.
+    """
+
+    def __init__(self, store: Store, ref: JobRef, interval: float) -> None:
+        self._store = store
+        self._ref = ref
+        self._interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="reactor-heartbeat", daemon=True)
+        self.superseded = False
+
+    def start(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def __enter__(self) -> Heartbeat:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _run(self) -> None:
+        beat: Callable[[str, dict[str, Any]], tuple[int, Any]] = self._store.execute_once
+        while not self._stop.wait(self._interval):
+            try:
+                if beat(queries.ATTEMPT_HEARTBEAT, _params(self._ref))[0] == 0:
+                    self.superseded = True
+                    logger.warning("heartbeat_superseded %s", describe(self._ref))
+                    return
+            except DatabaseError as exc:
+                logger.warning("heartbeat_failed %s error=%s", describe(self._ref), exc)
+
+
+class Heartbeater:
+    """One heartbeat thread for a worker process's whole life, beating for one attempt at a time.
+
+    `beat_for(ref)` starts beating for an attempt, `pause()` stops it; `pause` returns only
+    when no beat is in flight, so the owner may fork or write the outcome on the same
+    connection right after. (A thread per job cost a thread start and a join per job, several
+    milliseconds on a loaded machine.) The thread idles on a condition while paused, so it is
+    never inside a query when the worker forks.
+    """
+
+    def __init__(self, store: Store, interval: float) -> None:
+        self._store = store
+        self._interval = interval
+        self._cond = threading.Condition()
+        self._busy = threading.Lock()
+        self._ref: JobRef | None = None
+        self._due = 0.0
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start the (idle) thread now rather than on the first job."""
+        with self._cond:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="reactor-heartbeat", daemon=True
+                )
+                self._thread.start()
+
+    def beat_for(self, ref: JobRef) -> None:
+        self.start()
+        with self._cond:
+            self._ref = ref
+            self._due = time.monotonic() + self._interval
+            self._cond.notify()
+
+    def pause(self) -> None:
+        with self._cond:
+            self._ref = None
+            self._cond.notify()
+        with self._busy:  # wait out a beat in flight
+            pass
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                ref = self._ref
+                wait = None if ref is None else self._due - time.monotonic()
+                if wait is None or wait > 0:
+                    self._cond.wait(wait)
+                    continue
+                self._due = time.monotonic() + self._interval
+            assert ref is not None
+            with self._busy:
+                if self._ref is not ref:
+                    continue  # paused (or moved on) meanwhile
+                try:
+                    if self._store.execute_once(queries.ATTEMPT_HEARTBEAT, _params(ref))[0] == 0:
+                        logger.warning("heartbeat_superseded %s", describe(ref))
+                        with self._cond:
+                            if self._ref is ref:
+                                self._ref = None
+                except DatabaseError as exc:
+                    logger.warning("heartbeat_failed %s error=%s", describe(ref), exc)

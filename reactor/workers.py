@@ -1,0 +1,332 @@
+"""RQ worker classes that run the attempt lifecycle in the long-lived worker process.
+
+`reactor.Worker` forks a work horse per job (RQ's default worker); `reactor.SimpleWorker` runs
+jobs in-process. Use them as `rq worker -w reactor.Worker QUEUE...`, `rq worker-pool -w
+reactor.Worker -n 2 QUEUE...` or `reactor worker [QUEUE...]`.
+
+For a job of `reactor.worker.perform`, the worker process, not the job:
+- keeps one autocommit Postgres connection for its whole life (reconnected with backoff), so
+  no Postgres session is opened per job, and has the lifecycle and the routed handlers imported
+  before the first fork (a handler first seen in a job is imported then, in this process, and
+  kept);
+- does the fenced start before the horse is forked (or the handler called), then hands the
+  attempt over to `perform` (`reactor.worker.hand_over`), which only calls the handler and
+  reports how it ended through a pipe made before the fork;
+- heartbeats the row from one long-lived thread, told to beat after the fork and paused
+  before the outcome is written (so no query is ever in flight at a fork), and writes the
+  outcome, fenced by the attempt, once the horse has exited. A horse that dies without
+  reporting (SIGKILL, OOM, the job timeout's kill) is a failed attempt with a `last_error`
+  that says so.
+
+The horse never uses the worker's connection: it runs only the handler and leaves with
+`os._exit`, which sends nothing on inherited sockets. Jobs of other functions run as in RQ.
+RQ's stored tracebacks and the log lines of the process are redacted (no passwords).
+
+At start (`check_startup`, also run by `bootstrap`) the worker connects, checks the schema
+(exit 2 with one line otherwise) and imports the handlers of the routes it serves; a handler
+that cannot be imported is reported in one line, and its attempts fail with that text.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+from collections.abc import Mapping
+from typing import Any
+
+import rq.worker
+from rq.job import Job
+from rq.queue import Queue
+from rq.worker.base import BaseWorker
+
+from reactor import db, lifecycle, registry
+from reactor.errors import ConfigError, DatabaseError
+from reactor.jobs import ENTRY_POINT, JobRef
+from reactor.redact import redact
+from reactor.routes import Route, parse_routes
+from reactor.settings import WorkerSettings
+from reactor.worker import HandlerImportError, Handoff, decode_outcome, hand_over, load_handler
+
+__all__ = ["SimpleWorker", "Worker", "load_routes"]
+
+logger = logging.getLogger(__name__)
+
+#: The `last_error` head of an attempt whose handler never reported an outcome (a horse killed
+#: mid-handler, or RQ failing the job before the handler ran, e.g. on a Redis error).
+HORSE_LOST = "WorkHorseLost: the work horse ended before the handler returned"
+
+
+def load_routes(conn: db.Connection, env: Mapping[str, str] | None = None) -> Mapping[str, Route]:
+    """The routes a worker started without explicit routes serves: `REACTOR_ROUTES`, else the
+    routes the reactors recorded in the database (`reactor.registry`), else none (handlers are
+    then imported when a job first names them).
+
+    Raises:
+        ConfigError: `REACTOR_ROUTES` is invalid.
+        DatabaseError: the recorded routes could not be read.
+    """
+    env = os.environ if env is None else env
+    text = env.get("REACTOR_ROUTES", "")
+    if text.strip():
+        return parse_routes([text])
+    return registry.load_routes(conn)
+
+
+class _RedactingFilter(logging.Filter):
+    """Masks passwords in a record's message and traceback before any handler formats it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg, record.args = redact(record.getMessage()), None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact(record.exc_text)
+        return True
+
+
+_REDACTING = _RedactingFilter()
+
+
+def _redact_logs() -> None:
+    """Route our loggers to RQ's handlers when nothing else is set up (plain `rq worker -w`),
+    and mask passwords on every handler in use."""
+    root, ours, rq_logger = (logging.getLogger(n) for n in ("", "reactor", "rq.worker"))
+    if not root.handlers and not ours.handlers and rq_logger.handlers:
+        for handler in rq_logger.handlers:
+            ours.addHandler(handler)
+        ours.setLevel(rq_logger.getEffectiveLevel())
+        ours.propagate = False
+    for name in ("", "reactor", "rq.worker", "rq.job"):
+        for handler in logging.getLogger(name).handlers:
+            if _REDACTING not in handler.filters:
+                handler.addFilter(_REDACTING)
+
+
+def _describe_status(status: int | None) -> str:
+    if status is not None and os.WIFSIGNALED(status):
+        number = os.WTERMSIG(status)
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(number).name}"
+        return f"killed by signal {number}"
+    if status is not None and os.WIFEXITED(status):
+        return f"exit code {os.WEXITSTATUS(status)}"
+    return "killed by the worker, or never started"
+
+
+class _Lifecycle(BaseWorker):
+    """What both classes share: start checks, fenced start, heartbeat, outcome."""
+
+    #: Whether jobs run in a forked work horse (a pipe carries the outcome back).
+    forks = True
+
+    def __init__(
+        self,
+        *args: Any,
+        routes: Mapping[str, Route] | None = None,
+        settings: WorkerSettings | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self._routes = routes
+        self._settings_error: ConfigError | None = None
+        if settings is None:
+            try:
+                settings = WorkerSettings.from_env()
+            except ConfigError as exc:
+                self._settings_error = exc
+                settings = WorkerSettings(database_url="")
+        self.settings = settings
+        self._store = lifecycle.Store(settings.database_url)
+        self._checked = False
+        self._heartbeat = lifecycle.Heartbeater(self._store, settings.heartbeat_seconds)
+        self._running: Handoff | None = None
+        self._report_fds: tuple[int, int] | None = None
+        self._horse_status: int | None = None
+
+    # -- start -----------------------------------------------------------------------------
+
+    def served_routes(self) -> list[Route]:
+        """The routes whose queue this worker listens on.
+
+        Raises:
+            ConfigError: `REACTOR_ROUTES` is invalid.
+        """
+        routes = self._routes or load_routes(self._store.conn)
+        queues = set(self.queue_names())
+        return [route for route in routes.values() if route.queue in queues]
+
+    def check_startup(self) -> None:
+        """Connect, check the schema, import the served routes' handlers (once).
+
+        A handler that cannot be imported is logged in one line; the worker still serves the
+        other types.
+
+        Raises:
+            ConfigError: bad settings, Postgres unreachable, or the database not migrated.
+        """
+        if self._checked:
+            return
+        if self._settings_error is not None:
+            raise self._settings_error
+        try:
+            db.check_schema(self._store.conn)
+            lifecycle.warm_up(self._store)
+        except DatabaseError as exc:
+            raise ConfigError(str(exc)) from exc
+        self._heartbeat.start()
+        served = self.served_routes()
+        for route in served:
+            try:
+                load_handler(route.handler)
+            except HandlerImportError as exc:
+                logger.error("handler_unavailable type=%s %s", route.type, exc)
+        self._checked = True
+        logger.info(
+            "worker_ready class=%s queues=%s routes=%s",
+            type(self).__name__,
+            ",".join(self.queue_names()),
+            ",".join(f"{r.type}={r.handler}" for r in served) or "-",
+        )
+
+    def bootstrap(self, *args: Any, **kwargs: Any) -> None:
+        _redact_logs()
+        try:
+            self.check_startup()
+        except ConfigError as exc:
+            # One line and exit 2, also under `rq worker -w`, whose CLI would print a
+            # traceback for an exception.
+            self.log.error("reactor worker: error: %s", redact(str(exc)))
+            raise SystemExit(exc.exit_code) from None
+        super().bootstrap(*args, **kwargs)
+        _redact_logs()
+
+    def teardown(self) -> None:
+        super().teardown()  # type: ignore[no-untyped-call]
+        if not self.is_horse:
+            self._store.close()
+
+    # -- one job -----------------------------------------------------------------------------
+
+    def _hand_over(self, job: Job) -> tuple[Handoff, int] | None:
+        """Fenced start of a `perform` job; the handoff and the row's max_attempts (0 if the
+        attempt does not run), or None for a job of another function."""
+        try:
+            if job.func_name != ENTRY_POINT:
+                return None
+            job_type, photo_id, attempt = job.args
+            ref = JobRef(str(job_type), str(photo_id), int(attempt))
+            handler = str(job.kwargs["handler"])
+        except Exception:
+            return None  # not ours to judge: RQ runs (and fails) it as it is
+        try:
+            max_attempts = lifecycle.start(self._store, ref)
+        except DatabaseError as exc:
+            logger.error("attempt_unstarted %s error=%s", lifecycle.describe(ref), exc)
+            return Handoff(ref, "unstarted", failure=exc), 0
+        if max_attempts is None:
+            return Handoff(ref, "skip"), 0
+        try:
+            return Handoff(ref, "run", handler=load_handler(handler)), max_attempts
+        except HandlerImportError as exc:
+            return Handoff(ref, "run", failure=exc), max_attempts
+
+    def execute_job(self, job: Job, queue: Queue) -> None:
+        started = self._hand_over(job)
+        if started is None or started[0].action != "run":
+            hand_over(None if started is None else started[0])
+            try:
+                super().execute_job(job, queue)
+            finally:
+                hand_over(None)
+            return
+        handoff, max_attempts = started
+        self._horse_status = None
+        if self.forks:
+            self._report_fds = os.pipe()
+            handoff.report_fd = self._report_fds[1]
+        hand_over(handoff)
+        self._running = handoff
+        try:
+            if not self.forks:
+                self._start_heartbeat(handoff.ref)
+            super().execute_job(job, queue)
+        finally:
+            hand_over(None)
+            self._running = None
+            self._heartbeat.pause()
+            outcome = self._collect(handoff)
+            try:
+                lifecycle.finish(self._store, self.settings, handoff.ref, max_attempts, outcome)
+            except DatabaseError as exc:
+                logger.error(
+                    "outcome_lost %s error=%s (the row is rescued after stale_after)",
+                    lifecycle.describe(handoff.ref),
+                    exc,
+                )
+
+    def _start_heartbeat(self, ref: JobRef) -> None:
+        self._heartbeat.beat_for(ref)
+
+    def _after_fork(self, ref: JobRef) -> None:
+        """In the parent, right after the fork: drop our copy of the pipe's write end (so the
+        horse's exit is the end of it) and start heartbeating."""
+        if self._report_fds is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._report_fds[1])
+        self._start_heartbeat(ref)
+
+    def _collect(self, handoff: Handoff) -> lifecycle.Outcome:
+        outcome = handoff.outcome
+        if self._report_fds is not None:
+            read_fd, write_fd = self._report_fds
+            self._report_fds = None
+            with contextlib.suppress(OSError):
+                os.close(write_fd)
+            # Non-blocking: a process the handler forked may still hold the write end.
+            os.set_blocking(read_fd, False)
+            data = b""
+            with contextlib.suppress(BlockingIOError):
+                while chunk := os.read(read_fd, 65536):
+                    data += chunk
+            os.close(read_fd)
+            outcome = decode_outcome(data) if data else None
+        if outcome is None:
+            why = _describe_status(self._horse_status) if self.forks else "RQ ended the job"
+            outcome = lifecycle.Outcome("error", f"{HORSE_LOST} ({why})")
+        return outcome
+
+    # -- RQ hooks ------------------------------------------------------------------------------
+
+    def handle_work_horse_killed(self, job: Job, retpid: Any, ret_val: Any, rusage: Any) -> None:
+        self._horse_status = ret_val
+        super().handle_work_horse_killed(job, retpid, ret_val, rusage)  # type: ignore[no-untyped-call]
+
+    def handle_job_failure(
+        self,
+        job: Job,
+        queue: Queue,
+        started_job_registry: Any = None,
+        exc_string: str = "",
+        execution: Any = None,
+    ) -> None:
+        # RQ stores this traceback text in the job's result: mask passwords first.
+        super().handle_job_failure(job, queue, started_job_registry, redact(exc_string), execution)
+
+
+class Worker(_Lifecycle, rq.worker.Worker):
+    """RQ's forking worker with the attempt lifecycle in the worker process."""
+
+    forks = True
+
+    def fork_work_horse(self, job: Job, queue: Queue) -> None:
+        super().fork_work_horse(job, queue)  # returns in the parent only
+        if self._running is not None:
+            self._after_fork(self._running.ref)
+
+
+class SimpleWorker(_Lifecycle, rq.worker.SimpleWorker):
+    """RQ's in-process worker with the attempt lifecycle around the handler call."""
+
+    forks = False

@@ -1,0 +1,499 @@
+"""The worker classes `reactor.Worker` (fork) and `reactor.SimpleWorker` (in-process).
+
+Every lifecycle guarantee runs against both, in real `rq worker -w ...` and `reactor worker`
+processes: the worker process does the fenced start, heartbeats and writes the outcome; the
+job only runs the handler. Faults are real: SIGKILL of the horse or the worker,
+pg_terminate_backend of the worker's connection, RQ's job timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import signal
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from rq import Queue
+from rq.job import Job
+
+from reactor import submit
+from reactor.jobs import ENTRY_POINT, job_id
+from tests.conftest import Env, Process, start_reactor, start_worker, wait_for
+from tests.handlers import SCHEMA
+from tests.helpers import states
+
+CLASSES = {"fork": "reactor.Worker", "simple": "reactor.SimpleWorker"}
+
+
+@pytest.fixture(params=sorted(CLASSES))
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def conn(env: Env) -> psycopg.Connection[Any]:
+    connection = env.connect()
+    connection.execute(SCHEMA)
+    return connection
+
+
+def route(handler: str) -> str:
+    return f"photo.process=tests.handlers.{handler}"
+
+
+def start_ours(
+    spawn: Callable[..., Process],
+    env: Env,
+    kind: str,
+    *,
+    burst: bool = False,
+    handler: str | None = None,
+    **extra_env: str,
+) -> Process:
+    """`rq worker -w reactor.Worker|SimpleWorker photo-process` (routes from REACTOR_ROUTES)."""
+    if handler is not None:
+        extra_env.setdefault("REACTOR_ROUTES", route(handler))
+    worker = start_worker(
+        spawn, env, burst=burst, extra_args=("--worker-class", CLASSES[kind]), **extra_env
+    )
+    if not burst:
+        # Ready before rows come: a job that waited in the queue for longer than a test's
+        # stale_after would be rescued before it ran.
+        worker.wait_for_line("Listening on")
+    return worker
+
+
+def burst_ours(spawn: Callable[..., Process], env: Env, kind: str, **extra: str) -> Process:
+    worker = start_ours(spawn, env, kind, burst=True, **extra)
+    assert worker.proc.wait(timeout=60) == 0, worker.output()
+    return worker
+
+
+def sweep(env: Env, handler: str, *args: str) -> dict[str, Any]:
+    return env.cli_json("sweep", "--route", route(handler), *args)
+
+
+def runs(conn: psycopg.Connection[Any], photo_id: str) -> list[tuple[str, int, str]]:
+    return [
+        tuple(r)
+        for r in conn.execute(
+            "SELECT photo_id, attempt, outcome FROM handler_runs WHERE photo_id = %s ORDER BY at",
+            [photo_id],
+        )
+    ]
+
+
+def row_of(conn: psycopg.Connection[Any], photo_id: str) -> tuple[Any, ...]:
+    row = conn.execute(
+        "SELECT state, attempts, last_error, next_retry_at FROM photo_jobs WHERE photo_id = %s",
+        [photo_id],
+    ).fetchone()
+    assert row is not None
+    return tuple(row)
+
+
+def worker_backends(conn: psycopg.Connection[Any]) -> list[int]:
+    return [
+        int(pid)
+        for (pid,) in conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+            " AND application_name = 'photo-reactor worker'"
+        )
+    ]
+
+
+def sessions(conn: psycopg.Connection[Any], database: str) -> int:
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    row = conn.execute(
+        "SELECT sessions FROM pg_stat_database WHERE datname = %s", [database]
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.fixture
+def reap() -> Iterator[list[int]]:
+    """Pids the test started indirectly (work horses); SIGKILLed at the end if still alive."""
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+# -- outcomes --------------------------------------------------------------------------------
+
+
+def test_success_marks_done_with_the_handler_run_once(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], kind: str
+) -> None:
+    submit(conn, "p1")
+    assert sweep(env, "ok")["enqueued"] == 1
+    worker = burst_ours(spawn, env, kind, handler="ok")
+    assert row_of(conn, "p1") == ("done", 1, None, None)
+    assert runs(conn, "p1") == [("p1", 1, "ok")]
+    assert "worker_ready" in worker.output()
+
+
+def test_retries_follow_the_backoff_then_succeed(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], kind: str
+) -> None:
+    start_reactor(spawn, "--route", route("flaky_twice"), "--sweep-interval", "60")
+    start_ours(spawn, env, kind, REACTOR_RETRY_BASE_SECONDS="0.5")
+    submit(conn, "p1")
+    wait_for(lambda: row_of(conn, "p1")[0] == "done", timeout=30, interval=0.05, what="done")
+    assert row_of(conn, "p1") == ("done", 3, None, None)
+    assert [(a, o) for _, a, o in runs(conn, "p1")] == [(1, "error"), (2, "error"), (3, "ok")]
+    times = [
+        r[0] for r in conn.execute("SELECT at FROM handler_runs WHERE photo_id = 'p1' ORDER BY at")
+    ]
+    gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(times)]
+    for n, gap in enumerate(gaps, start=1):
+        step = 0.5 * 2 ** (n - 1)
+        assert step / 2 <= gap <= step + 1.5, gaps
+    retried = conn.execute(
+        "SELECT last_error FROM transitions WHERE new_state = 'pending' ORDER BY at"
+    ).fetchall()
+    assert retried == [
+        ("RuntimeError: transient failure 1",),
+        ("RuntimeError: transient failure 2",),
+    ]
+
+
+def test_spent_attempts_fail_the_row(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], kind: str
+) -> None:
+    start_reactor(spawn, "--route", route("always_fails"), "--sweep-interval", "60")
+    start_ours(spawn, env, kind, REACTOR_RETRY_BASE_SECONDS="0.05")
+    submit(conn, "p1", max_attempts=3)
+    wait_for(lambda: row_of(conn, "p1")[0] == "failed", timeout=30, interval=0.05, what="failed")
+    state, attempts, error, _ = row_of(conn, "p1")
+    assert (state, attempts, error) == ("failed", 3, "RuntimeError: boom 3")
+    assert len(runs(conn, "p1")) == 3
+
+
+def test_permanent_error_fails_after_one_attempt(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], kind: str
+) -> None:
+    submit(conn, "p1")
+    sweep(env, "permanent")
+    burst_ours(spawn, env, kind)
+    state, attempts, error, _ = row_of(conn, "p1")
+    assert (state, attempts, error) == ("failed", 1, "PermanentError: this photo is corrupt")
+    assert len(runs(conn, "p1")) == 1
+
+
+def test_job_timeout_is_a_failed_attempt(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], kind: str
+) -> None:
+    submit(conn, "p1")
+    sweep(env, "sleeps", "--job-timeout", "1")
+    burst_ours(spawn, env, kind, REACTOR_TEST_WORK_SECONDS="30")
+    state, attempts, error, next_retry_at = row_of(conn, "p1")
+    assert (state, attempts) == ("pending", 1)
+    assert error.startswith("JobTimeoutException") and next_retry_at is not None
+    assert runs(conn, "p1") == [("p1", 1, "started")]
+
+
+def test_password_in_a_handler_error_is_masked_everywhere(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], kind: str
+) -> None:
+    submit(conn, "p1", max_attempts=1)
+    sweep(env, "leaks_password")
+    worker = burst_ours(spawn, env, kind)
+    error = row_of(conn, "p1")[2]
+    assert error == "RuntimeError: cannot fetch https://svc:***@photos.example/p1"
+    assert "svc:***@photos.example" in worker.output()  # RQ logged the traceback, masked
+    assert "S3cretPW" not in worker.output()
+    job = Job.fetch("photo_2eprocess-p1-1", connection=env.redis())
+    result = job.latest_result()
+    assert result is not None and result.exc_string is not None
+    assert "svc:***@photos.example" in result.exc_string
+    assert "S3cretPW" not in result.exc_string
+
+
+def test_plain_worker_masks_the_password_too(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
+) -> None:
+    submit(conn, "p1", max_attempts=1)
+    sweep(env, "leaks_password")
+    worker = start_worker(spawn, env, burst=True)
+    assert worker.proc.wait(timeout=60) == 0, worker.output()
+    assert row_of(conn, "p1")[2] == "RuntimeError: cannot fetch https://svc:***@photos.example/p1"
+    assert "S3cretPW" not in worker.output()
+    result = Job.fetch("photo_2eprocess-p1-1", connection=env.redis()).latest_result()
+    assert result is not None and result.exc_string is not None
+    assert "S3cretPW" not in result.exc_string and "HandlerError" in result.exc_string
+
+
+# -- fencing and liveness --------------------------------------------------------------------
+
+
+def test_superseded_attempt_changes_nothing(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], kind: str
+) -> None:
+    submit(conn, "p1")
+    sweep(env, "gated")
+    first = start_ours(spawn, env, kind, REACTOR_HEARTBEAT_SECONDS="3600")
+    wait_for(lambda: runs(conn, "p1") == [("p1", 1, "started")], timeout=20, what="attempt 1")
+    wait_for(
+        lambda: sweep(env, "gated", "--stale-after", "0.2")["rescued"] == 1,
+        timeout=10,
+        interval=0.1,
+        what="rescue of attempt 1",
+    )
+    assert row_of(conn, "p1")[:2] == ("active", 2)
+    second = start_ours(spawn, env, kind)
+    wait_for(lambda: ("p1", 2, "started") in runs(conn, "p1"), timeout=20, what="attempt 2")
+    # The superseded attempt finishes first, while attempt 2 still runs: it changes nothing.
+    conn.execute("INSERT INTO gates VALUES ('p1:1')")
+    first.wait_for_line("completion_superseded")
+    assert ("p1", 1, "ok") in runs(conn, "p1")
+    assert row_of(conn, "p1")[:2] == ("active", 2)
+    conn.execute("INSERT INTO gates VALUES ('p1:2')")
+    wait_for(lambda: row_of(conn, "p1")[0] == "done", timeout=20, what="attempt 2 done")
+    assert row_of(conn, "p1")[:2] == ("done", 2)
+    done = conn.execute("SELECT attempts FROM transitions WHERE new_state = 'done'").fetchall()
+    assert done == [(2,)]
+    second.stop()
+
+
+def test_heartbeats_from_the_worker_process_keep_a_long_handler_alive(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], kind: str
+) -> None:
+    start_reactor(
+        spawn,
+        "--route",
+        route("slow_first_attempt"),
+        "--stale-after",
+        "1",
+        "--sweep-interval",
+        "0.3",
+    )
+    start_ours(spawn, env, kind, REACTOR_HEARTBEAT_SECONDS="0.2", REACTOR_TEST_WORK_SECONDS="3")
+    submit(conn, "p1")
+    wait_for(lambda: row_of(conn, "p1")[0] == "done", timeout=30, interval=0.05, what="done")
+    assert row_of(conn, "p1")[:2] == ("done", 1)
+    assert runs(conn, "p1") == [("p1", 1, "started"), ("p1", 1, "ok")]
+
+
+def test_work_horse_killed_mid_handler_is_a_failed_attempt(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
+) -> None:
+    start_reactor(spawn, "--route", route("slow_first_attempt"), "--sweep-interval", "60")
+    worker = start_ours(
+        spawn, env, "fork", REACTOR_RETRY_BASE_SECONDS="0.2", REACTOR_TEST_WORK_SECONDS="60"
+    )
+    submit(conn, "p1")
+    wait_for(lambda: runs(conn, "p1") == [("p1", 1, "started")], timeout=20, what="attempt 1")
+    horse = conn.execute("SELECT pid FROM handler_runs WHERE photo_id = 'p1'").fetchone()
+    assert horse is not None and horse[0] != worker.proc.pid
+    os.kill(horse[0], signal.SIGKILL)
+    # Recorded at once by the worker process (no wait for stale_after), then retried.
+    wait_for(lambda: row_of(conn, "p1")[0] == "done", timeout=30, interval=0.05, what="done")
+    assert row_of(conn, "p1")[:2] == ("done", 2)
+    retried = conn.execute(
+        "SELECT last_error FROM transitions WHERE new_state = 'pending'"
+    ).fetchall()
+    assert retried == [
+        ("WorkHorseLost: the work horse ended before the handler returned (killed by SIGKILL)",)
+    ]
+    assert runs(conn, "p1") == [("p1", 1, "started"), ("p1", 2, "started"), ("p1", 2, "ok")]
+
+
+def test_worker_process_killed_mid_handler_is_rescued_after_stale_after(
+    env: Env,
+    conn: psycopg.Connection[Any],
+    spawn: Callable[..., Process],
+    kind: str,
+    reap: list[int],
+) -> None:
+    start_reactor(
+        spawn,
+        "--route",
+        route("slow_first_attempt"),
+        "--stale-after",
+        "1",
+        "--sweep-interval",
+        "0.3",
+    )
+    doomed = start_ours(
+        spawn, env, kind, REACTOR_HEARTBEAT_SECONDS="0.2", REACTOR_TEST_WORK_SECONDS="60"
+    )
+    submit(conn, "p1")
+    wait_for(lambda: runs(conn, "p1") == [("p1", 1, "started")], timeout=20, what="attempt 1")
+    horse = conn.execute("SELECT pid FROM handler_runs WHERE photo_id = 'p1'").fetchone()
+    assert horse is not None
+    reap.append(horse[0])  # the fork class's horse outlives its parent: stopped at the end
+    doomed.kill()  # the worker process only: its heartbeats stop
+    start_ours(spawn, env, kind)
+    wait_for(lambda: row_of(conn, "p1")[0] == "done", timeout=30, interval=0.05, what="rescued")
+    assert row_of(conn, "p1")[:2] == ("done", 2)
+    assert ("p1", 2, "ok") in runs(conn, "p1")
+
+
+def test_connection_terminated_between_jobs_and_mid_handler(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], kind: str
+) -> None:
+    start_reactor(spawn, "--route", route("gated"), "--sweep-interval", "60")
+    start_ours(spawn, env, kind, handler="gated", REACTOR_HEARTBEAT_SECONDS="0.2")
+    conn.execute("INSERT INTO gates VALUES ('p1:1')")
+    submit(conn, "p1")
+    wait_for(lambda: row_of(conn, "p1")[0] == "done", timeout=20, what="p1 done")
+    # Between jobs: the worker's idle connection is cut.
+    (backend,) = worker_backends(conn)
+    conn.execute("SELECT pg_terminate_backend(%s)", [backend])
+    submit(conn, "p2")
+    wait_for(lambda: runs(conn, "p2") == [("p2", 1, "started")], timeout=20, what="p2 runs")
+    # Mid-handler: cut it again while the handler waits; heartbeats reconnect.
+    wait_for(lambda: worker_backends(conn), timeout=10, what="worker reconnected")
+    for pid in worker_backends(conn):
+        conn.execute("SELECT pg_terminate_backend(%s)", [pid])
+    wait_for(
+        lambda: worker_backends(conn) and worker_backends(conn) != [backend],
+        timeout=10,
+        what="heartbeat reconnected",
+    )
+    conn.execute("INSERT INTO gates VALUES ('p2:1')")
+    wait_for(lambda: row_of(conn, "p2")[0] == "done", timeout=20, what="p2 done")
+    assert row_of(conn, "p2")[:2] == ("done", 1)
+    assert runs(conn, "p2") == [("p2", 1, "started"), ("p2", 1, "ok")]
+
+
+# -- deployment ------------------------------------------------------------------------------
+
+
+def test_plain_rq_worker_and_reactor_worker_share_a_queue(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], kind: str
+) -> None:
+    start_reactor(spawn, "--route", route("fails_a_fifth_of_first_attempts"))
+    plain = start_worker(spawn, env, REACTOR_RETRY_BASE_SECONDS="0.1")
+    ours = start_ours(spawn, env, kind, REACTOR_RETRY_BASE_SECONDS="0.1")
+    with conn.transaction():
+        for i in range(200):
+            submit(conn, f"photo-{i}")
+    wait_for(lambda: states(conn) == {"done": 200}, timeout=180, interval=0.2, what="all done")
+    successes = conn.execute(
+        "SELECT r.photo_id, r.attempt, j.attempts FROM handler_runs r"
+        " JOIN photo_jobs j USING (photo_id) WHERE r.outcome = 'ok'"
+    ).fetchall()
+    assert len(successes) == 200 and len({p for p, _, _ in successes}) == 200
+    assert all(attempt == final for _, attempt, final in successes)
+    assert "Job OK" in plain.output() and "Job OK" in ours.output()
+
+
+def test_no_postgres_session_is_opened_per_job(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], kind: str
+) -> None:
+    submit(conn, "warm")
+    with conn.transaction():
+        for i in range(200):
+            submit(conn, f"p{i}")
+    sweep(env, "noop")
+    before = sessions(conn, env.database_name)
+    burst_ours(spawn, env, kind, handler="noop")
+    opened = sessions(conn, env.database_name) - before
+    assert states(conn) == {"done": 201}
+    assert opened <= 1, opened  # the worker's one connection
+    # What the plain `rq worker` path costs, measured the same way: the test can fail.
+    with conn.transaction():
+        for i in range(20):
+            submit(conn, f"q{i}")
+    sweep(env, "noop")
+    before = sessions(conn, env.database_name)
+    worker = start_worker(
+        spawn,
+        env,
+        burst=True,
+        extra_args=() if kind == "fork" else ("--worker-class", "rq.worker.SimpleWorker"),
+    )
+    assert worker.proc.wait(timeout=60) == 0
+    assert sessions(conn, env.database_name) - before >= (20 if kind == "fork" else 1)
+
+
+def test_reactor_worker_command_serves_the_routed_queues(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], kind: str
+) -> None:
+    submit(conn, "p1")
+    sweep(env, "ok")
+    simple = ("--simple",) if kind == "simple" else ()
+    worker = spawn(
+        "-m", "reactor", "worker", "--route", route("ok"), "--burst", *simple, name="worker"
+    )
+    assert worker.proc.wait(timeout=60) == 0, worker.output()
+    assert row_of(conn, "p1")[:2] == ("done", 1)
+    assert "queues=photo-process" in worker.output()
+
+
+# -- start-up checks -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["reactor", "rq"])
+def test_unmigrated_database_exits_2_with_one_line(
+    env: Env, spawn: Callable[..., Process], empty_database: str, command: str
+) -> None:
+    extra = {"DATABASE_URL": empty_database}
+    if command == "reactor":
+        proc = spawn("-m", "reactor", "worker", "--burst", name="worker", extra_env=extra)
+    else:
+        proc = start_ours(spawn, env, "fork", burst=True, **extra)
+    assert proc.proc.wait(timeout=60) == 2, proc.output()
+    proc._reader.join(timeout=5)
+    lines = [line for line in proc.lines if line.strip()]
+    assert len(lines) == 1, lines
+    assert "database is not migrated" in lines[0]
+
+
+def test_unimportable_handler_is_reported_at_start_and_fails_only_its_type(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], kind: str
+) -> None:
+    routes = [route("ok"), "photo.broken=myapp.photos.process@photo-process"]
+    start_reactor(spawn, "--route", routes[0], "--route", routes[1], "--sweep-interval", "60")
+    worker = start_ours(spawn, env, kind, REACTOR_ROUTES=",".join(routes))
+    worker.wait_for_line("worker_ready")
+    reported = [line for line in worker.lines if "cannot import handler" in line]
+    assert len(reported) == 1
+    assert "cannot import handler myapp.photos.process: No module named 'myapp'" in reported[0]
+    submit(conn, "p1")
+    submit(conn, "p2", "photo.broken")
+    wait_for(lambda: row_of(conn, "p1")[0] == "done", timeout=20, what="ok type served")
+    wait_for(
+        lambda: (
+            conn.execute("SELECT last_error FROM photo_jobs WHERE type = 'photo.broken'").fetchone()
+            != (None,)
+        ),
+        timeout=20,
+        what="broken type attempted",
+    )
+    state, attempts, error = conn.execute(
+        "SELECT state, attempts, last_error FROM photo_jobs WHERE type = 'photo.broken'"
+    ).fetchone() or (None, None, None)
+    assert (state, attempts) == ("pending", 1)
+    assert error == (
+        "HandlerImportError: cannot import handler myapp.photos.process: No module named 'myapp'"
+    )
+
+
+@pytest.mark.parametrize("worker_class", [*CLASSES.values(), "rq.worker.Worker"])
+def test_a_job_whose_claim_commit_was_lost_takes_the_row_over(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], worker_class: str
+) -> None:
+    # The reactor enqueued attempt 1 but its COMMIT was lost: the row is still pending at 0.
+    submit(conn, "p1")
+    Queue("photo-process", connection=env.redis()).enqueue(
+        ENTRY_POINT,
+        "photo.process",
+        "p1",
+        1,
+        handler="tests.handlers.ok",
+        job_id=job_id("photo.process", "p1", 1),
+        meta={"type": "photo.process", "photo_id": "p1", "attempt": 1},
+    )
+    worker = start_worker(spawn, env, burst=True, extra_args=("--worker-class", worker_class))
+    assert worker.proc.wait(timeout=60) == 0, worker.output()
+    assert row_of(conn, "p1") == ("done", 1, None, None)
+    assert runs(conn, "p1") == [("p1", 1, "ok")]
