@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, replace
 from typing import Any, TypeVar
@@ -581,6 +582,8 @@ def dashboard(**options: Any) -> None:
 
 #: Retries of one Redis command by `reactor worker` before it gives up (with backoff to 2 s).
 WORKER_REDIS_RETRIES = 20
+#: Pause before `reactor worker` starts RQ's work loop again after it quit on an error.
+WORKER_RESTART_SECONDS = 1.0
 
 
 @cli.command("worker")
@@ -638,10 +641,17 @@ def worker_command(**options: Any) -> None:
         settings=settings,
     )
     instance.check_startup()
-    try:
-        instance.work(burst=options["burst"], max_jobs=options["max_jobs"])
-    except redis.RedisError as exc:
-        raise click.ClickException(f"Redis: {redact(str(exc))}") from None
+    while True:
+        try:
+            instance.work(burst=options["burst"], max_jobs=options["max_jobs"])
+        except redis.RedisError as exc:
+            raise click.ClickException(f"Redis: {redact(str(exc))}") from None
+        if options["burst"] or options["max_jobs"] or instance._stop_requested:
+            return
+        # RQ's work loop quits on any error it does not expect (a Redis error that outlived
+        # the retries, a blocked read cut by a failover): a long-running worker starts it again.
+        logger.warning("worker_restarting in=%.0fs (RQ's work loop quit)", WORKER_RESTART_SECONDS)
+        time.sleep(WORKER_RESTART_SECONDS)
 
 
 def main() -> None:

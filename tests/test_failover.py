@@ -3,8 +3,8 @@
 Servers of the test's own, started from the binaries, all on 127.0.0.1: a Postgres primary
 with a synchronous streaming standby (`pg_basebackup -R`), and a Redis master with a replica
 watched by three sentinels. Two `reactor run` (multi-host DATABASE_URL, a `redis+sentinel://`
-REDIS_URL) and two plain `rq worker` processes (the same DATABASE_URL, Redis through a
-Sentinel settings file) serve two writers that insert photos through the multi-host URL.
+REDIS_URL) and two `reactor worker` processes, one forking and one in-process (the same
+URLs) serve two writers that insert photos through the multi-host URL.
 Mid-run the test promotes the standby and stops the old primary in immediate mode; later it
 SIGKILLs the Redis master so that Sentinel promotes the replica; then (with a fresh standby
 and the old master back as a replica) both at once. At quiescence it checks: every row the
@@ -43,6 +43,7 @@ pytestmark = pytest.mark.failover
 
 PHASE_SECONDS = float(os.environ.get("REACTOR_FAILOVER_PHASE_SECONDS", "12"))
 MASTER = "photos"
+ROUTE = "photo.process=tests.handlers.chaos"
 DOWN_AFTER_MS = 1000
 #: The issue's targets: dispatch resumes this soon after each kind of failover.
 PG_TARGET_SECONDS = 10.0
@@ -158,7 +159,7 @@ class Site:
             "reactor",
             "run",
             "--route",
-            "photo.process=tests.handlers.chaos",
+            ROUTE,
             "--sweep-interval",
             "2",
             "--stale-after",
@@ -169,30 +170,11 @@ class Site:
             extra_env=self.process_env(),
         )
 
-    def start_worker(self) -> Process:
-        instances = [("127.0.0.1", s.port) for s in self.sentinels]
-        # The README's settings file for plain `rq worker` under Sentinel. RQ's worker quits
-        # on a Redis connection error outside its dequeue; redis-py's retry (with a reconnect
-        # that asks the sentinels again) carries each command across the failover instead.
-        (self.tmp / "failover_rq_settings.py").write_text(
-            "from redis.backoff import ExponentialWithJitterBackoff\n"
-            "from redis.retry import Retry\n"
-            f"SENTINEL = {{'INSTANCES': {instances!r}, 'MASTER_NAME': {MASTER!r}, 'DB': 0,\n"
-            "    'SENTINEL_KWARGS': {'socket_timeout': 1},\n"
-            "    'CONNECTION_KWARGS': {'retry': Retry(ExponentialWithJitterBackoff(base=0.2,"
-            " cap=2), 20)}}\n"
-        )
+    def start_worker(self, simple: bool) -> Process:
+        """A `reactor worker` (fork or in-process) with the `redis+sentinel://` REDIS_URL."""
+        args = ["-m", "reactor", "worker", "photo-process", "--route", ROUTE]
         return self.spawn(
-            "-m",
-            "rq.cli",
-            "worker",
-            "photo-process",
-            "-c",
-            "failover_rq_settings",
-            "--worker-class",
-            "rq.worker.SimpleWorker",
-            name="worker",
-            extra_env=self.process_env(),
+            *args, *(["--simple"] if simple else []), name="worker", extra_env=self.process_env()
         )
 
     def admin(self) -> psycopg.Connection[Any]:
@@ -342,7 +324,7 @@ def test_failovers_lose_nothing(site: Site) -> None:
     wait_for(sentinels_ready, timeout=60, interval=0.2, what="sentinels to know each other")
     site.wait_redis_replica_synced()
     site.reactors = [site.start_reactor() for _ in range(2)]
-    site.workers = [site.start_worker() for _ in range(2)]
+    site.workers = [site.start_worker(simple) for simple in (False, True)]
     for proc in site.reactors:
         proc.wait_for_line("reactor_started", timeout=60)
 
