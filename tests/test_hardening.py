@@ -621,12 +621,29 @@ def test_a_session_holding_a_doorbell_key_does_not_keep_the_reactor_spinning(
     start_reactor(spawn, "--metrics-port", str(port))
     wait_for(lambda: armed_by(conn) is not None, timeout=20, what="the doorbell armed")
     # Wake the reactor (it releases the keys and polls), while a session holds one key in
-    # shared mode for good, as a writer in flight would: every arm attempt now fails.
+    # shared mode for good, as a writer in flight would: every arm attempt now fails. The
+    # shared request is queued behind the armed reactor first, so it is granted the moment the
+    # reactor releases, before the reactor can arm again (no window to catch by polling).
     holder = env.connect()
     holder.execute("BEGIN")
+    taken = threading.Event()
+
+    def take_shared() -> None:
+        holder.execute("SELECT pg_advisory_lock_shared(photo_jobs_doorbell_key())")
+        taken.set()
+
+    threading.Thread(target=take_shared, daemon=True).start()
+    holder_pid = holder.info.backend_pid
+    wait_for(
+        lambda: conn.execute(
+            "SELECT 1 FROM pg_locks WHERE pid = %s AND locktype = 'advisory' AND NOT granted",
+            [holder_pid],
+        ).fetchone(),
+        timeout=20,
+        what="the shared request queued behind the armed reactor",
+    )
     conn.execute("INSERT INTO photo_jobs (photo_id, type) VALUES ('wake', 'photo.process')")
-    wait_for(lambda: armed_by(conn) is None, timeout=20, what="the doorbell released")
-    holder.execute("SELECT pg_advisory_lock_shared(photo_jobs_doorbell_key())")
+    assert taken.wait(20), "the reactor never released the doorbell after a routed NOTIFY"
     wait_for(
         lambda: metric(scrape(port), 'reactor_doorbell_arm_attempts_total{outcome="busy"}') >= 3,
         timeout=20,
