@@ -112,6 +112,19 @@ def _database_option(func: F) -> F:
     )(func)
 
 
+def _redis_option(func: F) -> F:
+    return click.option(
+        "--redis-url",
+        envvar="REDIS_URL",
+        default=DEFAULT_REDIS_URL,
+        show_default=True,
+        show_envvar=True,
+        callback=_warn_password_flag,
+        help="Redis URL of the RQ queues (or redis+sentinel://[[USER]:PASSWORD@]HOST:PORT"
+        "[,HOST:PORT...]/MASTER_NAME[/DB]).",
+    )(func)
+
+
 def _routes_option(func: F) -> F:
     return click.option(
         "--route",
@@ -146,16 +159,7 @@ def _sweep_options(func: F) -> F:
         show_envvar=True,
         help="Seconds a handler may run before RQ stops it (a failed attempt; default RQ's 180).",
     )(func)
-    func = click.option(
-        "--redis-url",
-        envvar="REDIS_URL",
-        default=DEFAULT_REDIS_URL,
-        show_default=True,
-        show_envvar=True,
-        callback=_warn_password_flag,
-        help="Redis URL of the RQ queues (or redis+sentinel://[[USER]:PASSWORD@]HOST:PORT"
-        "[,HOST:PORT...]/MASTER_NAME[/DB]).",
-    )(func)
+    func = _redis_option(func)
     func = click.option(
         "--batch-size",
         type=click.IntRange(1, 10_000),
@@ -520,14 +524,7 @@ def submit_command(
 @_database_option
 @_routes_option
 @_stale_option
-@click.option(
-    "--redis-url",
-    envvar="REDIS_URL",
-    default=DEFAULT_REDIS_URL,
-    show_default=True,
-    show_envvar=True,
-    help="Redis URL of the RQ queues.",
-)
+@_redis_option
 @click.option(
     "--host",
     envvar="REACTOR_DASHBOARD_HOST",
@@ -589,14 +586,7 @@ WORKER_RESTART_SECONDS = 1.0
 @cli.command("worker")
 @_database_option
 @_routes_option
-@click.option(
-    "--redis-url",
-    envvar="REDIS_URL",
-    default=DEFAULT_REDIS_URL,
-    show_default=True,
-    show_envvar=True,
-    help="Redis URL of the RQ queues (or redis+sentinel://…, as for reactor run).",
-)
+@_redis_option
 @click.option("--simple", is_flag=True, help="Run jobs in this process (no fork per job).")
 @click.option("--burst", is_flag=True, help="Quit when the queues are empty.")
 @click.option("--name", default=None, help="Worker name in RQ (default: random).")
