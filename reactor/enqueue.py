@@ -128,6 +128,8 @@ class Enqueuer:
         # None: RQ's default (180 s). A timeout is a failed attempt like any exception.
         self._job_timeout = job_timeout_seconds
         self._queues: dict[str, Queue] = {}
+        # Jobs the last orphan check found `queued` in an intermediate list only.
+        self._in_limbo: set[str] = set()
         self._enqueue_if_new: Script = client.register_script(_ENQUEUE_IF_NEW)
 
     def prepare(self) -> None:
@@ -176,9 +178,12 @@ class Enqueuer:
             ) from exc
 
     def orphaned(self, refs: Sequence[JobRef]) -> list[bool]:
-        """For each ref: is its job `queued` yet in neither its queue nor RQ's intermediate
-        queue (a worker took it and died before starting it)? Read atomically (MULTI/EXEC), so
-        a job moving between the lists is never missed.
+        """For each ref: is its job `queued` yet out of its queue (a worker took it and died
+        before starting it)? A job in no list is; so is one found in RQ's intermediate list
+        (where a worker moves a job it is about to start) at this check and at the previous
+        one: a live worker starts a job within milliseconds of moving it, while RQ itself
+        clears a dead worker's intermediate list only at its maintenance, minutes later. Read
+        atomically (MULTI/EXEC), so a job moving between the lists is never missed.
 
         Each list involved is read once, whole, and looked up in memory: the cost is the
         lists' length plus the refs, where a search per ref (`LPOS`) cost their product, which
@@ -209,12 +214,18 @@ class Enqueuer:
             raise EnqueueError(f"Redis queue check failed: {redact(str(exc))}") from exc
         listed = {key: set(ids) for key, ids in zip(lists, replies[len(refs) :], strict=True)}
         result = []
+        in_limbo: set[str] = set()
         for ref, status in zip(refs, replies[: len(refs)], strict=True):
             member = ref.job_id.encode()
-            result.append(
-                status == QUEUED
-                and not any(member in listed[key] for key in lists_of[self._routes[ref.type].queue])
-            )
+            queue_key, intermediate_key = lists_of[self._routes[ref.type].queue]
+            if status != QUEUED or member in listed[queue_key]:
+                result.append(False)
+            elif member in listed[intermediate_key]:
+                in_limbo.add(ref.job_id)
+                result.append(ref.job_id in self._in_limbo)
+            else:
+                result.append(True)
+        self._in_limbo = in_limbo
         return result
 
     def enqueue(self, refs: Sequence[JobRef]) -> EnqueueResult:

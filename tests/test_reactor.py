@@ -435,3 +435,33 @@ def test_rows_parked_at_infinity_break_nothing(env: Env, spawn: Callable[..., Pr
     assert 'reactor_oldest_due_age_seconds{type="photo.process"} 0.0' in text
     assert reactor.proc.poll() is None
     assert "connection_lost" not in reactor.output()
+
+
+def test_a_job_left_in_rqs_intermediate_list_is_an_orphan_at_the_second_look(
+    env: Env, spawn: Callable[..., Process]
+) -> None:
+    """A worker moves a job into RQ's intermediate list just before it starts it; one killed in
+    between leaves it there, `queued`, until RQ's maintenance minutes later. The orphan check
+    takes such a job for lost when two checks in a row find it there."""
+    conn, client = env.connect(), env.redis()
+    enqueuer = Enqueuer(client, ROUTES)
+    limbo, waiting = JobRef("photo.process", "limbo", 1), JobRef("photo.process", "waiting", 1)
+    enqueuer.enqueue([limbo, waiting])
+    intermediate = "rq:queue:photo-process:intermediate"
+    client.lmove("rq:queue:photo-process", intermediate, "LEFT", "RIGHT")  # limbo went first
+    assert client.lrange(intermediate, 0, -1) == [limbo.job_id.encode()]
+    assert enqueuer.orphaned([limbo, waiting]) == [False, False]
+    assert enqueuer.orphaned([limbo, waiting]) == [True, False]
+    # End to end: a running reactor's sweeps re-dispatch it as a new attempt.
+    client.delete(intermediate, "rq:queue:photo-process")
+    make_stale(conn, "stuck", 1)
+    stuck = JobRef("photo.process", "stuck", 1)
+    enqueuer.enqueue([stuck])
+    client.lmove("rq:queue:photo-process", intermediate, "LEFT", "RIGHT")
+    start_reactor(spawn, "--stale-after", "1", "--sweep-interval", "0.3")
+    wait_for(
+        lambda: ("stuck", "photo.process", "active", 2) in rows(conn),
+        timeout=30,
+        what="the job stuck in the intermediate list re-dispatched",
+    )
+    assert job_id("photo.process", "stuck", 2) in queue_ids(client)
