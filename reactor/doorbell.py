@@ -18,7 +18,9 @@ session, so a lost listener connection also releases them). Modes:
   trip off the dispatch latency; writers that commit during that drain still notify, which
   costs them little because the drain is short, and wakes the reactor again at once.)
 - plain: take the keys and keep them; writers always notify (the behaviour of sql/0003).
-- poll-only: no LISTEN connection, no keys; drain every poll interval.
+- poll-only: no LISTEN connection, no keys; a drain of every type starts once per poll
+  interval (counted from the start of the previous one, so a slow drain does not stretch the
+  wait of the rows committed during it).
 
 Guarantee (with the sweep disabled): a committed pending row is drained by a reactor without
 waiting for the sweep. Either its writer notified (every listener hears it), or the writer held
@@ -114,12 +116,17 @@ class Doorbell:
         self._release_after_drain = False
         self._busy = 0  # failed arms in a row
         self._arm_after = 0.0
+        self._last_full_drain: float | None = None  # monotonic start of the last one
         metrics.doorbell_armed.set(0)
 
     # -- what the loop asks --------------------------------------------------------------------
 
     def timeout(self, now: float) -> float | None:
         """How long the loop may wait before the doorbell needs it again (None: indefinitely)."""
+        if self.mode is DoorbellMode.POLL_ONLY:
+            if self._last_full_drain is None:
+                return 0.0
+            return max(0.0, self._last_full_drain + self._pause - now)
         if self.polling:
             if self._busy:
                 return min(BUSY_POLL_PAUSE_MAX_SECONDS, self._pause * (1 << min(self._busy, 16)))
@@ -142,8 +149,11 @@ class Doorbell:
 
     # -- what the loop reports -------------------------------------------------------------------
 
-    def drained(self, claimed: int) -> None:
-        """A drain (of any kind) claimed `claimed` rows."""
+    def drained(self, claimed: int, *, started: float, every_type: bool) -> None:
+        """A drain (of any kind) that started at monotonic time `started` claimed `claimed`
+        rows; `every_type`: it covered every routed type (not only notified ones)."""
+        if every_type:
+            self._last_full_drain = started
         if self._release_after_drain and claimed == 0 and self.armed:
             # The hint found nothing (another reactor took the rows, or a stray NOTIFY): no
             # load to spare writers from, so stay armed rather than poll and re-arm.

@@ -415,6 +415,7 @@ class Reactor:
                 if self.stopper.requested:
                     break
                 now = time.monotonic()
+                every_type = True
                 result: DrainResult | SweepResult
                 if now >= next_sweep:
                     # Scheduled first: a sweep that fails is retried at the next interval.
@@ -423,6 +424,7 @@ class Reactor:
                 elif backlog or (next_due is not None and now >= next_due):
                     result = self._drain(self._types)
                 elif types:
+                    every_type = False
                     result = self._drain(types)
                     if not result.claimed:
                         # Hints that find nothing (a NOTIFY flood costs us a claim each):
@@ -433,7 +435,7 @@ class Reactor:
                     result = self._drain(self._types)
                 else:
                     continue
-                bell.drained(result.claimed)
+                bell.drained(result.claimed, started=now, every_type=every_type)
                 backlog = result.more
                 due_known = False
                 self.health.succeeded()

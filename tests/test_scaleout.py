@@ -351,12 +351,20 @@ def test_reactor_and_workers_through_pgbouncer(env: Env, spawn: Callable[..., Pr
     assert len(runs) == total and set(runs.values()) == {1}, runs.most_common(3)
     attempts = admin.execute("SELECT max(attempts) FROM photo_jobs").fetchone()
     assert attempts == (1,), "an attempt was retried or rescued"
+    # Dispatch delay: the insert's transaction start to its claim (reported, not asserted:
+    # a timing bound would fail on a loaded machine; bench/README.md has the figures).
     delay = admin.execute(
-        "SELECT max(t.at - j.created_at) FROM transitions t JOIN photo_jobs j USING (photo_id)"
-        " WHERE t.new_state = 'active'"
+        "SELECT percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (ORDER BY d), max(d)"
+        " FROM (SELECT extract(epoch FROM t.at - j.created_at) AS d"
+        "       FROM transitions t JOIN photo_jobs j USING (photo_id)"
+        "       WHERE t.new_state = 'active') AS delays"
     ).fetchone()
     assert delay is not None
-    print(f"\npgbouncer: {total} rows done, max dispatch delay {delay[0]} (poll {poll}s)")
+    (p50, p99), worst = delay
+    print(
+        f"\npgbouncer: {total} rows done; dispatch delay p50 {p50 * 1000:.0f} ms,"
+        f" p99 {p99 * 1000:.0f} ms, max {float(worst) * 1000:.0f} ms (poll {poll * 1000:.0f} ms)"
+    )
     for proc in [reactor, *workers]:
         assert proc.proc.poll() is None, proc.output()
         assert "prepared statement" not in proc.output(), proc.output()
