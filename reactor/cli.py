@@ -93,13 +93,13 @@ def _database_option(func: F) -> F:
     func = click.option(
         "--prepared-statements/--no-prepared-statements",
         envvar=db.PREPARED_STATEMENTS_ENV,
-        default=False,
-        show_default=True,
+        default=None,
         show_envvar=True,
         expose_value=False,
         callback=_set_prepared_statements,
         help="Let psycopg prepare statements on the server (never behind PgBouncer in "
-        "transaction mode).",
+        "transaction mode). Default: on for `reactor run` when it LISTENs (it needs a "
+        "direct session anyway), off otherwise.",
     )(func)
     return click.option(
         "--database-url",
@@ -366,6 +366,10 @@ def run(
         prune_failed_after_seconds=_duration(prune_failed_after),
         prune_batch_size=prune_batch_size,
     )
+    if settings.listen:
+        # LISTEN needs a session of its own on the server (no transaction pooler in between),
+        # so preparing statements is safe, and it saves the claim's planning on every wake-up.
+        db.prefer_prepared_statements()
     stopper = Stopper()
     stopper.install()
     reactor = Reactor(settings, stopper=stopper)

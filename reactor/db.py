@@ -14,9 +14,9 @@ and so is any error `is_connection_failure` recognises (a lost session, a server
 or shutting down, a read-only transaction): the caller drops the connection and reconnects.
 
 Server-side prepared statements are off unless asked for (`set_prepared_statements`, or
-`REACTOR_PREPARED_STATEMENTS=1`): behind a pooler in transaction mode (PgBouncer) each
-transaction may run on another server session, where a statement prepared earlier does not
-exist.
+`REACTOR_PREPARED_STATEMENTS=1`), or preferred by a process that LISTENs (`reactor run` with
+a doorbell): behind a pooler in transaction mode (PgBouncer) each transaction may run on
+another server session, where a statement prepared earlier does not exist.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ __all__ = [
     "connect",
     "describe_error",
     "is_connection_failure",
+    "prefer_prepared_statements",
     "prepared_statements_enabled",
     "schema_version",
     "set_prepared_statements",
@@ -88,6 +89,15 @@ def set_prepared_statements(enabled: bool | None) -> None:
     (None: follow `REACTOR_PREPARED_STATEMENTS`)."""
     global _prepared_statements
     _prepared_statements = enabled
+
+
+def prefer_prepared_statements() -> None:
+    """Turn prepared statements on for connections opened from now on, unless the CLI option
+    or `REACTOR_PREPARED_STATEMENTS` chose already (for a process that LISTENs, whose
+    connections cannot sit behind a transaction pooler)."""
+    global _prepared_statements
+    if _prepared_statements is None and not os.environ.get(PREPARED_STATEMENTS_ENV, "").strip():
+        _prepared_statements = True
 
 
 def prepared_statements_enabled(env: Mapping[str, str] | None = None) -> bool:

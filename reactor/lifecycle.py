@@ -96,6 +96,13 @@ class Store:
     def __init__(self, database_url: str) -> None:
         self._url = database_url
         self._conn: db.Connection | None = None
+        # Built once: it sits on the path of every job.
+        self._retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(DatabaseError),
+            wait=tenacity.wait_random_exponential(multiplier=0.2, max=5),
+            stop=tenacity.stop_after_attempt(6),
+            reraise=True,
+        )
 
     @property
     def conn(self) -> db.Connection:
@@ -139,13 +146,7 @@ class Store:
         Raises:
             DatabaseError: Postgres stayed unreachable through every retry.
         """
-        retrying = tenacity.retry(
-            retry=tenacity.retry_if_exception_type(DatabaseError),
-            wait=tenacity.wait_random_exponential(multiplier=0.2, max=5),
-            stop=tenacity.stop_after_attempt(6),
-            reraise=True,
-        )
-        return retrying(self.execute_once)(query, params)
+        return self._retrying(self.execute_once, query, params)
 
 
 def _params(ref: JobRef) -> dict[str, Any]:

@@ -93,19 +93,28 @@ def load_handler(path: str) -> Handler:
 class Handoff:
     """One attempt whose lifecycle the worker process runs; the job only runs the handler.
 
-    `action`: `run` (the fenced start succeeded; `handler` is imported, or `failure` says why
-    it cannot be, which is the attempt's error), `skip` (superseded or finished: do nothing),
-    `unstarted` (the start could not reach Postgres: `failure` is raised, nothing is
-    reported, the row is left to the stale rescue).
+    `action`: `starting` (the fenced start is in flight: `wait()` settles it), `run` (the
+    fenced start succeeded; `handler` is imported, or `failure` says why it cannot be, which
+    is the attempt's error), `skip` (superseded or finished: do nothing), `unstarted` (the
+    start could not reach Postgres: `failure` is raised, nothing is reported, the row is left
+    to the stale rescue).
     """
 
     ref: JobRef
-    action: Literal["run", "skip", "unstarted"]
+    action: Literal["starting", "run", "skip", "unstarted"]
     handler: Handler | None = None
     failure: Exception | None = None
     #: Write end of the worker process's pipe (forking workers); None in-process.
     report_fd: int | None = None
     outcome: Outcome | None = None
+    #: Settles a `starting` handoff (waits for the fenced start); set by the worker process.
+    settle: Callable[[], None] | None = None
+
+    def wait(self) -> None:
+        """Wait until the fenced start has settled `action`."""
+        settle, self.settle = self.settle, None
+        if settle is not None:
+            settle()
 
     def report(self, outcome: Outcome) -> None:
         """Tell the worker process how the handler ended (once)."""
@@ -153,6 +162,7 @@ def perform(job_type: str, photo_id: str, attempt: int, *, handler: str) -> str:
 
 
 def _run_handed_over(handoff: Handoff, photo_id: str) -> str:
+    handoff.wait()
     if handoff.action == "skip":
         return "skipped"
     if handoff.action == "unstarted":

@@ -34,6 +34,7 @@ import logging
 import os
 import signal
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import rq.worker
@@ -142,6 +143,9 @@ class _Lifecycle(BaseWorker):
         self._checked = False
         self._heartbeat = lifecycle.Heartbeater(self._store, settings.heartbeat_seconds)
         self._running: Handoff | None = None
+        self._max_attempts = 0  # of the running attempt, known once its start settled
+        # The worker's database thread: fenced starts and outcomes, in order, on the store.
+        self._db: ThreadPoolExecutor | None = None
         self._report_fds: tuple[int, int] | None = None
         self._horse_status: int | None = None
 
@@ -205,21 +209,21 @@ class _Lifecycle(BaseWorker):
     def teardown(self) -> None:
         super().teardown()  # type: ignore[no-untyped-call]
         if not self.is_horse:
+            if self._db is not None:
+                self._db.shutdown(wait=True)  # the last outcome is written before we leave
+                self._db = None
             self._store.close()
 
     # -- one job -----------------------------------------------------------------------------
 
-    def _hand_over(self, job: Job) -> tuple[Handoff, int] | None:
-        """Fenced start of a `perform` job; the handoff and the row's max_attempts (0 if the
-        attempt does not run), or None for a job of another function."""
-        try:
-            if job.func_name != ENTRY_POINT:
-                return None
-            job_type, photo_id, attempt = job.args
-            ref = JobRef(str(job_type), str(photo_id), int(attempt))
-            handler = str(job.kwargs["handler"])
-        except Exception:
-            return None  # not ours to judge: RQ runs (and fails) it as it is
+    def _database(self) -> ThreadPoolExecutor:
+        if self._db is None:
+            self._db = ThreadPoolExecutor(1, thread_name_prefix="reactor-db")
+        return self._db
+
+    def _start(self, ref: JobRef, handler: str) -> tuple[Handoff, int]:
+        """The fenced start (on the database thread); the settled handoff and the row's
+        max_attempts (0 if the attempt does not run)."""
         try:
             max_attempts = lifecycle.start(self._store, ref)
         except DatabaseError as exc:
@@ -232,42 +236,76 @@ class _Lifecycle(BaseWorker):
         except HandlerImportError as exc:
             return Handoff(ref, "run", failure=exc), max_attempts
 
+    def _finish(self, ref: JobRef, max_attempts: int, outcome: lifecycle.Outcome) -> None:
+        """Write the outcome (on the database thread)."""
+        try:
+            lifecycle.finish(self._store, self.settings, ref, max_attempts, outcome)
+        except DatabaseError as exc:
+            logger.error(
+                "outcome_lost %s error=%s (the row is rescued after stale_after)",
+                lifecycle.describe(ref),
+                exc,
+            )
+        except Exception:
+            logger.exception("outcome_lost %s", lifecycle.describe(ref))
+
+    def _begin(self, job: Job) -> Handoff | None:
+        """Send the fenced start of a `perform` job to the database thread and return its
+        handoff, still `starting`; None for a job of another function.
+
+        The start runs while RQ does its own bookkeeping in Redis; the handoff settles before
+        the horse is forked or the handler is called."""
+        try:
+            if job.func_name != ENTRY_POINT:
+                return None
+            job_type, photo_id, attempt = job.args
+            ref = JobRef(str(job_type), str(photo_id), int(attempt))
+            handler = str(job.kwargs["handler"])
+        except Exception:
+            return None  # not ours to judge: RQ runs (and fails) it as it is
+        started = self._database().submit(self._start, ref, handler)
+        handoff = Handoff(ref, "starting")
+
+        def settle() -> None:
+            settled, self._max_attempts = started.result()
+            handoff.action = settled.action
+            handoff.handler, handoff.failure = settled.handler, settled.failure
+            if settled.action == "run" and not self.forks:
+                self._heartbeat.beat_for(ref)
+
+        handoff.settle = settle
+        return handoff
+
     def execute_job(self, job: Job, queue: Queue) -> None:
-        started = self._hand_over(job)
-        if started is None or started[0].action != "run":
-            hand_over(None if started is None else started[0])
-            try:
-                super().execute_job(job, queue)
-            finally:
-                hand_over(None)
+        handoff = self._begin(job)
+        if handoff is None:
+            hand_over(None)
+            super().execute_job(job, queue)
             return
-        handoff, max_attempts = started
         self._horse_status = None
-        if self.forks:
-            self._report_fds = os.pipe()
-            handoff.report_fd = self._report_fds[1]
+        self._max_attempts = 0
         hand_over(handoff)
         self._running = handoff
         try:
-            if not self.forks:
-                self._start_heartbeat(handoff.ref)
             super().execute_job(job, queue)
         finally:
             hand_over(None)
             self._running = None
-            self._heartbeat.pause()
-            outcome = self._collect(handoff)
-            try:
-                lifecycle.finish(self._store, self.settings, handoff.ref, max_attempts, outcome)
-            except DatabaseError as exc:
-                logger.error(
-                    "outcome_lost %s error=%s (the row is rescued after stale_after)",
-                    lifecycle.describe(handoff.ref),
-                    exc,
-                )
+            handoff.wait()  # RQ may have failed the job before it ran
+            if handoff.action == "run":
+                self._heartbeat.pause()
+                outcome = self._collect(handoff)
+                # Written on the database thread while RQ finishes the job and takes the next
+                # one; the next fenced start queues behind it on the same thread.
+                self._database().submit(self._finish, handoff.ref, self._max_attempts, outcome)
 
-    def _start_heartbeat(self, ref: JobRef) -> None:
-        self._heartbeat.beat_for(ref)
+    def _before_fork(self, handoff: Handoff) -> None:
+        """In the worker process, before the fork: settle the start (no query is in flight
+        on our connection while forking) and make the pipe the horse reports through."""
+        handoff.wait()
+        if handoff.action == "run":
+            self._report_fds = os.pipe()
+            handoff.report_fd = self._report_fds[1]
 
     def _after_fork(self, ref: JobRef) -> None:
         """In the parent, right after the fork: drop our copy of the pipe's write end (so the
@@ -275,7 +313,7 @@ class _Lifecycle(BaseWorker):
         if self._report_fds is not None:
             with contextlib.suppress(OSError):
                 os.close(self._report_fds[1])
-        self._start_heartbeat(ref)
+            self._heartbeat.beat_for(ref)
 
     def _collect(self, handoff: Handoff) -> lifecycle.Outcome:
         outcome = handoff.outcome
@@ -321,6 +359,8 @@ class Worker(_Lifecycle, rq.worker.Worker):
     forks = True
 
     def fork_work_horse(self, job: Job, queue: Queue) -> None:
+        if self._running is not None:
+            self._before_fork(self._running)
         super().fork_work_horse(job, queue)  # returns in the parent only
         if self._running is not None:
             self._after_fork(self._running.ref)
