@@ -16,9 +16,10 @@ import pytest
 from reactor import submit
 from reactor.errors import InvalidJobError
 from reactor.routes import DEMO_ROUTE
-from tests.conftest import ROOT, Env
-from tests.helpers import states
-from tests.servers import free_port
+from tests.support.env import Env
+from tests.support.paths import ROOT
+from tests.support.rows import states
+from tests.support.servers import free_port
 
 UNREACHABLE = "postgresql://u:hunter2@127.0.0.1:1/x"
 

@@ -24,9 +24,12 @@ import pytest
 from rq import Worker
 
 from reactor.migrate import migrate
-from tests.conftest import ROOT, Env, Process, start_reactor, start_worker, wait_for
-from tests.helpers import armed_by
-from tests.servers import PostgresServer, free_port
+from tests.support.doorbell import armed_by
+from tests.support.env import Env
+from tests.support.paths import ROOT
+from tests.support.processes import Process, start_reactor, start_worker
+from tests.support.servers import PostgresServer, free_port
+from tests.support.waiting import wait_for
 
 TITLE = "photo-reactor dashboard"
 # Markup in a photo id and in a last_error: either would change the page if it ran or were

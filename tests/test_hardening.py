@@ -34,9 +34,15 @@ from reactor.db import LATEST_SCHEMA_VERSION
 from reactor.errors import InvalidJobError
 from reactor.jobs import job_id
 from reactor.producer import submit
-from tests.conftest import ROOT, Env, Process, start_reactor, wait_for
-from tests.helpers import armed_by, insert_rows, jobs_missing, metric, queue_ids, scrape, states
-from tests.servers import free_port
+from tests.support.doorbell import armed_by
+from tests.support.env import Env
+from tests.support.metrics import metric, scrape
+from tests.support.paths import ROOT
+from tests.support.processes import Process, start_reactor
+from tests.support.rows import insert_rows, states
+from tests.support.rq_state import jobs_missing, queue_ids
+from tests.support.servers import free_port
+from tests.support.waiting import wait_for
 
 
 def _as_role(url: str, role: str) -> str:

@@ -12,8 +12,9 @@ import psycopg
 
 from reactor.db import LATEST_SCHEMA_VERSION
 from reactor.migrate import load_migrations
-from tests.conftest import ROOT, Env
-from tests.servers import find_binary
+from tests.support.env import Env
+from tests.support.paths import ROOT
+from tests.support.servers import find_binary
 
 SQL_FILES = sorted((ROOT / "sql").glob("*.sql"))
 

@@ -15,9 +15,14 @@ import yaml
 from click import Context
 
 from reactor.cli import cli
-from tests.conftest import ROOT, Env, Process, start_reactor, wait_for
-from tests.helpers import armed_by, insert_rows, metric, states
-from tests.servers import RedisServer, free_port
+from tests.support.doorbell import armed_by
+from tests.support.env import Env
+from tests.support.metrics import metric
+from tests.support.paths import ROOT
+from tests.support.processes import Process, start_reactor
+from tests.support.rows import insert_rows, states
+from tests.support.servers import RedisServer, free_port
+from tests.support.waiting import wait_for
 
 
 def get(url: str) -> tuple[int, str]:

@@ -10,8 +10,11 @@ from typing import Any
 
 import psycopg
 
-from tests.conftest import ROOT, Env, Process, start_reactor, wait_for
-from tests.helpers import armed_by
+from tests.support.doorbell import armed_by
+from tests.support.env import Env
+from tests.support.paths import ROOT
+from tests.support.processes import Process, start_reactor
+from tests.support.waiting import wait_for
 
 ROUTES = (
     "--route",

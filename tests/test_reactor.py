@@ -29,9 +29,14 @@ from reactor.enqueue import SCRIPT_MAX_JOBS, Enqueuer, connect_redis
 from reactor.errors import DatabaseError
 from reactor.jobs import JobRef, job_id
 from reactor.routes import DEMO_ROUTE, parse_routes
-from tests.conftest import ROOT, Env, Process, start_reactor, wait_for
-from tests.helpers import insert_rows, jobs_missing, listener_pids, queue_ids, rows, states
-from tests.servers import PostgresServer, RedisServer, free_port
+from tests.support.doorbell import listener_pids
+from tests.support.env import Env
+from tests.support.paths import ROOT
+from tests.support.processes import Process, start_reactor
+from tests.support.rows import insert_rows, rows, states
+from tests.support.rq_state import jobs_missing, queue_ids
+from tests.support.servers import PostgresServer, RedisServer, free_port
+from tests.support.waiting import wait_for
 
 ROUTES = parse_routes(["photo.process=reactor.demo.process_photo"])
 

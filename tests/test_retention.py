@@ -11,9 +11,12 @@ from typing import Any
 
 import psycopg
 
-from tests.conftest import ROOT, Env, Process, start_reactor, wait_for
-from tests.helpers import metric, scrape
-from tests.servers import free_port
+from tests.support.env import Env
+from tests.support.metrics import metric, scrape
+from tests.support.paths import ROOT
+from tests.support.processes import Process, start_reactor
+from tests.support.servers import free_port
+from tests.support.waiting import wait_for
 
 
 def plant(conn: psycopg.Connection[Any], prefix: str, state: str, count: int, age: str) -> None:

@@ -21,9 +21,12 @@ from reactor.demo import DEMO_RUNS_KEY
 from reactor.jobs import job_id
 from reactor.registry import NO_ROUTE_HINT, load_routes
 from reactor.routes import Route
-from tests.conftest import ROOT, Env, Process, start_reactor, start_worker
 from tests.handlers import SCHEMA
-from tests.helpers import queue_ids, states
+from tests.support.env import Env
+from tests.support.paths import ROOT
+from tests.support.processes import Process, start_reactor, start_worker
+from tests.support.rows import states
+from tests.support.rq_state import queue_ids
 
 OK = "photo.process=tests.handlers.ok"
 FAILS = "photo.process=tests.handlers.always_fails"

@@ -21,10 +21,14 @@ from reactor import db
 from reactor.errors import ConfigError, DatabaseError
 from reactor.redact import redact
 from reactor.redis_url import client_for, parse_sentinel_url
-from tests.conftest import ROOT, Env, Process, start_reactor, start_worker, wait_for
 from tests.handlers import SCHEMA
-from tests.helpers import insert_rows, queue_ids, states
-from tests.servers import PgBouncer, RedisServer, SentinelServer, find_binary, free_port
+from tests.support.env import Env
+from tests.support.paths import ROOT
+from tests.support.processes import Process, start_reactor, start_worker
+from tests.support.rows import insert_rows, states
+from tests.support.rq_state import queue_ids
+from tests.support.servers import PgBouncer, RedisServer, SentinelServer, find_binary, free_port
+from tests.support.waiting import wait_for
 
 # -- Sentinel URLs (no I/O) ---------------------------------------------------------------
 

@@ -1,0 +1,61 @@
+"""Running a `reactor` command to completion, the one way the tests do it: a real child
+process (`python -m reactor` from the checkout, unless told another program), in the test's
+environment, with its exit code, stdout and stderr for the test to check.
+
+Long-running commands (`reactor run`, `reactor worker`, `reactor dashboard`) are started with
+the `spawn` fixture instead (`tests.support.processes.Process`).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tests.support.paths import ROOT
+from tests.support.processes import child_environ
+
+if TYPE_CHECKING:
+    from tests.support.env import Env
+
+#: The CLI of the checkout.
+REACTOR = (sys.executable, "-m", "reactor")
+
+
+def run_cli(
+    env: Env | None,
+    *args: str,
+    program: Sequence[str] = REACTOR,
+    cwd: Path = ROOT,
+    environ: Mapping[str, str] | None = None,
+    timeout: float = 120,
+    **extra_env: str,
+) -> subprocess.CompletedProcess[str]:
+    """Run `reactor ARGS...` to completion; its `returncode`, `stdout` and `stderr`.
+
+    The child's environment is `env.process_env()` (the test's DATABASE_URL and REDIS_URL, the
+    demo route, no other REACTOR_ variable), or without `env` the same minus the two URLs, with
+    `extra_env` on top; `environ`, if given, is the whole environment instead. A command still
+    running after `timeout` seconds fails the test.
+    """
+    assert environ is None or not extra_env, "extra_env adds to the test's environment only"
+    if environ is None:
+        environ = env.process_env(**extra_env) if env is not None else child_environ(**extra_env)
+    return subprocess.run(
+        [*program, *args],
+        env=dict(environ),
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=timeout,
+    )
+
+
+def cli_json(env: Env, *args: str) -> dict[str, Any]:
+    """Run `reactor ARGS...` against `env`; its JSON output (exit 0 required)."""
+    result = run_cli(env, *args)
+    assert result.returncode == 0, result.stderr
+    return dict(json.loads(result.stdout))
