@@ -28,11 +28,11 @@ REACTOR = (sys.executable, "-m", "reactor")
 def run_cli(
     env: Env | None,
     *args: str,
+    extra_env: Mapping[str, str] | None = None,
+    environ: Mapping[str, str] | None = None,
     program: Sequence[str] = REACTOR,
     cwd: Path = ROOT,
-    environ: Mapping[str, str] | None = None,
     timeout: float = 120,
-    **extra_env: str,
 ) -> subprocess.CompletedProcess[str]:
     """Run `reactor ARGS...` to completion; its `returncode`, `stdout` and `stderr`.
 
@@ -41,9 +41,11 @@ def run_cli(
     `extra_env` on top; `environ`, if given, is the whole environment instead. A command still
     running after `timeout` seconds fails the test.
     """
-    assert environ is None or not extra_env, "extra_env adds to the test's environment only"
     if environ is None:
-        environ = env.process_env(**extra_env) if env is not None else child_environ(**extra_env)
+        extra = dict(extra_env or {})
+        environ = env.process_env(**extra) if env is not None else child_environ(**extra)
+    else:
+        assert extra_env is None, "extra_env adds to the test's environment, not to `environ`"
     return subprocess.run(
         [*program, *args],
         env=dict(environ),
