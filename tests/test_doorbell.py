@@ -176,7 +176,8 @@ def test_an_idle_reactor_arms_and_each_isolated_insert_rings_it(
         committed = time.monotonic()
         wait_for(lambda i=i: is_active(admin, f"iso{i}"), interval=0.0005, what=f"iso{i}")  # type: ignore[misc]
         delays.append(time.monotonic() - committed)
-    assert max(delays) < 0.1, f"dispatch delays (s): {sorted(delays)}"
+    # Margin for a loaded 2-core machine, still far below the 1 h sweep (the only slow path).
+    assert max(delays) < 1.0, f"dispatch delays (s): {sorted(delays)}"
 
 
 def test_a_writer_that_skipped_notify_is_dispatched_when_its_commit_lets_the_reactor_arm(
