@@ -1,4 +1,6 @@
-"""What every benchmark shares: servers, fresh databases, processes, statistics, tables.
+"""What every benchmark shares: servers, fresh databases, processes, who holds the doorbell,
+statistics, tables. The throwaway servers are the test suite's (`tests.support.servers`), the
+one piece the benchmarks take from tests/.
 
 Servers come from BENCH_DATABASE_URL (any database of the server: benchmarks create and drop
 databases of their own there) and BENCH_REDIS_URL (a Redis database the benchmarks flush: name
@@ -30,7 +32,7 @@ from psycopg import sql
 
 from reactor.migrate import migrate
 from reactor.routes import DEMO_ROUTE
-from tests.servers import PostgresServer, RedisServer
+from tests.support.servers import PostgresServer, RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -145,6 +147,20 @@ def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 
         if time.monotonic() > deadline:
             raise TimeoutError("benchmark condition not reached")
         time.sleep(interval)
+
+
+def armed_by(conn: psycopg.Connection[Any]) -> int | None:
+    """The pid holding every doorbell key (sql/0004) in exclusive mode, if any."""
+    row = conn.execute(
+        """SELECT pid FROM pg_locks
+            WHERE locktype = 'advisory' AND mode = 'ExclusiveLock' AND granted
+              AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+              AND classid = (photo_jobs_doorbell_key() >> 32)::oid
+              AND objid::bigint - (photo_jobs_doorbell_key() & 4294967295)
+                  BETWEEN 0 AND photo_jobs_doorbell_stripes() - 1
+            GROUP BY pid HAVING count(DISTINCT objid) = photo_jobs_doorbell_stripes()"""
+    ).fetchone()
+    return None if row is None else int(row[0])
 
 
 def count_state(url: str, state: str) -> int:

@@ -26,6 +26,7 @@ from bench.common import (
     SERVER_URL,
     Reactor,
     Stat,
+    armed_by,
     fresh_database,
     percentile,
     redis_client,
@@ -34,8 +35,7 @@ from bench.common import (
     wait_until,
 )
 from bench.writers import SINGLE, pgbench
-from tests.helpers import armed_by
-from tests.servers import PostgresServer
+from tests.support.servers import PostgresServer
 
 QUEUE = "rq:queue:photo-process"
 

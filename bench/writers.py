@@ -21,9 +21,8 @@ from typing import Any
 
 import psycopg
 
-from bench.common import Reactor, Stat, flush_redis, fresh_database, table, wait_until
-from tests.helpers import armed_by
-from tests.servers import find_binary
+from bench.common import Reactor, Stat, armed_by, flush_redis, fresh_database, table, wait_until
+from tests.support.servers import find_binary
 
 SINGLE = "INSERT INTO photo_jobs (photo_id, type) VALUES (md5(random()::text), 'photo.process');\n"
 HUNDRED = (

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from reactor.routes import DEMO_ROUTE  # noqa: E402
-from tests.servers import PostgresServer, RedisServer  # noqa: E402
+from tests.support.servers import PostgresServer, RedisServer  # noqa: E402
 
 
 def main() -> int:

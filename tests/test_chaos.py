@@ -32,10 +32,12 @@ import psycopg
 import pytest
 import redis
 
-from tests.conftest import Env, Process, start_worker, wait_for
 from tests.handlers import SCHEMA, chaos_told_to_fail
-from tests.helpers import jobs_missing, queue_ids
-from tests.servers import RedisServer
+from tests.support.env import Env
+from tests.support.processes import Process, start_worker
+from tests.support.rq_state import jobs_missing, queue_ids
+from tests.support.servers import RedisServer
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.chaos
 

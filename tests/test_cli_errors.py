@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from typing import Any
 
 import psycopg
@@ -16,22 +15,12 @@ import pytest
 from reactor import submit
 from reactor.errors import InvalidJobError
 from reactor.routes import DEMO_ROUTE
-from tests.conftest import ROOT, Env
-from tests.helpers import states
-from tests.servers import free_port
+from tests.support.cli import run_cli
+from tests.support.env import Env
+from tests.support.rows import states
+from tests.support.servers import free_port
 
 UNREACHABLE = "postgresql://u:hunter2@127.0.0.1:1/x"
-
-
-def cli(env: Env, *args: str, **extra_env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "reactor", *args],
-        env=env.process_env(**extra_env),
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=60,
-    )
 
 
 def error_line(result: subprocess.CompletedProcess[str], code: int) -> str:
@@ -52,7 +41,7 @@ def error_line(result: subprocess.CompletedProcess[str], code: int) -> str:
     ],
 )
 def test_submit_refuses_a_bad_type_or_photo_id(env: Env, args: list[str], message: str) -> None:
-    line = error_line(cli(env, "submit", *args), 2)
+    line = error_line(run_cli(env, "submit", *args), 2)
     assert line.startswith(f"reactor: error: {message}"), line
     assert states(env.connect()) == {}
 
@@ -82,7 +71,7 @@ def test_submit_api_refuses_before_the_database(env: Env) -> None:
     ],
 )
 def test_an_unreachable_database_is_exit_2_for_every_command(env: Env, args: list[str]) -> None:
-    line = error_line(cli(env, *args, DATABASE_URL=UNREACHABLE), 2)
+    line = error_line(run_cli(env, *args, extra_env={"DATABASE_URL": UNREACHABLE}), 2)
     assert line.startswith("reactor: error: cannot connect to Postgres"), line
     assert "hunter2" not in line
 
@@ -91,7 +80,7 @@ def test_a_sweep_that_could_not_enqueue_exits_1(env: Env) -> None:
     conn = env.connect()
     submit(conn, "p1")
     nothing_there = f"redis://127.0.0.1:{free_port()}/0"
-    result = cli(env, "sweep", REDIS_URL=nothing_there)
+    result = run_cli(env, "sweep", extra_env={"REDIS_URL": nothing_there})
     assert result.returncode == 1, result.stderr
     assert json.loads(result.stdout)["enqueue_failures"] == 1
     assert "reactor: error: 1 rows could not be enqueued" in result.stderr
@@ -101,7 +90,7 @@ def test_a_sweep_that_could_not_enqueue_exits_1(env: Env) -> None:
 
 
 def test_sweep_help_lists_only_its_options(env: Env) -> None:
-    text = cli(env, "sweep", "--help").stdout
+    text = run_cli(env, "sweep", "--help").stdout
     for used in ("--database-url", "--redis-url", "--route", "--batch-size", "--stale-after"):
         assert used in text
     for unused in ("--doorbell", "--sweep-interval", "--poll-interval", "--no-listen", "--metrics"):
@@ -111,11 +100,11 @@ def test_sweep_help_lists_only_its_options(env: Env) -> None:
 def test_requeue_reports_the_ids_it_did_not_find(env: Env) -> None:
     conn = env.connect()
     conn.execute("INSERT INTO photo_jobs (photo_id, type, state) VALUES ('p1', 'a.b', 'failed')")
-    result = cli(env, "requeue", "p1", "nope", "p1")
+    result = run_cli(env, "requeue", "p1", "nope", "p1")
     assert json.loads(result.stdout) == {"requeued": 1, "not_found": ["nope"]}
     assert error_line(result, 1) == "reactor: error: no row for: nope"
     assert states(conn) == {"pending": 1}
-    typed = cli(env, "requeue", "p1", "--type", "x.y")
+    typed = run_cli(env, "requeue", "p1", "--type", "x.y")
     assert json.loads(typed.stdout) == {"requeued": 0, "not_found": ["p1"]}
     assert error_line(typed, 1) == "reactor: error: no row of type x.y for: p1"
 
@@ -126,11 +115,11 @@ def test_prune_failed_rows_alone_and_neither_is_a_usage_error(env: Env) -> None:
         "INSERT INTO photo_jobs (photo_id, type, state) VALUES "
         "('d1', 'a.b', 'done'), ('f1', 'a.b', 'failed'), ('p1', 'a.b', 'pending')"
     )
-    result = cli(env, "prune", "--failed-older-than", "0s")
+    result = run_cli(env, "prune", "--failed-older-than", "0s")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == {"deleted_done": 0, "deleted_failed": 1}
     assert states(conn) == {"done": 1, "pending": 1}
-    neither = cli(env, "prune")
+    neither = run_cli(env, "prune")
     assert neither.returncode == 2
     assert "give --done-older-than, --failed-older-than, or both" in neither.stderr
     assert "Traceback" not in neither.stderr
@@ -159,7 +148,7 @@ def test_failures_shows_the_latest_failed_and_retried_rows(env: Env) -> None:
     )
     conn.execute("ALTER TABLE photo_jobs ENABLE TRIGGER photo_jobs_touch_updated_at")
 
-    table = cli(env, "failures", "--type", "photo.process")
+    table = run_cli(env, "failures", "--type", "photo.process")
     assert table.returncode == 0, table.stderr
     lines = table.stdout.strip().splitlines()
     assert len(lines) == 3  # header, r1 (newest), f1
@@ -169,16 +158,16 @@ def test_failures_shows_the_latest_failed_and_retried_rows(env: Env) -> None:
     assert lines[2].endswith("x…"), lines[2]  # one line, cut to fit
     assert "second line" not in table.stdout
 
-    data = json.loads(cli(env, "failures", "--json", "--limit", "2").stdout)["failures"]
+    data = json.loads(run_cli(env, "failures", "--json", "--limit", "2").stdout)["failures"]
     assert [(f["photo_id"], f["state"], f["attempt"]) for f in data] == [
         ("r1", "pending", 2),
         ("f2", "failed", 1),
     ]
-    full = json.loads(cli(env, "failures", "--json").stdout)["failures"]
+    full = json.loads(run_cli(env, "failures", "--json").stdout)["failures"]
     assert [f["last_error"] for f in full if f["photo_id"] == "f1"] == [long_error]
 
     conn.execute("DELETE FROM photo_jobs WHERE last_error IS NOT NULL")
-    assert cli(env, "failures").stdout.strip() == "no failed or retried rows"
+    assert run_cli(env, "failures").stdout.strip() == "no failed or retried rows"
 
 
 def test_the_demo_route_is_only_used_where_named() -> None:

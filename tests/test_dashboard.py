@@ -13,7 +13,6 @@ import re
 import shutil
 import socket
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from html.parser import HTMLParser
 from pathlib import Path
@@ -24,9 +23,12 @@ import pytest
 from rq import Worker
 
 from reactor.migrate import migrate
-from tests.conftest import ROOT, Env, Process, start_reactor, start_worker, wait_for
-from tests.helpers import armed_by
-from tests.servers import PostgresServer, free_port
+from tests.support.cli import run_cli
+from tests.support.doorbell import armed_by
+from tests.support.env import Env
+from tests.support.processes import Process, start_reactor, start_worker
+from tests.support.servers import PostgresServer, free_port
+from tests.support.waiting import wait_for
 
 TITLE = "photo-reactor dashboard"
 # Markup in a photo id and in a last_error: either would change the page if it ran or were
@@ -390,14 +392,7 @@ def test_redis_down_leaves_the_rest_of_the_page(env: Env, spawn: Callable[..., P
 
 def test_bad_input_is_one_line_and_exit_2(env: Env) -> None:
     def run(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "reactor", "dashboard", *args],
-            env=env.process_env(**extra),
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-            timeout=60,
-        )
+        return run_cli(env, "dashboard", *args, extra_env=extra)
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

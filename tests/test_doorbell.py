@@ -21,18 +21,15 @@ import pytest
 from reactor.doorbell import RECHECK_SECONDS, ArmOutcome
 from reactor.listener import Listener
 from reactor.queries import DOORBELL_ARM as LOCK_DOORBELL
-from tests.conftest import Env, Process, start_reactor, wait_for
-from tests.helpers import (
-    armed_by,
-    doorbell_locks,
-    jobs_missing,
-    listener_pids,
-    metric,
-    scrape,
-    states,
-)
-from tests.servers import free_port
-from tests.test_schema import Notifications, in_tx
+from tests.support.doorbell import armed_by, doorbell_locks, listener_pids
+from tests.support.env import Env
+from tests.support.metrics import metric, scrape
+from tests.support.notifications import Notifications, in_tx
+from tests.support.processes import Process, start_reactor
+from tests.support.rows import states
+from tests.support.rq_state import jobs_missing
+from tests.support.servers import free_port
+from tests.support.waiting import wait_for
 
 NO_SWEEP = ("--sweep-interval", "3600")
 INSERT = "INSERT INTO photo_jobs (photo_id, type) VALUES (%s, %s)"
@@ -179,7 +176,8 @@ def test_an_idle_reactor_arms_and_each_isolated_insert_rings_it(
         committed = time.monotonic()
         wait_for(lambda i=i: is_active(admin, f"iso{i}"), interval=0.0005, what=f"iso{i}")  # type: ignore[misc]
         delays.append(time.monotonic() - committed)
-    assert max(delays) < 0.1, f"dispatch delays (s): {sorted(delays)}"
+    # Margin for a loaded 2-core machine, still far below the 1 h sweep (the only slow path).
+    assert max(delays) < 1.0, f"dispatch delays (s): {sorted(delays)}"
 
 
 def test_a_writer_that_skipped_notify_is_dispatched_when_its_commit_lets_the_reactor_arm(

@@ -35,9 +35,11 @@ import pytest
 import redis
 
 from reactor.migrate import migrate
-from tests.conftest import ROOT, Process, wait_for
 from tests.handlers import SCHEMA, chaos_told_to_fail
-from tests.servers import PostgresServer, RedisServer, SentinelServer, free_port
+from tests.support.paths import ROOT
+from tests.support.processes import Process
+from tests.support.servers import PostgresServer, RedisServer, SentinelServer, free_port
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.failover
 

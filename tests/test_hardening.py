@@ -14,7 +14,6 @@ import pickle
 import re
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -34,9 +33,16 @@ from reactor.db import LATEST_SCHEMA_VERSION
 from reactor.errors import InvalidJobError
 from reactor.jobs import job_id
 from reactor.producer import submit
-from tests.conftest import ROOT, Env, Process, start_reactor, wait_for
-from tests.helpers import armed_by, insert_rows, jobs_missing, metric, queue_ids, scrape, states
-from tests.servers import free_port
+from tests.support.cli import run_cli
+from tests.support.doorbell import armed_by
+from tests.support.env import Env
+from tests.support.metrics import metric, scrape
+from tests.support.paths import ROOT
+from tests.support.processes import Process, start_reactor
+from tests.support.rows import insert_rows, states
+from tests.support.rq_state import jobs_missing, queue_ids
+from tests.support.servers import free_port
+from tests.support.waiting import wait_for
 
 
 def _as_role(url: str, role: str) -> str:
@@ -258,15 +264,7 @@ def test_migrate_refuses_a_ledger_planted_by_the_database_owner(
         # public, and in a schema named after the superuser (first on its default search_path).
         with psycopg.connect(_as_role(url, attacker), autocommit=True) as conn:
             conn.execute(_PLANT.format(schema="public", role=attacker).encode())
-        run_env = env.process_env(DATABASE_URL=url)
-        result = subprocess.run(
-            [sys.executable, "-m", "reactor", "migrate"],
-            env=run_env,
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-            timeout=60,
-        )
+        result = run_cli(env, "migrate", extra_env={"DATABASE_URL": url})
         assert result.returncode != 0
         assert result.stderr.count("\n") == 1, result.stderr
         assert "refusing to migrate: public.reactor_migrations is owned by role" in result.stderr
@@ -297,14 +295,7 @@ def test_migrate_refuses_a_ledger_planted_by_the_database_owner(
             conn.execute("DROP TABLE public.reactor_migrations")
             conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(superuser)))
             conn.execute(_PLANT.format(schema=f'"{superuser}"', role=attacker).encode())
-        result = subprocess.run(
-            [sys.executable, "-m", "reactor", "migrate"],
-            env=run_env,
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-            timeout=60,
-        )
+        result = run_cli(env, "migrate", extra_env={"DATABASE_URL": url})
         assert result.returncode == 0, result.stderr
         assert not _is_superuser(env, attacker)
         with psycopg.connect(url, autocommit=True) as conn:
@@ -433,14 +424,7 @@ def test_long_or_empty_ids_are_refused_and_job_ids_stay_bounded(
             submit(closed, photo_id, job_type)
         assert "\n" not in str(caught.value) and len(str(caught.value)) < 120
     # The CLI: one line, exit 2, nothing inserted.
-    result = subprocess.run(
-        [sys.executable, "-m", "reactor", "submit", "y" * 100_000],
-        env=env.process_env(),
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=60,
-    )
+    result = run_cli(env, "submit", "y" * 100_000)
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and len(result.stderr) < 200, result.stderr[:300]
     # The schema holds the same bound for writers that bypass submit().
@@ -468,27 +452,16 @@ def test_long_or_empty_ids_are_refused_and_job_ids_stay_bounded(
 # -- 8. passwords: warned about on the command line, never echoed by a parse error ----------
 
 
-def _cli(env: Env, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "reactor", *args],
-        env=env.process_env(**extra),
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=60,
-    )
-
-
 def test_password_flags_are_warned_about_and_never_echoed(env: Env) -> None:
     parts = urlsplit(env.database_url)
     host = f"{parts.hostname}:{parts.port or 5432}"
     with_password = f"postgresql://postgres:S3cretPW@{host}{parts.path}"  # trust: ignored
-    flagged = _cli(env, "status", "--json", "--database-url", with_password)
+    flagged = run_cli(env, "status", "--json", "--database-url", with_password)
     assert flagged.returncode == 0, flagged.stderr
     warnings = [line for line in flagged.stderr.splitlines() if "password_on_command_line" in line]
     assert len(warnings) == 1 and "DATABASE_URL" in warnings[0], flagged.stderr
     assert "S3cretPW" not in flagged.stderr + flagged.stdout
-    quiet = _cli(env, "status", "--json", DATABASE_URL=with_password)
+    quiet = run_cli(env, "status", "--json", extra_env={"DATABASE_URL": with_password})
     assert quiet.returncode == 0 and "password_on_command_line" not in quiet.stderr
     # A raw '@' or '/' in a password: refused in one line that holds no piece of it.
     for name, url in [
@@ -498,7 +471,7 @@ def test_password_flags_are_warned_about_and_never_echoed(env: Env) -> None:
         ("REDIS_URL", "redis://:pQ7@zX9@127.0.0.1:1/0"),
         ("REDIS_URL", "redis://:pQ7/zX9@127.0.0.1:1/0"),
     ]:
-        result = _cli(env, "sweep", **{name: url})
+        result = run_cli(env, "sweep", extra_env={name: url})
         assert result.returncode == 2, result.stderr
         assert result.stderr.count("\n") == 1, result.stderr
         assert "pQ7" not in result.stderr and "zX9" not in result.stderr, result.stderr

@@ -16,8 +16,9 @@ from urllib.parse import urlsplit
 import pytest
 import redis
 
-from tests.conftest import ROOT, Env
-from tests.servers import RedisServer
+from tests.support.env import Env
+from tests.support.paths import ROOT
+from tests.support.servers import RedisServer
 
 #: The sub-run's test writes the servers it got here (only when the variable is set).
 REPORT_VARIABLE = "REACTOR_TEST_ISOLATION_REPORT"

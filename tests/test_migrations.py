@@ -6,14 +6,17 @@ import subprocess
 import sys
 import venv
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psycopg
 
 from reactor.db import LATEST_SCHEMA_VERSION
 from reactor.migrate import load_migrations
-from tests.conftest import ROOT, Env
-from tests.servers import find_binary
+from tests.support.cli import run_cli
+from tests.support.env import Env
+from tests.support.paths import ROOT
+from tests.support.servers import find_binary
 
 SQL_FILES = sorted((ROOT / "sql").glob("*.sql"))
 
@@ -49,13 +52,8 @@ def ledger(url: str) -> list[tuple[int, str]]:
         ]
 
 
-def reactor_cli(*args: str, url: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "reactor", *args, "--database-url", url],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-    )
+def reactor_cli(*args: str, url: str) -> subprocess.CompletedProcess[str]:
+    return run_cli(None, *args, "--database-url", url)
 
 
 def test_files_are_numbered_and_match_the_code() -> None:
@@ -116,18 +114,11 @@ def test_psql_then_migrate_continues_where_psql_stopped(empty_database: str) -> 
 
 
 def test_concurrent_migrates_apply_once(empty_database: str) -> None:
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "reactor", "migrate", "--database-url", empty_database],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=ROOT,
-        )
-        for _ in range(3)
-    ]
-    outputs = [p.communicate(timeout=60) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0, 0], outputs
+    # Three at once: each run_cli waits in a thread of its own.
+    with ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(lambda _: reactor_cli("migrate", url=empty_database), range(3)))
+    outputs = [(r.stdout, r.stderr) for r in results]
+    assert [r.returncode for r in results] == [0, 0, 0], outputs
     applied = sum(out.count("applied 0") for out, _ in outputs)
     assert applied == LATEST_SCHEMA_VERSION
     assert len(ledger(empty_database)) == LATEST_SCHEMA_VERSION
@@ -149,12 +140,14 @@ def test_wheel_installed_outside_the_checkout_migrates(empty_database: str, tmp_
     )
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    result = subprocess.run(
-        [str(target / "bin" / "reactor"), "migrate", "--database-url", empty_database],
-        capture_output=True,
-        text=True,
+    result = run_cli(
+        None,
+        "migrate",
+        "--database-url",
+        empty_database,
+        program=[str(target / "bin" / "reactor")],
         cwd=elsewhere,
-        env={"PATH": "/usr/bin:/bin"},
+        environ={"PATH": "/usr/bin:/bin"},
     )
     assert result.returncode == 0, result.stderr
     assert f"database is at schema version {LATEST_SCHEMA_VERSION}" in result.stdout

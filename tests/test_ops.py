@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -15,9 +13,15 @@ import yaml
 from click import Context
 
 from reactor.cli import cli
-from tests.conftest import ROOT, Env, Process, start_reactor, wait_for
-from tests.helpers import armed_by, insert_rows, metric, states
-from tests.servers import RedisServer, free_port
+from tests.support.cli import run_cli
+from tests.support.doorbell import armed_by
+from tests.support.env import Env
+from tests.support.metrics import metric
+from tests.support.paths import ROOT
+from tests.support.processes import Process, start_reactor
+from tests.support.rows import insert_rows, states
+from tests.support.servers import RedisServer, free_port
+from tests.support.waiting import wait_for
 
 
 def get(url: str) -> tuple[int, str]:
@@ -117,15 +121,13 @@ def test_no_password_in_any_output(env: Env, spawn: Callable[..., Process]) -> N
     secured.start()
     wait_for(lambda: states(admin).get("pending", 0) == 0, timeout=30, what="recovery")
     reactor.stop()
-    bad = subprocess.run(
-        [sys.executable, "-m", "reactor", "run"],
-        env=env.process_env(
-            DATABASE_URL=database_url.replace(f":{parts.port or 5432}/", ":1/"),
-            REDIS_URL=secured.url,
-        ),
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
+    bad = run_cli(
+        env,
+        "run",
+        extra_env={
+            "DATABASE_URL": database_url.replace(f":{parts.port or 5432}/", ":1/"),
+            "REDIS_URL": secured.url,
+        },
     )
     assert bad.returncode == 2
     everything = reactor.output() + bad.stdout + bad.stderr

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
 import psycopg
 
-from tests.conftest import ROOT, Env, Process, start_reactor, wait_for
-from tests.helpers import armed_by
+from tests.support.cli import run_cli
+from tests.support.doorbell import armed_by
+from tests.support.env import Env
+from tests.support.processes import Process, start_reactor
+from tests.support.waiting import wait_for
 
 ROUTES = (
     "--route",
@@ -34,17 +35,6 @@ def insert(conn: psycopg.Connection[Any], job_type: str, prefix: str, count: int
         "INSERT INTO photo_jobs (photo_id, type)"
         " SELECT %s || i, %s FROM generate_series(1, %s) AS i",
         [prefix, job_type, count],
-    )
-
-
-def cli(env: Env, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "reactor", *args],
-        env=env.process_env(),
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=60,
     )
 
 
@@ -149,12 +139,12 @@ def test_pause_cli_checks_types_and_status_shows_them(env: Env) -> None:
         (("pause", "photo.nosuch"), "unknown type 'photo.nosuch'"),
         (("resume", "photo.nosuch"), "unknown type 'photo.nosuch'"),
     ):
-        result = cli(env, *args)
+        result = run_cli(env, *args)
         assert result.returncode == 2, (args, result.stderr)
         assert needle in result.stderr, (args, result.stderr)
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     # No type at all: click's usage error (exit 2).
-    assert cli(env, "pause").returncode == 2
+    assert run_cli(env, "pause").returncode == 2
     assert conn.execute("SELECT count(*) FROM reactor_paused_types").fetchone() == (0,)
 
     # Routed (the default demo route), or only present in the table: both accepted.
@@ -179,7 +169,7 @@ def test_pause_cli_checks_types_and_status_shows_them(env: Env) -> None:
     assert all("@" in p["paused_by"] for p in status["paused_types"])
     flags = {t["type"]: t["paused"] for t in status["types"]}
     assert flags == {"photo.legacy": True, "photo.new": True, "photo.process": True}
-    text = cli(env, "status").stdout
+    text = run_cli(env, "status").stdout
     assert "PAUSED" in text.splitlines()[1]
     assert "paused: photo.new since " in text
     # Resuming a paused type that has no route and no row any more is still allowed.

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
 import psycopg
 
-from tests.conftest import ROOT, Env, Process, start_reactor, wait_for
-from tests.helpers import metric, scrape
-from tests.servers import free_port
+from tests.support.cli import run_cli
+from tests.support.env import Env
+from tests.support.metrics import metric, scrape
+from tests.support.processes import Process, start_reactor
+from tests.support.servers import free_port
+from tests.support.waiting import wait_for
 
 
 def plant(conn: psycopg.Connection[Any], prefix: str, state: str, count: int, age: str) -> None:
@@ -129,14 +130,7 @@ def test_retention_is_off_by_default_and_checks_its_durations(
         (["--prune-done-after", "0"], "prune ages must be positive"),
         (["--prune-failed-after", "30d"], "--prune-failed-after needs --prune-done-after"),
     ):
-        result = subprocess.run(
-            [sys.executable, "-m", "reactor", "run", *args],
-            env=env.process_env(),
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-            timeout=60,
-        )
+        result = run_cli(env, "run", *args)
         assert result.returncode == 2, result.stderr
         assert needle in result.stderr, result.stderr
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr

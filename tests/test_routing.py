@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -21,9 +20,12 @@ from reactor.demo import DEMO_RUNS_KEY
 from reactor.jobs import job_id
 from reactor.registry import NO_ROUTE_HINT, load_routes
 from reactor.routes import Route
-from tests.conftest import ROOT, Env, Process, start_reactor, start_worker
 from tests.handlers import SCHEMA
-from tests.helpers import queue_ids, states
+from tests.support.cli import run_cli
+from tests.support.env import Env
+from tests.support.processes import Process, start_reactor, start_worker
+from tests.support.rows import states
+from tests.support.rq_state import queue_ids
 
 OK = "photo.process=tests.handlers.ok"
 FAILS = "photo.process=tests.handlers.always_fails"
@@ -39,14 +41,7 @@ def conn(env: Env) -> psycopg.Connection[Any]:
 
 
 def cli(env: Env, *args: str, **extra_env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "reactor", *args],
-        env=env.process_env(**{**NO_ROUTES, **extra_env}),
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=60,
-    )
+    return run_cli(env, *args, extra_env={**NO_ROUTES, **extra_env})
 
 
 def one_line(result: subprocess.CompletedProcess[str], code: int) -> str:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -21,10 +20,14 @@ from reactor import db
 from reactor.errors import ConfigError, DatabaseError
 from reactor.redact import redact
 from reactor.redis_url import client_for, parse_sentinel_url
-from tests.conftest import ROOT, Env, Process, start_reactor, start_worker, wait_for
 from tests.handlers import SCHEMA
-from tests.helpers import insert_rows, queue_ids, states
-from tests.servers import PgBouncer, RedisServer, SentinelServer, find_binary, free_port
+from tests.support.cli import run_cli
+from tests.support.env import Env
+from tests.support.processes import Process, start_reactor, start_worker
+from tests.support.rows import insert_rows, states
+from tests.support.rq_state import queue_ids
+from tests.support.servers import PgBouncer, RedisServer, SentinelServer, find_binary, free_port
+from tests.support.waiting import wait_for
 
 # -- Sentinel URLs (no I/O) ---------------------------------------------------------------
 
@@ -128,13 +131,8 @@ def test_commands_take_a_multi_host_url(
     env: Env, spawn: Callable[..., Process], empty_database: str
 ) -> None:
     url = multi_host(env.database_url, free_port())
-    migrate = subprocess.run(
-        [sys.executable, "-m", "reactor", "migrate"],
-        env={**env.process_env(), "DATABASE_URL": multi_host(empty_database, free_port())},
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
+    migrate = run_cli(
+        env, "migrate", extra_env={"DATABASE_URL": multi_host(empty_database, free_port())}
     )
     assert migrate.returncode == 0, migrate.stderr
     env.database_url = url  # every process below gets the multi-host URL
@@ -233,14 +231,7 @@ def test_connect_refuses_a_read_only_server_whatever_the_url_asks(env: Env) -> N
 
 
 def run_reactor(env: Env, **variables: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "reactor", "run"],
-        env={**env.process_env(), **variables},
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=60,
-    )
+    return run_cli(env, "run", extra_env=variables)
 
 
 def assert_one_line_exit_2(result: subprocess.CompletedProcess[str], needle: str) -> None:

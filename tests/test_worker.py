@@ -17,9 +17,12 @@ import psycopg
 import pytest
 
 from reactor import submit
-from tests.conftest import Env, Process, start_reactor, start_worker, wait_for
 from tests.handlers import SCHEMA
-from tests.helpers import insert_rows, queue_ids, rows, states
+from tests.support.env import Env
+from tests.support.processes import Process, start_reactor, start_worker
+from tests.support.rows import insert_rows, rows, states
+from tests.support.rq_state import queue_ids
+from tests.support.waiting import wait_for
 
 
 def route(handler: str) -> str:

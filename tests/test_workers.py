@@ -22,9 +22,11 @@ from rq.job import Job
 
 from reactor import submit
 from reactor.jobs import ENTRY_POINT, job_id
-from tests.conftest import Env, Process, start_reactor, start_worker, wait_for
 from tests.handlers import SCHEMA
-from tests.helpers import states
+from tests.support.env import Env
+from tests.support.processes import Process, start_reactor, start_worker
+from tests.support.rows import states
+from tests.support.waiting import wait_for
 
 CLASSES = {"fork": "reactor.Worker", "simple": "reactor.SimpleWorker"}
 
