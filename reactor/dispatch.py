@@ -1,6 +1,6 @@
 """Claim rows and hand them to RQ as one unit: claim, enqueue, COMMIT.
 
-Guarantees (SPEC §1):
+Guarantees:
 - A row is never `active` without its job in Redis: the enqueue happens inside the claiming
   transaction, before COMMIT; if it fails, the transaction rolls back and the rows stay as they
   were (`pending`, or `active` at the old attempt for a rescue).

@@ -102,7 +102,7 @@ class Cluster:
     violations: list[str] = field(default_factory=list)
 
     def check_active_rows_have_jobs(self, admin: psycopg.Connection[Any]) -> None:
-        """SPEC §1.2: a row is never active without its job in Redis (Redis kept its data)."""
+        """A row is never active without its job in Redis (Redis kept its data)."""
         if time.monotonic() - self.last_restart < SETTLE_AFTER_RESTART_SECONDS:
             return
         client = redis.Redis.from_url(self.redis.url, socket_timeout=5)
