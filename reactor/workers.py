@@ -176,7 +176,8 @@ class _Lifecycle(BaseWorker):
             raise self._settings_error
         try:
             db.check_schema(self._store.conn)
-            lifecycle.warm_up(self._store)
+            # On the database thread, which this starts: the first job pays for neither.
+            self._database().submit(lifecycle.warm_up, self._store).result()
         except DatabaseError as exc:
             raise ConfigError(str(exc)) from exc
         self._heartbeat.start()
