@@ -1,7 +1,8 @@
 """The reactor process: wait for a reason to work, then drain; survive every failure.
 
 Loop: wait for the first of {a notification, the next poll while the doorbell is not armed
-(see `reactor.doorbell`), the next sweep (interval ± 10 % jitter), the earliest future
+(see `reactor.doorbell`, which decides; the loop takes and releases the keys on the
+listener session and reports back), the next sweep (interval ± 10 % jitter), the earliest future
 `next_retry_at` of a routed type, a stop request}; then drain what it calls for.
 Notifications are read *before* draining, so a row committed during a drain sends a
 notification that is still unread when the drain ends and causes one more drain: no lost
@@ -34,7 +35,7 @@ from redis.sentinel import MasterNotFoundError
 
 from reactor import db
 from reactor.dispatch import Dispatcher, DrainResult
-from reactor.doorbell import ArmOutcome, Doorbell
+from reactor.doorbell import Action, ArmOutcome, Doorbell
 from reactor.enqueue import Enqueuer, connect_redis
 from reactor.errors import ConfigError, DatabaseError, EnqueueError, StatementError
 from reactor.listener import Listener
@@ -105,10 +106,7 @@ class Reactor:
         self._hints_due = 0.0
         self.metrics = Metrics()
         self._bell = Doorbell(
-            settings.doorbell,
-            self._listener,
-            self.metrics,
-            poll_interval_seconds=settings.poll_interval_seconds,
+            settings.doorbell, poll_interval_seconds=settings.poll_interval_seconds
         )
         interval = settings.sweep_interval_seconds
         self.health = HealthCheck(settings.listen, max(2 * interval, interval + 10))
@@ -388,13 +386,16 @@ class Reactor:
                     self._drop_connections()  # both, in one round (see the module docstring)
                     self._reconnect()
                     bell.lost()
+                    self.metrics.doorbell_armed.set(0)
                     backlog = True
                 now = time.monotonic()
-                if not backlog and bell.should_arm(now) and bell.arm(now) is ArmOutcome.ARMED:
-                    # Every writer that skipped NOTIFY has ended: its rows are visible now.
-                    backlog = True
+                if not backlog and bell.should_arm(now):
+                    outcome = self._lock_doorbell()
+                    if bell.arm_result(outcome, now) is Action.DRAIN:
+                        backlog = True
+                    self.metrics.doorbell_armed.set(1 if bell.armed else 0)
                 now = time.monotonic()
-                bell_in = 0.0 if backlog else bell.timeout(now)
+                bell_in = 0.0 if backlog else bell.wait_seconds(now)
                 if not due_known and (bell_in is None or bell_in > NEXT_DUE_LOOKUP_SECONDS):
                     next_due, due_known = self._next_due(), True
                 hinted_at = self._hints_due if self._hinted else None
@@ -435,7 +436,11 @@ class Reactor:
                     result = self._drain(self._types)
                 else:
                     continue
-                bell.drained(result.claimed, started=now, every_type=every_type)
+                if (
+                    bell.drained(result.claimed, started=now, every_type=every_type)
+                    is Action.RELEASE
+                ):
+                    self._unlock_doorbell()
                 backlog = result.more
                 due_known = False
                 self.health.succeeded()
@@ -462,6 +467,19 @@ class Reactor:
             except EnqueueError:
                 # Only reached when a stop interrupted the retries.
                 break
+
+    def _lock_doorbell(self) -> ArmOutcome:
+        assert self._listener is not None  # poll-only reactors never arm
+        outcome = self._listener.lock_doorbell()
+        self.metrics.doorbell_arms.labels(outcome.value).inc()
+        logger.debug("doorbell_arm outcome=%s", outcome.value)
+        return outcome
+
+    def _unlock_doorbell(self) -> None:
+        assert self._listener is not None
+        self.metrics.doorbell_armed.set(0)
+        self._listener.unlock_doorbell()
+        logger.debug("doorbell_disarmed")
 
     def close(self) -> None:
         if self._pruner is not None:

@@ -8,11 +8,11 @@ the code can trust them.
 
 from __future__ import annotations
 
-import enum
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from reactor.doorbell import DoorbellMode
 from reactor.errors import ConfigError
 from reactor.retention import DEFAULT_PRUNE_BATCH_SIZE
 from reactor.routes import Route
@@ -27,7 +27,6 @@ __all__ = [
     "DEFAULT_STALE_AFTER_SECONDS",
     "DEFAULT_SWEEP_INTERVAL_SECONDS",
     "FAILED_JOB_TTL_SECONDS",
-    "DoorbellMode",
     "ReactorSettings",
     "WorkerSettings",
 ]
@@ -43,15 +42,6 @@ DEFAULT_RETRY_MAX_SECONDS = 3600.0
 DEFAULT_HEARTBEAT_SECONDS = 60.0
 #: How long RQ keeps a failed job in its failed registry (the database row is the truth).
 FAILED_JOB_TTL_SECONDS = 7 * 24 * 3600
-
-
-class DoorbellMode(str, enum.Enum):
-    """How the reactor gets woken up (see `reactor.doorbell`); defined here so the worker side
-    can read settings without importing the metrics."""
-
-    ADAPTIVE = "adaptive"
-    PLAIN = "plain"
-    POLL_ONLY = "poll-only"
 
 
 @dataclass(frozen=True)
