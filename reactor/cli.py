@@ -604,7 +604,7 @@ def worker_command(**options: Any) -> None:
     from redis.backoff import ExponentialWithJitterBackoff  # noqa: PLC0415
     from redis.retry import Retry  # noqa: PLC0415
 
-    from reactor.enqueue import connect_redis  # noqa: PLC0415
+    from reactor.redis_url import connect_redis  # noqa: PLC0415
     from reactor.settings import WorkerSettings  # noqa: PLC0415
     from reactor.workers import SimpleWorker, Worker  # noqa: PLC0415
 

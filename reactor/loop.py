@@ -12,6 +12,12 @@ the table is quiet and arms the doorbell again (a lost connection released it). 
 connection fails, both are reopened in one round (after a primary failover both point at
 the old server), on a server that takes writes (see `reactor.db`).
 
+Connections: the reactor opens and owns both. The listener's session (LISTEN, the doorbell
+keys) is `reactor.listener.Listener`. The work connection is handed to the `Dispatcher`
+(claims, re-dispatches) and the `Sweeper` (the sweep's reads) and replaced in both after a
+reconnect. The loop's timer query (`queries.NEXT_DUE_IN`, when the next row becomes due) runs
+here, on the work connection: it serves only the loop's wait, so it lives with the wait.
+
 With retention on (`--prune-done-after`), a `reactor.retention.Pruner` thread deletes old
 finished rows on a connection of its own, outside this loop.
 
@@ -29,22 +35,24 @@ import time
 from collections.abc import Callable, Iterable
 from http.server import ThreadingHTTPServer
 
+import psycopg
 import redis
 import tenacity
 from redis.sentinel import MasterNotFoundError
 
-from reactor import db
+from reactor import db, queries
 from reactor.dispatch import Dispatcher, DrainResult
 from reactor.doorbell import Action, ArmOutcome, Doorbell
-from reactor.enqueue import Enqueuer, connect_redis
+from reactor.enqueue import Enqueuer
 from reactor.errors import ConfigError, DatabaseError, EnqueueError, StatementError
 from reactor.listener import Listener
 from reactor.metrics import HealthCheck, Metrics, serve
 from reactor.redact import redact
-from reactor.redis_url import describe_master_not_found
+from reactor.redis_url import connect_redis, describe_master_not_found
 from reactor.registry import NO_ROUTE_HINT, RouteRegistration, load_routes
 from reactor.retention import Pruner
 from reactor.routes import Route, format_route
+from reactor.rq_state import RqState
 from reactor.settings import ReactorSettings
 from reactor.signals import Stopper
 from reactor.sweep import Sweeper, SweepResult
@@ -76,7 +84,8 @@ def _jittered(seconds: float) -> float:
 
 
 class Reactor:
-    """`reactor run`: owns the listener, the work connection, the dispatcher and the sweeper."""
+    """`reactor run`: owns the connections, and hands the work one to the dispatcher and the
+    sweeper."""
 
     def __init__(
         self,
@@ -88,7 +97,8 @@ class Reactor:
         self.settings = settings
         self.stopper = stopper or Stopper()
         #: The routes this reactor dispatches with: the ones it was given, else (filled in by
-        #: `start()`) the ones recorded in the database. The enqueuer shares this mapping.
+        #: `start()`) the ones recorded in the database. The enqueuer, the RQ reader, the
+        #: dispatcher and the sweeper share this mapping.
         self.routes: dict[str, Route] = dict(settings.routes)
         self._types = list(self.routes)
         self._registration: RouteRegistration | None = None
@@ -96,7 +106,10 @@ class Reactor:
         self._enqueuer = Enqueuer(
             self._redis, self.routes, job_timeout_seconds=settings.job_timeout_seconds
         )
+        self._rq_state = RqState(self._redis, self.routes)
         self._listener = Listener(settings.database_url) if settings.listen else None
+        # Made by `start()`, once the routes are known.
+        self._work: db.Connection | None = None
         self._dispatcher: Dispatcher | None = None
         self._sweeper: Sweeper | None = None
         self._before_commit = before_commit
@@ -115,20 +128,9 @@ class Reactor:
 
     # -- connections -------------------------------------------------------------------------
 
-    def _open_work_connection(self, conn: db.Connection | None = None) -> None:
-        if conn is None:
-            conn = db.connect(self.settings.database_url, purpose="work")
-            if self._registration is not None:
-                # The routes' liveness lock went with the old session: hold it again.
-                try:
-                    self._registration.register(conn)
-                except BaseException:
-                    conn.close()
-                    raise
-        if self._dispatcher is not None:
-            self._dispatcher.conn.close()
-            self._dispatcher.conn = conn
-            return
+    def _make_dispatcher_and_sweeper(self, conn: db.Connection) -> None:
+        """Make the dispatcher and the sweeper, on the first work connection `conn`."""
+        self._work = conn
         self._dispatcher = Dispatcher(
             conn,
             self._enqueuer,
@@ -141,23 +143,46 @@ class Reactor:
         quarantined = self._dispatcher.quarantined
         self.health.failing_types = lambda: [(t, q.error) for t, q in list(quarantined.items())]
         self._sweeper = Sweeper(
+            conn,
             self._dispatcher,
-            self._enqueuer,
+            self._rq_state,
             self.routes,
             batch_size=self.settings.batch_size,
             stale_after_seconds=self.settings.stale_after_seconds,
+            metrics=self.metrics,
         )
+
+    def _connect_work(self) -> db.Connection:
+        conn = db.connect(self.settings.database_url, purpose="work")
+        if self._registration is not None:
+            # The routes' liveness lock went with the old session: hold it again.
+            try:
+                self._registration.register(conn)
+            except BaseException:
+                conn.close()
+                raise
+        return conn
+
+    def _replace_work_connection(self, conn: db.Connection) -> None:
+        """Hand `conn` to the dispatcher and the sweeper, and close the connection it replaces."""
+        assert self._dispatcher is not None and self._sweeper is not None
+        old, self._work = self._work, conn
+        self._dispatcher.replace_connection(conn)
+        self._sweeper.replace_connection(conn)
+        if old is not None:
+            old.close()
 
     def _drop_connections(self) -> None:
         if self._listener is not None:
             self._listener.close()
         if self._dispatcher is not None:
             self._dispatcher.close()
-            self._dispatcher.conn.close()
+        if self._work is not None:
+            self._work.close()
 
     def _work_connection_ok(self) -> bool:
-        d = self._dispatcher
-        return d is not None and not d.conn.closed and not d.conn.broken
+        conn = self._work
+        return conn is not None and not conn.closed and not conn.broken
 
     def _listener_ok(self) -> bool:
         connected = self._listener is not None and self._listener.connected
@@ -181,7 +206,7 @@ class Reactor:
             except BaseException:
                 conn.close()
                 raise
-            self._open_work_connection(conn)
+            self._make_dispatcher_and_sweeper(conn)
             if self._listener is not None:
                 self._listener.connect()
         except DatabaseError as exc:
@@ -235,7 +260,7 @@ class Reactor:
     def _reconnect(self) -> None:
         def connect_missing() -> None:
             if not self._work_connection_ok():
-                self._open_work_connection()
+                self._replace_work_connection(self._connect_work())
             if self._listener is not None and not self._listener.connected:
                 self._listener.connect()
 
@@ -293,10 +318,18 @@ class Reactor:
         return self.stopper.requested
 
     def _next_due(self) -> float | None:
-        """Monotonic time at which the earliest not-yet-due pending row becomes due."""
-        assert self._dispatcher is not None
-        due_in = self._dispatcher.seconds_until_next_due()
-        return None if due_in is None else time.monotonic() + due_in
+        """Monotonic time at which the earliest not-yet-due pending row of a routed type
+        becomes due (None: no such row)."""
+        conn = self._work
+        assert conn is not None
+        try:
+            with conn.transaction():
+                row = conn.execute(queries.NEXT_DUE_IN, {"types": list(self.routes)}).fetchone()
+        except psycopg.Error as exc:
+            raise db.translate_error(exc, "next-due query failed", conn) from exc
+        if row is None or row[0] is None:
+            return None
+        return time.monotonic() + max(0.0, float(row[0]))
 
     def sweep_once(self) -> SweepResult:
         """One sweep round (`reactor sweep`); `start()` must have succeeded."""
@@ -489,9 +522,5 @@ class Reactor:
             self._http.shutdown()
             self._http.server_close()
             self._http = None
-        if self._listener is not None:
-            self._listener.close()
-        if self._dispatcher is not None:
-            self._dispatcher.close()
-            self._dispatcher.conn.close()
+        self._drop_connections()
         self._redis.close()
