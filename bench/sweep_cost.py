@@ -18,6 +18,7 @@ from bench.common import Stat, fresh_database, insert_pending, redis_client, tab
 from reactor.dispatch import Dispatcher
 from reactor.enqueue import Enqueuer
 from reactor.routes import parse_routes
+from reactor.rq_state import RqState
 from reactor.sweep import Sweeper
 
 ROUTES = parse_routes(["photo.process=reactor.demo.process_photo"])
@@ -28,7 +29,12 @@ def _rounds(url: str, reps: int) -> tuple[list[float], list[float]]:
     with psycopg.connect(url) as conn:
         dispatcher = Dispatcher(conn, Enqueuer(client, ROUTES), ROUTES, batch_size=500)
         sweeper = Sweeper(
-            dispatcher, dispatcher._enqueuer, ROUTES, batch_size=500, stale_after_seconds=300
+            conn,
+            dispatcher,
+            RqState(client, ROUTES),
+            ROUTES,
+            batch_size=500,
+            stale_after_seconds=300,
         )
         sweeper.run_once()  # warm caches and plans
         timings, refresh = [], []

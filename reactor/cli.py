@@ -31,11 +31,11 @@ from reactor.pause import pause_types, resume_types, who
 from reactor.producer import DEFAULT_JOB_TYPE, submit
 from reactor.redact import has_password, redact
 from reactor.registry import load_routes
-from reactor.retention import DEFAULT_PRUNE_BATCH_SIZE
 from reactor.routes import Route, parse_routes
 from reactor.settings import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_POLL_INTERVAL_SECONDS,
+    DEFAULT_PRUNE_BATCH_SIZE,
     DEFAULT_REDIS_URL,
     DEFAULT_STALE_AFTER_SECONDS,
     DEFAULT_SWEEP_INTERVAL_SECONDS,
@@ -608,7 +608,7 @@ def worker_command(**options: Any) -> None:
     from redis.backoff import ExponentialWithJitterBackoff  # noqa: PLC0415
     from redis.retry import Retry  # noqa: PLC0415
 
-    from reactor.enqueue import connect_redis  # noqa: PLC0415
+    from reactor.redis_url import connect_redis  # noqa: PLC0415
     from reactor.settings import WorkerSettings  # noqa: PLC0415
     from reactor.workers import SimpleWorker, Worker  # noqa: PLC0415
 

@@ -27,10 +27,10 @@ from markupsafe import Markup
 
 from reactor import db
 from reactor.charts import per_minute_chart
-from reactor.enqueue import connect_redis
 from reactor.errors import ConfigError, ReactorError
 from reactor.overview import Overview, read_overview
 from reactor.redact import redact
+from reactor.redis_url import connect_redis
 from reactor.routes import Route
 
 __all__ = ["DEFAULT_DASHBOARD_PORT", "DEFAULT_REFRESH_SECONDS", "Dashboard", "serve_dashboard"]

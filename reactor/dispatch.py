@@ -1,5 +1,11 @@
 """Claim rows and hand them to RQ as one unit: claim, enqueue, COMMIT.
 
+`Dispatcher.drain()` claims the due pending rows of the given types batch by batch; the sweep
+re-dispatches rows whose job is lost (`redispatch_lost`) or whose worker died
+(`redispatch_stale`) through the same unit. The work connection is its owner's (the reactor
+opens it, hands it in, and hands in a new one with `replace_connection` after a reconnect);
+the dispatcher opens only the prefetch connection below, and closes it in `close()`.
+
 Guarantees:
 - A row is never `active` without its job in Redis: the enqueue happens inside the claiming
   transaction, before COMMIT; if it fails, the transaction rolls back and the rows stay as they
@@ -24,7 +30,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
@@ -96,7 +102,7 @@ class DrainResult:
 
 
 class Dispatcher:
-    """Runs the claim → enqueue → COMMIT unit on the work connection(s)."""
+    """Runs the claim → enqueue → COMMIT unit on the work connection (and a prefetch one)."""
 
     def __init__(
         self,
@@ -109,8 +115,8 @@ class Dispatcher:
         metrics: Metrics | None = None,
         database_url: str | None = None,
     ) -> None:
-        self.conn = conn
-        self.metrics = metrics or Metrics()
+        self._conn = conn
+        self._metrics = metrics or Metrics()
         self._enqueuer = enqueuer
         self._routes = routes
         self._batch_size = batch_size
@@ -123,6 +129,10 @@ class Dispatcher:
         #: Types whose claim failed with a statement error, and until when they are skipped.
         self.quarantined: dict[str, Quarantine] = {}
         self._executor: ThreadPoolExecutor | None = None
+
+    def replace_connection(self, conn: Connection) -> None:
+        """Work on `conn` from now on (after a reconnect; the old one is the caller's to close)."""
+        self._conn = conn
 
     # -- one transaction, in two halves ----------------------------------------------------
 
@@ -143,12 +153,12 @@ class Dispatcher:
             error = db.translate_error(exc, "claim failed", conn)
             _abandon(conn)
             raise error from exc
-        self.metrics.claim_seconds.observe(time.perf_counter() - started)
+        self._metrics.claim_seconds.observe(time.perf_counter() - started)
         return rows
 
     def _deliver(self, conn: Connection, rows: list[Row]) -> BatchResult:
         """Enqueue the claimed rows left `active`, then COMMIT; roll back if the enqueue fails."""
-        metrics = self.metrics
+        metrics = self._metrics
         refs = [JobRef(t, p, a) for t, p, a, state in rows if state == "active"]
         started = time.perf_counter()
         try:
@@ -181,7 +191,7 @@ class Dispatcher:
             failed=len(rows) - len(refs),
         )
 
-    def dispatch(self, query: str, params: Mapping[str, Any]) -> BatchResult:
+    def _dispatch(self, query: str, params: Mapping[str, Any]) -> BatchResult:
         """Run one claiming UPDATE (returning type, photo_id, attempts, state), enqueue the rows
         it left `active`, and COMMIT; roll back everything if the enqueue fails.
 
@@ -189,7 +199,7 @@ class Dispatcher:
             EnqueueError: Redis failed (the claim was rolled back).
             DatabaseError: Postgres failed (the claim was rolled back or its COMMIT was lost).
         """
-        return self._deliver(self.conn, self._claim(self.conn, query, params))
+        return self._deliver(self._conn, self._claim(self._conn, query, params))
 
     def _claim_type(self, conn: Connection, job_type: str) -> list[Row]:
         """Claim a batch of `job_type`; a statement error quarantines the type (logged once)
@@ -216,11 +226,66 @@ class Dispatcher:
         return rows
 
     def claim_batch(self, job_type: str) -> BatchResult:
-        """Claim and dispatch up to one batch of due pending rows of `job_type`."""
-        return self.dispatch(queries.CLAIM_DUE, self._claim_params(job_type))
+        """Claim and dispatch up to one batch of due pending rows of `job_type`.
+
+        Raises:
+            EnqueueError: Redis failed (the claim was rolled back).
+            DatabaseError: Postgres failed (the claim was rolled back or its COMMIT was lost).
+        """
+        return self._dispatch(queries.CLAIM_DUE, self._claim_params(job_type))
 
     def _claim_params(self, job_type: str) -> dict[str, Any]:
         return {"type": job_type, "limit": self._batch_size}
+
+    # -- re-dispatching (the sweep's rescues) ------------------------------------------------
+
+    def redispatch_lost(
+        self, refs: Sequence[JobRef], why: str, *, error: str | None = None
+    ) -> BatchResult:
+        """Re-dispatch `refs`, rows whose job is gone from Redis or failed in RQ, as a new
+        attempt each, if they are still `active` at that attempt (re-checked under the lock).
+        A row whose attempts are spent is failed with `why` in `last_error` (`failed` counts
+        them); a re-dispatched row keeps its `last_error`, or takes `error` when given.
+
+        Raises:
+            EnqueueError: Redis failed (the rows were left as they were).
+            DatabaseError: Postgres failed (likewise, unless the COMMIT was lost).
+        """
+        return self._redispatch(refs, None, why, error)
+
+    def redispatch_stale(
+        self, refs: Sequence[JobRef], stale_after_seconds: float, why: str
+    ) -> BatchResult:
+        """Re-dispatch `refs`, rows whose job was started but whose worker died, as
+        `redispatch_lost` does, only if the row still has had no heartbeat for
+        `stale_after_seconds` (re-checked under the lock: a late heartbeat keeps it).
+
+        Raises:
+            EnqueueError: Redis failed (the rows were left as they were).
+            DatabaseError: Postgres failed (likewise, unless the COMMIT was lost).
+        """
+        return self._redispatch(refs, stale_after_seconds, why, None)
+
+    def _redispatch(
+        self,
+        refs: Sequence[JobRef],
+        stale_after_seconds: float | None,
+        why: str,
+        error: str | None,
+    ) -> BatchResult:
+        if not refs:
+            return BatchResult()
+        return self._dispatch(
+            queries.REDISPATCH,
+            {
+                "types": [r.type for r in refs],
+                "photo_ids": [r.photo_id for r in refs],
+                "attempts": [r.attempt for r in refs],
+                "stale_after": stale_after_seconds,
+                "why": why,
+                "error": error,
+            },
+        )
 
     # -- draining ----------------------------------------------------------------------------
 
@@ -264,7 +329,7 @@ class Dispatcher:
         slice_seconds: float | None,
     ) -> DrainResult:
         total = DrainResult()
-        conn = self.conn
+        conn = self._conn
         job_type = rotation.popleft()
         rows = self._claim_type(conn, job_type)
         ahead: Future[list[Row]] | None = None
@@ -312,8 +377,8 @@ class Dispatcher:
         when there is none: then the drain goes on, one batch at a time, on `current`."""
         if self._database_url is None:
             return None
-        if current is not self.conn:
-            return self.conn
+        if current is not self._conn:
+            return self._conn
         prefetch = self._prefetch_conn
         if prefetch is None or prefetch.closed or prefetch.broken:
             if prefetch is not None:
@@ -348,17 +413,6 @@ class Dispatcher:
         if self._prefetch_conn is not None:
             self._prefetch_conn.close()
             self._prefetch_conn = None
-
-    def seconds_until_next_due(self) -> float | None:
-        """Seconds until the earliest not-yet-due pending row of a routed type becomes due."""
-        try:
-            with self.conn.transaction():
-                row = self.conn.execute(
-                    queries.NEXT_DUE_IN, {"types": list(self._routes)}
-                ).fetchone()
-        except psycopg.Error as exc:
-            raise db.translate_error(exc, "next-due query failed", self.conn) from exc
-        return None if row is None or row[0] is None else max(0.0, float(row[0]))
 
 
 def _abandon(conn: Connection) -> None:

@@ -4,10 +4,7 @@ The triggers of sql/0004 notify only while some reactor holds (or is queued for)
 advisory keys in exclusive mode; a writer that finds its key free takes it in shared mode for
 the rest of its transaction and sends nothing. Sending NOTIFY serialises committing writers
 (a cluster-wide lock held through the commit's WAL flush), so under load the reactor keeps the
-bell silent and polls; when the table goes quiet it arms the bell and sleeps.
-
-This class decides; `reactor.listener.Listener` runs the SQL (the keys are held by the LISTEN
-session, so a lost listener connection also releases them). Modes:
+bell silent and polls; when the table goes quiet it arms the bell and sleeps. Modes:
 
 - adaptive (default): after a wake-up, drain, then poll again every `POLL_PAUSE_SECONDS`
   while rows keep coming. After `QUIET_DRAINS` empty drains in a row, arm: take every key
@@ -29,16 +26,27 @@ and drains after arming. A reactor that finds the keys held by another reactor o
 and tries again every `RECHECK_SECONDS`, which bounds the extra delay if that reactor dies
 silently while armed; any notification sends it back to polling, because the holder releases
 the keys when it has drained.
+
+This module only decides: `Doorbell` runs no SQL, records no metric and reads no clock. Its
+methods take what happened (and the monotonic time `now`) and say what to do; the loop
+(`reactor.loop`) does it on the LISTEN connection (`reactor.listener.Listener` takes and
+releases the keys, in the LISTEN session, so a lost listener connection releases them too)
+and reports back:
+
+    should_arm(now)              take the keys now? then report arm_result(outcome, now),
+                                 which says DRAIN (every type, now) after ARMED
+    wait_seconds(now)            how long the loop may wait (None: until a notification)
+    rung(routed)                 a notification arrived
+    should_poll()                after the wait, with nothing else to do: drain every type?
+    drained(claimed, ...)        a drain ended; says RELEASE when the keys must go back now
+    lost()                       the LISTEN connection (and the keys with it) is gone
+
+`arm_outcome()` reads the outcome of a failed arm from who holds the keys.
 """
 
 from __future__ import annotations
 
 import enum
-import logging
-from typing import Protocol
-
-from reactor.metrics import Metrics
-from reactor.settings import DoorbellMode
 
 __all__ = [
     "ARM_BACKOFF_MAX_SECONDS",
@@ -47,13 +55,12 @@ __all__ = [
     "POLL_PAUSE_SECONDS",
     "QUIET_DRAINS",
     "RECHECK_SECONDS",
+    "Action",
     "ArmOutcome",
     "Doorbell",
     "DoorbellMode",
-    "DoorbellSession",
+    "arm_outcome",
 ]
-
-logger = logging.getLogger(__name__)
 
 #: Pause between polls while rows keep coming (adaptive and plain-but-not-armed).
 POLL_PAUSE_SECONDS = 0.001
@@ -69,6 +76,14 @@ ARM_BACKOFF_MAX_SECONDS = 1.0
 BUSY_POLL_PAUSE_MAX_SECONDS = 0.01
 
 
+class DoorbellMode(str, enum.Enum):
+    """How the reactor gets woken up (`--doorbell`)."""
+
+    ADAPTIVE = "adaptive"
+    PLAIN = "plain"
+    POLL_ONLY = "poll-only"
+
+
 class ArmOutcome(str, enum.Enum):
     #: This session holds the lock: writers notify from now on.
     ARMED = "armed"
@@ -78,51 +93,63 @@ class ArmOutcome(str, enum.Enum):
     BUSY = "busy"
 
 
-class DoorbellSession(Protocol):
-    """The lock operations, run on the LISTEN connection."""
+class Action(enum.Enum):
+    """What the loop must do after reporting to the doorbell."""
 
-    def lock_doorbell(self) -> ArmOutcome: ...
+    #: Nothing beyond what it was doing.
+    NOTHING = "nothing"
+    #: Drain every type now: the keys were just taken, so every writer that skipped NOTIFY
+    #: has ended and its rows are visible.
+    DRAIN = "drain"
+    #: Give the keys back now (writers skip NOTIFY again).
+    RELEASE = "release"
 
-    def unlock_doorbell(self) -> None: ...
+
+def arm_outcome(held_here: int, held_elsewhere: bool, stripes: int) -> ArmOutcome:
+    """The outcome of an arm whose lock request timed out, from who holds the keys now:
+    `held_here` keys of `stripes` by this session, any by another session. (The timeout can
+    fire just as the last key is granted: then this session holds them all.)"""
+    if held_here == stripes:
+        return ArmOutcome.ARMED
+    return ArmOutcome.HELD_ELSEWHERE if held_elsewhere else ArmOutcome.BUSY
 
 
 class Doorbell:
-    """The state of one reactor's doorbell: armed, polling, or listening while another is armed.
-
-    `session` is None only in poll-only mode. The lock calls raise `DatabaseError` when the
-    listener connection fails; the caller reconnects and calls `lost()`.
-    """
+    """The state of one reactor's doorbell: armed, polling, or listening while another is armed."""
 
     def __init__(
-        self,
-        mode: DoorbellMode,
-        session: DoorbellSession | None,
-        metrics: Metrics,
-        *,
-        poll_interval_seconds: float = POLL_PAUSE_SECONDS,
+        self, mode: DoorbellMode, *, poll_interval_seconds: float = POLL_PAUSE_SECONDS
     ) -> None:
-        if (session is None) != (mode is DoorbellMode.POLL_ONLY):
-            raise ValueError("a LISTEN session is needed by every mode but poll-only")
         self.mode = mode
-        self._session = session
-        self._metrics = metrics
         self._pause = (
             poll_interval_seconds if mode is DoorbellMode.POLL_ONLY else POLL_PAUSE_SECONDS
         )
+        #: This reactor holds the keys (writers notify).
         self.armed = False
+        #: The loop drains every type when nothing else woke it (`should_poll`).
         self.polling = True
-        self._empty = 0
-        self._recheck_at: float | None = None
+        self._empty = 0  # empty drains in a row
+        self._recheck_at: float | None = None  # the keys are held elsewhere: try again then
         self._release_after_drain = False
         self._busy = 0  # failed arms in a row
         self._arm_after = 0.0
-        self._last_full_drain: float | None = None  # monotonic start of the last one
-        metrics.doorbell_armed.set(0)
+        self._last_full_drain: float | None = None  # start of the last drain of every type
 
     # -- what the loop asks --------------------------------------------------------------------
 
-    def timeout(self, now: float) -> float | None:
-        """How long the loop may wait before the doorbell needs it again (None: indefinitely)."""
+    def should_arm(self, now: float) -> bool:
+        """Whether to take the keys now (then report the outcome to `arm_result`)."""
+        if self.armed or self.mode is DoorbellMode.POLL_ONLY:
+            return False
+        if self._recheck_at is not None:
+            return now >= self._recheck_at
+        if now < self._arm_after:
+            return False
+        return self.mode is DoorbellMode.PLAIN or self._empty >= QUIET_DRAINS
+
+    def wait_seconds(self, now: float) -> float | None:
+        """How long the loop may wait before the doorbell needs it again (None: until a
+        notification)."""
         if self.mode is DoorbellMode.POLL_ONLY:
             if self._last_full_drain is None:
                 return 0.0
@@ -136,41 +163,34 @@ class Doorbell:
         return None
 
     def should_poll(self) -> bool:
+        """Whether a wait that ended with nothing else to do calls for a drain of every type."""
         return self.polling
-
-    def should_arm(self, now: float) -> bool:
-        if self.armed or self.mode is DoorbellMode.POLL_ONLY:
-            return False
-        if self._recheck_at is not None:
-            return now >= self._recheck_at
-        if now < self._arm_after:
-            return False
-        return self.mode is DoorbellMode.PLAIN or self._empty >= QUIET_DRAINS
 
     # -- what the loop reports -------------------------------------------------------------------
 
-    def drained(self, claimed: int, *, started: float, every_type: bool) -> None:
-        """A drain (of any kind) that started at monotonic time `started` claimed `claimed`
-        rows; `every_type`: it covered every routed type (not only notified ones)."""
-        if every_type:
-            self._last_full_drain = started
-        if self._release_after_drain and claimed == 0 and self.armed:
-            # The hint found nothing (another reactor took the rows, or a stray NOTIFY): no
-            # load to spare writers from, so stay armed rather than poll and re-arm.
-            self._release_after_drain = False
+    def arm_result(self, outcome: ArmOutcome, now: float) -> Action:
+        """An arm attempt that started at `now` ended with `outcome`. Returns DRAIN after
+        ARMED, else NOTHING."""
+        self._empty = 0
+        if outcome is ArmOutcome.BUSY:
+            self._busy += 1
+            self._arm_after = now + min(
+                ARM_BACKOFF_MAX_SECONDS, ARM_BACKOFF_SECONDS * 2 ** (self._busy - 1)
+            )
+        else:
+            self._busy = 0
+        if outcome is ArmOutcome.ARMED:
+            self.armed = True
             self.polling = False
-            return
-        if claimed:
-            self._busy = 0  # rows are coming: poll at full speed
-        # Rows are coming (rung, found right after arming, or by a timer or sweep): stop
-        # ringing and poll.
-        if self._release_after_drain or (
-            claimed and self.armed and self.mode is DoorbellMode.ADAPTIVE
-        ):
-            self._release_after_drain = False
-            self._disarm()
+            self._recheck_at = None
+            return Action.DRAIN
+        if outcome is ArmOutcome.HELD_ELSEWHERE:
+            self.polling = False
+            self._recheck_at = now + RECHECK_SECONDS
+        else:
             self.polling = True
-        self._empty = self._empty + 1 if claimed == 0 else 0
+            self._recheck_at = None
+        return Action.NOTHING
 
     def rung(self, routed: bool) -> None:
         """A notification arrived (`routed`: it names a type this reactor dispatches)."""
@@ -188,36 +208,35 @@ class Doorbell:
             self.polling = True
             self._empty = 0
 
-    def arm(self, now: float) -> ArmOutcome:
-        """Try to take the lock; the caller drains after ARMED (the rows of writers that
-        skipped NOTIFY are committed now)."""
-        assert self._session is not None
-        outcome = self._session.lock_doorbell()
-        self._metrics.doorbell_arms.labels(outcome.value).inc()
-        self._empty = 0
-        if outcome is ArmOutcome.BUSY:
-            self._busy += 1
-            self._arm_after = now + min(
-                ARM_BACKOFF_MAX_SECONDS, ARM_BACKOFF_SECONDS * 2 ** (self._busy - 1)
-            )
-        else:
-            self._busy = 0
-        if outcome is ArmOutcome.ARMED:
-            self.armed = True
+    def drained(self, claimed: int, *, started: float, every_type: bool) -> Action:
+        """A drain (of any kind) that started at `started` claimed `claimed` rows;
+        `every_type`: it covered every routed type (not only notified ones). Returns RELEASE
+        when the keys must go back now (this reactor is no longer armed), else NOTHING."""
+        if every_type:
+            self._last_full_drain = started
+        if self._release_after_drain and claimed == 0 and self.armed:
+            # The hint found nothing (another reactor took the rows, or a stray NOTIFY): no
+            # load to spare writers from, so stay armed rather than poll and re-arm.
+            self._release_after_drain = False
             self.polling = False
-            self._recheck_at = None
-            self._metrics.doorbell_armed.set(1)
-        elif outcome is ArmOutcome.HELD_ELSEWHERE:
-            self.polling = False
-            self._recheck_at = now + RECHECK_SECONDS
-        else:
+            return Action.NOTHING
+        if claimed:
+            self._busy = 0  # rows are coming: poll at full speed
+        action = Action.NOTHING
+        # Rows are coming (rung, found right after arming, or by a timer or sweep): stop
+        # ringing and poll.
+        if self._release_after_drain or (
+            claimed and self.armed and self.mode is DoorbellMode.ADAPTIVE
+        ):
+            self._release_after_drain = False
+            self.armed = False
             self.polling = True
-            self._recheck_at = None
-        logger.debug("doorbell_arm outcome=%s", outcome.value)
-        return outcome
+            action = Action.RELEASE
+        self._empty = self._empty + 1 if claimed == 0 else 0
+        return action
 
     def lost(self) -> None:
-        """The LISTEN connection was lost (and the lock with its session): poll, re-arm later."""
+        """The LISTEN connection was lost (and the keys with its session): poll, re-arm later."""
         self.armed = False
         self.polling = True
         self._empty = 0
@@ -225,11 +244,3 @@ class Doorbell:
         self._release_after_drain = False
         self._busy = 0
         self._arm_after = 0.0
-        self._metrics.doorbell_armed.set(0)
-
-    def _disarm(self) -> None:
-        assert self._session is not None
-        self.armed = False
-        self._metrics.doorbell_armed.set(0)
-        self._session.unlock_doorbell()
-        logger.debug("doorbell_disarmed")

@@ -7,16 +7,20 @@ those commands (built on a pipeline that is never sent) only if none of the batc
 exists, and otherwise writes nothing; a script runs atomically, like MULTI/EXEC, and the claim
 is still open, so the round trip saved is taken off the dispatch latency. A larger batch, the
 throughput-bound case, is checked with one `EXISTS` and sent as MULTI/EXEC, which runs the
-commands natively (replaying them in Lua costs up to 7 % more a job). Either way Redis takes
-the whole batch or nothing of it.
+commands natively (replaying them in Lua costs more a job; figures in bench/README.md).
+Either way Redis takes the whole batch or nothing of it.
 
 When some job of the batch exists (rare), each job's status decides: a job that is alive
 (queued, started, scheduled, deferred) was enqueued by an earlier claim whose COMMIT was lost,
 and is not enqueued again (RQ would overwrite it and run it twice). A job left over from an
 earlier life of the row (finished or failed, kept by RQ for a while, then the row was re-armed
 with its attempts reset) is deleted and replaced. The rest go out as one MULTI/EXEC pipeline.
-Statuses are read with `HGET` and leftovers deleted by key: the reactor never unpickles
-anything from Redis (a job's fields are pickles, and whoever can write to Redis writes them).
+Statuses are read with `HGET` (`reactor.rq_state`) and leftovers deleted by key: the reactor
+never unpickles anything from Redis (a job's fields are pickles, and whoever can write to
+Redis writes them).
+
+This module only writes jobs; reading what RQ holds for the sweep is `reactor.rq_state`, and
+the Redis client comes from `reactor.redis_url.connect_redis`.
 """
 
 from __future__ import annotations
@@ -36,37 +40,17 @@ from rq.queue import EnqueueData
 from rq.registry import CanceledJobRegistry, FailedJobRegistry, FinishedJobRegistry
 from rq.results import Result
 
-from reactor.errors import ConfigError, EnqueueError
-from reactor.job_errors import read_failure_texts
+from reactor.errors import EnqueueError
 from reactor.jobs import ENTRY_POINT, JobRef
-from reactor.redact import ambiguous_userinfo, redact
-from reactor.redis_url import client_for
+from reactor.redact import redact
 from reactor.routes import Route
+from reactor.rq_state import ALIVE_STATUSES, job_statuses
 from reactor.settings import FAILED_JOB_TTL_SECONDS
 
-__all__ = [
-    "ALIVE_STATUSES",
-    "FAILED",
-    "QUEUED",
-    "SCRIPT_MAX_JOBS",
-    "STARTED",
-    "EnqueueResult",
-    "Enqueuer",
-    "connect_redis",
-]
+__all__ = ["SCRIPT_MAX_JOBS", "EnqueueResult", "Enqueuer"]
 
-#: RQ status of a job a worker has taken.
-STARTED = b"started"
-#: RQ status of a job waiting in its queue.
-QUEUED = b"queued"
-#: RQ status of a job that raised (or whose work horse died) and will not run again.
-FAILED = b"failed"
-#: RQ statuses of a job that will still run or is running.
-ALIVE_STATUSES = frozenset({b"queued", b"started", b"scheduled", b"deferred", b"rate_limited"})
-
-
-#: Batches up to this size go out through the script (one round trip, 8-20 % cheaper a job at
-#: 1-8 jobs); larger ones through `EXISTS`, then MULTI/EXEC (up to 7 % cheaper a job at 500).
+#: Batches up to this size go out through the script (one round trip: cheaper for a few jobs);
+#: larger ones through `EXISTS`, then MULTI/EXEC (cheaper for a backlog's batch).
 SCRIPT_MAX_JOBS = 100
 
 #: KEYS: the batch's job keys. ARGV: the batch's commands, each as its argument count followed
@@ -86,20 +70,6 @@ while i <= #ARGV do
 end
 return 0
 """
-
-
-def connect_redis(url: str, **kwargs: Any) -> redis.Redis:
-    """A client for `url`, a plain Redis or a `redis+sentinel://` one (no I/O yet).
-
-    Raises:
-        ConfigError: the URL is malformed.
-    """
-    if ambiguous_userinfo(url):
-        raise ConfigError(
-            "bad Redis URL: the user name or password holds a raw '@', '/', '?' or '#'; "
-            "percent-encode them (e.g. '@' as %40)"
-        )
-    return client_for(url, **{"health_check_interval": 30, **kwargs})
 
 
 @dataclass(frozen=True)
@@ -128,8 +98,6 @@ class Enqueuer:
         # None: RQ's default (180 s). A timeout is a failed attempt like any exception.
         self._job_timeout = job_timeout_seconds
         self._queues: dict[str, Queue] = {}
-        # Jobs the last orphan check found `queued` in an intermediate list only.
-        self._in_limbo: set[str] = set()
         self._enqueue_if_new: Script = client.register_script(_ENQUEUE_IF_NEW)
 
     def prepare(self) -> None:
@@ -147,87 +115,6 @@ class Enqueuer:
             queue = self._queues[name] = Queue(name, connection=self._client)
         return queue
 
-    def job_statuses(self, refs: Sequence[JobRef]) -> list[bytes | None]:
-        """The RQ status of each attempt's job (None: no such job), in one round trip.
-
-        Raises:
-            EnqueueError: Redis failed.
-        """
-        try:
-            with self._client.pipeline(transaction=False) as pipe:
-                for ref in refs:
-                    pipe.hget(Job.key_for(ref.job_id), "status")
-                return list(pipe.execute())
-        except redis.RedisError as exc:
-            raise EnqueueError(
-                f"Redis status check failed: {redact(str(exc))}", rows=len(refs)
-            ) from exc
-
-    def failure_texts(self, refs: Sequence[JobRef]) -> list[str | None]:
-        """The error RQ recorded for each attempt's failed job (None: none), in one round trip,
-        read as text (nothing is unpickled).
-
-        Raises:
-            EnqueueError: Redis failed.
-        """
-        try:
-            return read_failure_texts(self._client, refs)
-        except redis.RedisError as exc:
-            raise EnqueueError(
-                f"Redis error check failed: {redact(str(exc))}", rows=len(refs)
-            ) from exc
-
-    def orphaned(self, refs: Sequence[JobRef]) -> list[bool]:
-        """For each ref: is its job `queued` yet out of its queue (a worker took it and died
-        before starting it)? A job in no list is; so is one found in RQ's intermediate list
-        (where a worker moves a job it is about to start) at this check and at the previous
-        one: a live worker starts a job within milliseconds of moving it, while RQ itself
-        clears a dead worker's intermediate list only at its maintenance, minutes later. Read
-        atomically (MULTI/EXEC), so a job moving between the lists is never missed.
-
-        Each list involved is read once, whole, and looked up in memory: the cost is the
-        lists' length plus the refs, where a search per ref (`LPOS`) cost their product, which
-        is what a long queue of long-waiting jobs made quadratic (3,000 jobs waiting in a
-        queue of 3,000: 9 M comparisons in Redis per sweep).
-
-        Raises:
-            EnqueueError: Redis failed.
-        """
-        if not refs:
-            return []
-        # Each queue's own list and RQ's intermediate list for it.
-        lists_of: dict[str, tuple[str, str]] = {}
-        for ref in refs:
-            name = self._routes[ref.type].queue
-            if name not in lists_of:
-                queue = self._queue(name)
-                lists_of[name] = (queue.key, queue.intermediate_queue_key)
-        lists = sorted({key for pair in lists_of.values() for key in pair})
-        try:
-            with self._client.pipeline(transaction=True) as pipe:
-                for ref in refs:
-                    pipe.hget(Job.key_for(ref.job_id), "status")
-                for key in lists:
-                    pipe.lrange(key, 0, -1)
-                replies = pipe.execute()
-        except redis.RedisError as exc:
-            raise EnqueueError(f"Redis queue check failed: {redact(str(exc))}") from exc
-        listed = {key: set(ids) for key, ids in zip(lists, replies[len(refs) :], strict=True)}
-        result = []
-        in_limbo: set[str] = set()
-        for ref, status in zip(refs, replies[: len(refs)], strict=True):
-            member = ref.job_id.encode()
-            queue_key, intermediate_key = lists_of[self._routes[ref.type].queue]
-            if status != QUEUED or member in listed[queue_key]:
-                result.append(False)
-            elif member in listed[intermediate_key]:
-                in_limbo.add(ref.job_id)
-                result.append(ref.job_id in self._in_limbo)
-            else:
-                result.append(True)
-        self._in_limbo = in_limbo
-        return result
-
     def enqueue(self, refs: Sequence[JobRef]) -> EnqueueResult:
         """Enqueue the jobs of `refs` that are not already alive in Redis.
 
@@ -242,7 +129,7 @@ class Enqueuer:
         try:
             if len(refs) > SCRIPT_MAX_JOBS:
                 # A backlog's batch: one `EXISTS` is a small part of its time, and MULTI/EXEC
-                # runs the commands natively (the script's replay costs up to 7 % more a job).
+                # runs the commands natively (cheaper than the script's replay).
                 written = not self._client.exists(*keys)
                 if written:
                     with self._client.pipeline(transaction=True) as pipe:
@@ -265,7 +152,7 @@ class Enqueuer:
 
     def _enqueue_fresh(self, refs: Sequence[JobRef]) -> EnqueueResult:
         """Some job of the batch exists: enqueue only the attempts whose job is not alive."""
-        statuses = self.job_statuses(refs)
+        statuses = job_statuses(self._client, refs)
         fresh = [
             ref for ref, status in zip(refs, statuses, strict=True) if status not in ALIVE_STATUSES
         ]

@@ -2,8 +2,7 @@
 
 Library errors (psycopg, redis-py, rq) are translated into these at the boundary where they
 happen, once; callers above that boundary only ever see a `ReactorError`. Each class carries
-the process exit code the CLI uses for it: 2 for usage and configuration errors, 1 for
-runtime errors.
+the process exit code the CLI uses for it (2 for usage/configuration, 1 for runtime).
 """
 
 from __future__ import annotations

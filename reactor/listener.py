@@ -8,8 +8,9 @@ connection is probed with `SELECT 1` every `LIVENESS_SECONDS`, and TCP keepalive
 caller reconnects, and must LISTEN again (a new session listens to nothing) and then drain,
 because notifications sent while it was gone are lost for good.
 
-The same session holds the doorbell lock (see `reactor.doorbell`), so the lock never outlives
-the connection that hears the notifications it asks for.
+The same session takes and releases the doorbell keys when the loop says so (what they mean
+and when to take them: `reactor.doorbell`), so the keys never outlive the connection that
+hears the notifications they ask for.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import psycopg
 
 from reactor import queries
 from reactor.db import Connection, connect, describe_error
-from reactor.doorbell import ArmOutcome
+from reactor.doorbell import ArmOutcome, arm_outcome
 from reactor.errors import DatabaseError
 
 __all__ = ["ARM_LOCK_TIMEOUT_MS", "CHANNEL", "LIVENESS_SECONDS", "Listener"]
@@ -77,7 +78,7 @@ class Listener:
 
     def lock_doorbell(self) -> ArmOutcome:
         """Take every doorbell key in exclusive mode, waiting at most `ARM_LOCK_TIMEOUT_MS`
-        for each; on failure hold none of them.
+        for each; unless the outcome is ARMED, hold none of them.
 
         Raises:
             DatabaseError: the connection failed; it is closed (which releases the keys too).
@@ -93,19 +94,19 @@ class Listener:
                 return ArmOutcome.ARMED
             except psycopg.errors.LockNotAvailable:
                 pass
-            # The timeout can fire just as the last key is granted: then we hold them all
-            # although the call failed. Ask the server.
-            holders = conn.execute(queries.DOORBELL_HOLDERS).fetchone()
-            mine, other, stripes = holders or (0, False, 1)
-            if mine == stripes:
-                return ArmOutcome.ARMED
-            conn.execute(queries.DOORBELL_RELEASE)  # a partial arm: give back what we got
+            # Timed out: who holds the keys now decides the outcome.
+            held_here, held_elsewhere, stripes = conn.execute(
+                queries.DOORBELL_HOLDERS
+            ).fetchone() or (0, False, 1)
+            outcome = arm_outcome(held_here, held_elsewhere, stripes)
+            if outcome is not ArmOutcome.ARMED:
+                conn.execute(queries.DOORBELL_RELEASE)  # a partial arm: give back what we got
         except psycopg.Error as exc:
             self.close()
             raise DatabaseError(f"listener connection lost: {describe_error(exc)}") from exc
         finally:
             self._last_traffic = time.monotonic()
-        return ArmOutcome.HELD_ELSEWHERE if other else ArmOutcome.BUSY
+        return outcome
 
     def unlock_doorbell(self) -> None:
         """Release the doorbell lock.

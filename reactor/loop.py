@@ -1,15 +1,30 @@
 """The reactor process: wait for a reason to work, then drain; survive every failure.
 
-Loop: wait for the first of {a notification, the next poll while the doorbell is not armed
-(see `reactor.doorbell`), the next sweep (interval ± 10 % jitter), the earliest future
-`next_retry_at` of a routed type, a stop request}; then drain what it calls for.
+`Reactor.run()` repeats `Reactor.turn()` until a stop is requested. One turn:
+1. takes the doorbell keys if the doorbell says so (`reactor.doorbell`; once armed, every
+   writer that skipped NOTIFY has ended, so the turn drains every type);
+2. waits for the first of {a notification, the next poll while the doorbell is not armed, the
+   next sweep (interval ± 10 % jitter), the earliest future `next_retry_at` of a routed type,
+   the end of the short gap after a hinted drain found nothing, a stop request};
+3. does the first of: a sweep, if it is due; a drain of every type (at start, after a
+   reconnect or an arm, after a drain cut by its time slice, or a row became due); a drain of
+   the notified types; a poll (a drain of every type, while the doorbell is not armed);
+4. tells the doorbell how many rows the drain claimed, and gives the keys back if it says so;
+and returns a `Turn`, which says what it did.
+
 Notifications are read *before* draining, so a row committed during a drain sends a
 notification that is still unread when the drain ends and causes one more drain: no lost
 wake-up. On start and on every reconnect the listener LISTENs first and the reactor drains
 at once, catching up on whatever was committed while nobody listened; it then polls until
-the table is quiet and arms the doorbell again (a lost connection released it). When either
-connection fails, both are reopened in one round (after a primary failover both point at
-the old server), on a server that takes writes (see `reactor.db`).
+the table is quiet and arms the doorbell again (a lost connection released it).
+
+Connections: the reactor opens and owns both. The listener's session (LISTEN, the doorbell
+keys) is `reactor.listener.Listener`. The work connection is handed to the `Dispatcher`
+(claims, re-dispatches) and the `Sweeper` (the sweep's reads) and replaced in both after a
+reconnect. When either connection fails, both are reopened in one round (after a primary
+failover both point at the old server), on a server that takes writes (see `reactor.db`).
+The loop's timer query (`queries.NEXT_DUE_IN`, when the next row becomes due) runs here, on
+the work connection: it serves only the loop's wait, so it lives with the wait.
 
 With retention on (`--prune-done-after`), a `reactor.retention.Pruner` thread deletes old
 finished rows on a connection of its own, outside this loop.
@@ -22,41 +37,45 @@ with exponential backoff and jitter, forever; Redis failures roll the batch back
 
 from __future__ import annotations
 
+import enum
 import logging
 import random
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from http.server import ThreadingHTTPServer
 
+import psycopg
 import redis
 import tenacity
 from redis.sentinel import MasterNotFoundError
 
-from reactor import db
+from reactor import db, queries
 from reactor.dispatch import Dispatcher, DrainResult
-from reactor.doorbell import ArmOutcome, Doorbell
-from reactor.enqueue import Enqueuer, connect_redis
+from reactor.doorbell import Action, ArmOutcome, Doorbell
+from reactor.enqueue import Enqueuer
 from reactor.errors import ConfigError, DatabaseError, EnqueueError, StatementError
 from reactor.listener import Listener
 from reactor.metrics import HealthCheck, Metrics, serve
 from reactor.redact import redact
-from reactor.redis_url import describe_master_not_found
+from reactor.redis_url import connect_redis, describe_master_not_found
 from reactor.registry import NO_ROUTE_HINT, RouteRegistration, load_routes
 from reactor.retention import Pruner
 from reactor.routes import Route, format_route
+from reactor.rq_state import RqState
 from reactor.settings import ReactorSettings
 from reactor.signals import Stopper
 from reactor.sweep import Sweeper, SweepResult
 from reactor.throttle import LogThrottle
 
-__all__ = ["Reactor"]
+__all__ = ["Reactor", "Turn", "Work"]
 
 logger = logging.getLogger(__name__)
 
 #: Backoff between reconnects and between retries of a drain that Redis refused.
 BACKOFF_MULTIPLIER_SECONDS = 0.1
 BACKOFF_MAX_SECONDS = 10.0
-#: Pause after a failed loop iteration before reconnecting.
+#: Pause after a failed turn before reconnecting.
 ERROR_PAUSE_SECONDS = 0.2
 #: A drain returns to the loop after this long even if rows keep coming (and the loop drains
 #: again at once), so that sweeps, rescues, timers and stop requests are never starved.
@@ -65,7 +84,7 @@ DRAIN_SLICE_SECONDS = 1.0
 #: later (a row's notification waits at most this long, and only during a flood of hints).
 HINT_DRAIN_GAP_SECONDS = 0.01
 #: Look up the next due time before any wait that may last longer than this (not before
-#: every 2 ms poll: a poll finds rows that became due anyway).
+#: every 1 ms poll: a poll finds rows that became due anyway).
 NEXT_DUE_LOOKUP_SECONDS = 0.05
 
 
@@ -74,8 +93,45 @@ def _jittered(seconds: float) -> float:
     return seconds * random.uniform(0.9, 1.1)
 
 
+class Work(str, enum.Enum):
+    """The work a turn did after its wait."""
+
+    #: A sweep round (it drains every type first).
+    SWEEP = "sweep"
+    #: A drain of every type: at start, after a reconnect or an arm, after a drain cut by its
+    #: time slice, or because a row became due.
+    DRAIN = "drain"
+    #: A drain of the notified types.
+    HINTS = "hints"
+    #: A drain of every type because the doorbell is not armed.
+    POLL = "poll"
+
+
+@dataclass(frozen=True)
+class Turn:
+    """What one turn of the loop did (`Reactor.turn()`)."""
+
+    #: Seconds spent waiting for a reason to work.
+    waited: float
+    #: Notifications read during the wait.
+    notifications: int = 0
+    #: The outcome of the arm attempt made before the wait, if one was made.
+    arm: ArmOutcome | None = None
+    #: The work done after the wait (None: none, because of a stop or nothing was due).
+    work: Work | None = None
+    #: The types drained (every routed type, but for HINTS).
+    drained: tuple[str, ...] = ()
+    #: Rows claimed (by the sweep's drain too).
+    claimed: int = 0
+    #: The sweep round's result (SWEEP only).
+    sweep: SweepResult | None = None
+    #: The doorbell keys were given back after the drain.
+    released: bool = False
+
+
 class Reactor:
-    """`reactor run`: owns the listener, the work connection, the dispatcher and the sweeper."""
+    """`reactor run`: owns the connections, and hands the work one to the dispatcher and the
+    sweeper."""
 
     def __init__(
         self,
@@ -87,85 +143,41 @@ class Reactor:
         self.settings = settings
         self.stopper = stopper or Stopper()
         #: The routes this reactor dispatches with: the ones it was given, else (filled in by
-        #: `start()`) the ones recorded in the database. The enqueuer shares this mapping.
+        #: `start()`) the ones recorded in the database. The enqueuer, the RQ reader, the
+        #: dispatcher and the sweeper share this mapping.
         self.routes: dict[str, Route] = dict(settings.routes)
-        self._types = list(self.routes)
+        self._types = tuple(self.routes)
         self._registration: RouteRegistration | None = None
         self._redis = connect_redis(settings.redis_url)
         self._enqueuer = Enqueuer(
             self._redis, self.routes, job_timeout_seconds=settings.job_timeout_seconds
         )
+        self._rq_state = RqState(self._redis, self.routes)
         self._listener = Listener(settings.database_url) if settings.listen else None
+        # Made by `start()`, once the routes are known.
+        self._work: db.Connection | None = None
         self._dispatcher: Dispatcher | None = None
         self._sweeper: Sweeper | None = None
         self._before_commit = before_commit
         self._warned_unknown: set[str] = set()
         self._ignored_log = LogThrottle(burst=10, interval_seconds=60.0)
-        self._hinted: set[str] = set()  # notified types waiting for the gap to end
-        self._hints_due = 0.0
         self.metrics = Metrics()
         self._bell = Doorbell(
-            settings.doorbell,
-            self._listener,
-            self.metrics,
-            poll_interval_seconds=settings.poll_interval_seconds,
+            settings.doorbell, poll_interval_seconds=settings.poll_interval_seconds
         )
         interval = settings.sweep_interval_seconds
         self.health = HealthCheck(settings.listen, max(2 * interval, interval + 10))
         self._http: ThreadingHTTPServer | None = None
         self._pruner: Pruner | None = None
+        # The loop's state between turns.
+        self._next_sweep = 0.0  # set by `start()`
+        self._next_due: float | None = None  # when the next row becomes due (monotonic)
+        self._due_known = False  # _next_due was looked up after the last drain
+        self._backlog = True  # drain every type at the next turn
+        self._hinted: set[str] = set()  # notified types waiting for the gap to end
+        self._hints_due = 0.0
 
-    # -- connections -------------------------------------------------------------------------
-
-    def _open_work_connection(self, conn: db.Connection | None = None) -> None:
-        if conn is None:
-            conn = db.connect(self.settings.database_url, purpose="work")
-            if self._registration is not None:
-                # The routes' liveness lock went with the old session: hold it again.
-                try:
-                    self._registration.register(conn)
-                except BaseException:
-                    conn.close()
-                    raise
-        if self._dispatcher is not None:
-            self._dispatcher.conn.close()
-            self._dispatcher.conn = conn
-            return
-        self._dispatcher = Dispatcher(
-            conn,
-            self._enqueuer,
-            self.routes,
-            batch_size=self.settings.batch_size,
-            before_commit=self._before_commit,
-            metrics=self.metrics,
-            database_url=self.settings.database_url,
-        )
-        quarantined = self._dispatcher.quarantined
-        self.health.failing_types = lambda: [(t, q.error) for t, q in list(quarantined.items())]
-        self._sweeper = Sweeper(
-            self._dispatcher,
-            self._enqueuer,
-            self.routes,
-            batch_size=self.settings.batch_size,
-            stale_after_seconds=self.settings.stale_after_seconds,
-        )
-
-    def _drop_connections(self) -> None:
-        if self._listener is not None:
-            self._listener.close()
-        if self._dispatcher is not None:
-            self._dispatcher.close()
-            self._dispatcher.conn.close()
-
-    def _work_connection_ok(self) -> bool:
-        d = self._dispatcher
-        return d is not None and not d.conn.closed and not d.conn.broken
-
-    def _listener_ok(self) -> bool:
-        connected = self._listener is not None and self._listener.connected
-        self.metrics.listener_connected.set(1 if connected else 0)
-        self.health.listener_connected = connected
-        return self._listener is None or connected
+    # -- start-up ----------------------------------------------------------------------------
 
     def start(self) -> None:
         """Connect everything once, failing fast.
@@ -183,7 +195,7 @@ class Reactor:
             except BaseException:
                 conn.close()
                 raise
-            self._open_work_connection(conn)
+            self._make_dispatcher_and_sweeper(conn)
             if self._listener is not None:
                 self._listener.connect()
         except DatabaseError as exc:
@@ -224,26 +236,107 @@ class Reactor:
             )
             self._pruner.start()
         self._listener_ok()
+        self._next_sweep = time.monotonic() + _jittered(self.settings.sweep_interval_seconds)
 
     def _register_routes(self, conn: db.Connection) -> None:
         if not self.routes:
             self.routes.update(load_routes(conn))
         if not self.routes:
             raise ConfigError(NO_ROUTE_HINT)
-        self._types = list(self.routes)
+        self._types = tuple(self.routes)
         self._registration = RouteRegistration(self.routes)
         self._registration.register(conn)
 
+    def _make_dispatcher_and_sweeper(self, conn: db.Connection) -> None:
+        """Make the dispatcher and the sweeper, on the first work connection `conn`."""
+        self._work = conn
+        self._dispatcher = Dispatcher(
+            conn,
+            self._enqueuer,
+            self.routes,
+            batch_size=self.settings.batch_size,
+            before_commit=self._before_commit,
+            metrics=self.metrics,
+            database_url=self.settings.database_url,
+        )
+        quarantined = self._dispatcher.quarantined
+        self.health.failing_types = lambda: [(t, q.error) for t, q in list(quarantined.items())]
+        self._sweeper = Sweeper(
+            conn,
+            self._dispatcher,
+            self._rq_state,
+            self.routes,
+            batch_size=self.settings.batch_size,
+            stale_after_seconds=self.settings.stale_after_seconds,
+            metrics=self.metrics,
+        )
+
+    # -- connections -------------------------------------------------------------------------
+
+    def _connections_ok(self) -> bool:
+        return self._work_connection_ok() and self._listener_ok()
+
+    def _work_connection_ok(self) -> bool:
+        conn = self._work
+        return conn is not None and not conn.closed and not conn.broken
+
+    def _listener_ok(self) -> bool:
+        connected = self._listener is not None and self._listener.connected
+        self.metrics.listener_connected.set(1 if connected else 0)
+        self.health.listener_connected = connected
+        return self._listener is None or connected
+
+    def _drop_connections(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
+        if self._dispatcher is not None:
+            self._dispatcher.close()
+        if self._work is not None:
+            self._work.close()
+
     def _reconnect(self) -> None:
+        """Reopen both connections in one round (see the module docstring), retrying with
+        backoff until they are up or a stop is requested; then the doorbell starts over and
+        the next turn drains every type.
+
+        Raises:
+            DatabaseError: a stop was requested before the connections were up.
+            ConfigError: a reactor that started meanwhile routes one of our types differently.
+        """
+        self._drop_connections()
+
         def connect_missing() -> None:
             if not self._work_connection_ok():
-                self._open_work_connection()
+                self._replace_work_connection(self._connect_work())
             if self._listener is not None and not self._listener.connected:
                 self._listener.connect()
 
         self._retrying(DatabaseError, "reconnect")(connect_missing)
         self._listener_ok()
         logger.info("reconnected")
+        self._bell.lost()
+        self.metrics.doorbell_armed.set(0)
+        self._backlog = True
+
+    def _connect_work(self) -> db.Connection:
+        conn = db.connect(self.settings.database_url, purpose="work")
+        if self._registration is not None:
+            # The routes' liveness lock went with the old session: hold it again.
+            try:
+                self._registration.register(conn)
+            except BaseException:
+                conn.close()
+                raise
+        return conn
+
+    def _replace_work_connection(self, conn: db.Connection) -> None:
+        """Hand `conn` to the dispatcher and the sweeper, and close the connection it replaces."""
+        assert self._dispatcher is not None and self._sweeper is not None
+        old, self._work = self._work, conn
+        self._dispatcher.replace_connection(conn)
+        self._sweeper.replace_connection(conn)
+        if old is not None:
+            old.close()
 
     def _backoff_sleep(self, seconds: float) -> None:
         self.stopper.sleep(seconds)
@@ -273,44 +366,171 @@ class Reactor:
 
     # -- the loop ----------------------------------------------------------------------------
 
-    def _drain(self, types: Iterable[str]) -> DrainResult:
-        """Drain `types` for up to one slice, retrying while Redis refuses."""
-        assert self._dispatcher is not None
-        dispatcher = self._dispatcher
-        wanted = list(types)
-        should_stop = self._should_stop
+    def run(self) -> None:
+        """Run until a stop is requested. `start()` must have succeeded.
+
+        Raises:
+            ConfigError: after a reconnect, a reactor that started meanwhile routes one of our
+                types differently (this one stops rather than dispatch against it).
+        """
+        logger.info(
+            "reactor_started routes=%s doorbell=%s batch_size=%d sweep_interval=%.1fs",
+            ",".join(format_route(r) for r in self.routes.values()),
+            self.settings.doorbell.value,
+            self.settings.batch_size,
+            self.settings.sweep_interval_seconds,
+        )
         try:
-            # Called directly first: a tenacity loop costs ~25 µs per call, and a polling
-            # reactor drains up to a thousand times a second.
-            return dispatcher.drain(wanted, should_stop, DRAIN_SLICE_SECONDS)
-        except EnqueueError:
-            if self.stopper.requested:
-                raise
-        # Redis refused the batch (it was rolled back): retry with backoff, logging each try.
-        return self._retrying(EnqueueError, "drain")(
-            dispatcher.drain, wanted, should_stop, DRAIN_SLICE_SECONDS
+            self._run()
+        finally:
+            self.close()
+        logger.info("reactor_stopped")
+
+    def _run(self) -> None:
+        while not self.stopper.requested:
+            try:
+                if not self._connections_ok():
+                    self._reconnect()
+                self.turn()
+            except DatabaseError as exc:
+                if self.stopper.requested:
+                    break
+                if db.is_connection_failure(exc) or not self._connections_ok():
+                    # Reopen both in one round: after a failover the other connection is
+                    # on the old primary too (gone, or read-only), just not noticed yet.
+                    self._drop_connections()
+                self._listener_ok()
+                self.health.failed(str(exc))
+                pause = ERROR_PAUSE_SECONDS
+                if isinstance(exc, StatementError):
+                    # Not a lost connection: the same statement would fail again at once.
+                    logger.error("loop_failed error=%s", exc)
+                    pause = min(BACKOFF_MAX_SECONDS, pause * 2 ** min(self.health.failures, 8))
+                else:
+                    logger.warning("connection_lost error=%s", exc)
+                # A pause, so an error that a reconnect cannot fix does not spin.
+                self.stopper.sleep(_jittered(pause))
+            except EnqueueError:
+                # Only reached when a stop interrupted the retries.
+                break
+
+    def turn(self) -> Turn:
+        """One turn: arm if the doorbell says so, wait for a reason to work, do that work
+        (see the module docstring). `start()` must have succeeded and the connections be up.
+
+        Raises:
+            DatabaseError: Postgres failed (the caller reconnects).
+            EnqueueError: Redis failed, and a stop was requested while the drain retried.
+        """
+        bell = self._bell
+        # 1. The doorbell first: an arm calls for a drain of every type.
+        arm: ArmOutcome | None = None
+        now = time.monotonic()
+        if not self._backlog and bell.should_arm(now):
+            arm = self._lock_doorbell()
+            if bell.arm_result(arm, now) is Action.DRAIN:
+                self._backlog = True
+            self.metrics.doorbell_armed.set(1 if bell.armed else 0)
+
+        # 2. Wait for the first reason to work.
+        now = time.monotonic()
+        bell_in = 0.0 if self._backlog else bell.wait_seconds(now)
+        if not self._due_known and (bell_in is None or bell_in > NEXT_DUE_LOOKUP_SECONDS):
+            self._next_due, self._due_known = self._next_due_at(), True
+        deadline = min(
+            t
+            for t in (
+                self._next_sweep,
+                self._next_due,
+                None if bell_in is None else now + bell_in,
+                self._hints_due if self._hinted else None,
+            )
+            if t is not None
+        )
+        waiting = time.monotonic()
+        payloads = self._wait(deadline - now)
+        waited = time.monotonic() - waiting
+        types = self._hints(self._routed(payloads))
+        if types or (payloads and not self._hinted):
+            bell.rung(routed=bool(types))
+        if self.stopper.requested:
+            return Turn(waited=waited, notifications=len(payloads), arm=arm)
+
+        # 3. The work, the first that is due.
+        now = time.monotonic()
+        sweep: SweepResult | None = None
+        result: DrainResult | SweepResult
+        if now >= self._next_sweep:
+            # Scheduled first: a sweep that fails is retried at the next interval.
+            self._next_sweep = now + _jittered(self.settings.sweep_interval_seconds)
+            work, drained = Work.SWEEP, self._types
+            result = sweep = self._sweep()
+        elif self._backlog or (self._next_due is not None and now >= self._next_due):
+            work, drained = Work.DRAIN, self._types
+            result = self._drain(drained)
+        elif types:
+            work, drained = Work.HINTS, tuple(types)
+            result = self._drain(drained)
+            if not result.claimed:
+                # Hints that find nothing (a NOTIFY flood costs us a claim each): the next
+                # ones wait a little and are drained together.
+                self._hints_due = time.monotonic() + HINT_DRAIN_GAP_SECONDS
+        elif bell.should_poll():
+            self.metrics.polls.inc()
+            work, drained = Work.POLL, self._types
+            result = self._drain(drained)
+        else:
+            return Turn(waited=waited, notifications=len(payloads), arm=arm)
+
+        # 4. Tell the doorbell.
+        released = (
+            bell.drained(result.claimed, started=now, every_type=work is not Work.HINTS)
+            is Action.RELEASE
+        )
+        if released:
+            self._unlock_doorbell()
+        self._backlog = result.more
+        self._due_known = False
+        self.health.succeeded()
+        return Turn(
+            waited=waited,
+            notifications=len(payloads),
+            arm=arm,
+            work=work,
+            drained=drained,
+            claimed=result.claimed,
+            sweep=sweep,
+            released=released,
         )
 
-    def _should_stop(self) -> bool:
-        return self.stopper.requested
+    # -- the steps of a turn -----------------------------------------------------------------
 
-    def _next_due(self) -> float | None:
-        """Monotonic time at which the earliest not-yet-due pending row becomes due."""
-        assert self._dispatcher is not None
-        due_in = self._dispatcher.seconds_until_next_due()
-        return None if due_in is None else time.monotonic() + due_in
+    def _lock_doorbell(self) -> ArmOutcome:
+        assert self._listener is not None  # poll-only reactors never arm
+        outcome = self._listener.lock_doorbell()
+        self.metrics.doorbell_arms.labels(outcome.value).inc()
+        logger.debug("doorbell_arm outcome=%s", outcome.value)
+        return outcome
 
-    def sweep_once(self) -> SweepResult:
-        """One sweep round (`reactor sweep`); `start()` must have succeeded."""
-        assert self._sweeper is not None
-        return self._sweeper.run_once(lambda: self.stopper.requested)
+    def _unlock_doorbell(self) -> None:
+        assert self._listener is not None
+        self.metrics.doorbell_armed.set(0)
+        self._listener.unlock_doorbell()
+        logger.debug("doorbell_disarmed")
 
-    def _sweep(self) -> SweepResult:
-        assert self._sweeper is not None
-        result = self._sweeper.run_once(lambda: self.stopper.requested, DRAIN_SLICE_SECONDS)
-        if self._http is not None:
-            self._sweeper.refresh_backlog_metrics()
-        return result
+    def _next_due_at(self) -> float | None:
+        """Monotonic time at which the earliest not-yet-due pending row of a routed type
+        becomes due (None: no such row)."""
+        conn = self._work
+        assert conn is not None
+        try:
+            with conn.transaction():
+                row = conn.execute(queries.NEXT_DUE_IN, {"types": list(self.routes)}).fetchone()
+        except psycopg.Error as exc:
+            raise db.translate_error(exc, "next-due query failed", conn) from exc
+        if row is None or row[0] is None:
+            return None
+        return time.monotonic() + max(0.0, float(row[0]))
 
     def _wait(self, timeout: float) -> list[str]:
         self.health.turned()
@@ -355,113 +575,40 @@ class Reactor:
         self._hinted = set()
         return types
 
-    def run(self) -> None:
-        """Run until a stop is requested. `start()` must have succeeded.
-
-        Raises:
-            ConfigError: after a reconnect, a reactor that started meanwhile routes one of our
-                types differently (this one stops rather than dispatch against it).
-        """
-        logger.info(
-            "reactor_started routes=%s doorbell=%s batch_size=%d sweep_interval=%.1fs",
-            ",".join(format_route(r) for r in self.routes.values()),
-            self.settings.doorbell.value,
-            self.settings.batch_size,
-            self.settings.sweep_interval_seconds,
-        )
+    def _drain(self, types: Iterable[str]) -> DrainResult:
+        """Drain `types` for up to one slice, retrying while Redis refuses."""
+        assert self._dispatcher is not None
+        dispatcher = self._dispatcher
+        wanted = list(types)
+        should_stop = self._should_stop
         try:
-            self._run()
-        finally:
-            self.close()
-        logger.info("reactor_stopped")
+            # Called directly first: a tenacity loop costs more than a drain that finds
+            # nothing, and a polling reactor drains up to a thousand times a second.
+            return dispatcher.drain(wanted, should_stop, DRAIN_SLICE_SECONDS)
+        except EnqueueError:
+            if self.stopper.requested:
+                raise
+        # Redis refused the batch (it was rolled back): retry with backoff, logging each try.
+        return self._retrying(EnqueueError, "drain")(
+            dispatcher.drain, wanted, should_stop, DRAIN_SLICE_SECONDS
+        )
 
-    def _run(self) -> None:
-        interval = self.settings.sweep_interval_seconds
-        bell = self._bell
-        next_sweep = time.monotonic() + _jittered(interval)
-        next_due: float | None = None
-        due_known = False  # next_due was looked up after the last drain
-        backlog = True  # drain every type at the next turn (start, reconnect, a cut drain)
-        while not self.stopper.requested:
-            try:
-                if not (self._work_connection_ok() and self._listener_ok()):
-                    self._drop_connections()  # both, in one round (see the module docstring)
-                    self._reconnect()
-                    bell.lost()
-                    backlog = True
-                now = time.monotonic()
-                if not backlog and bell.should_arm(now) and bell.arm(now) is ArmOutcome.ARMED:
-                    # Every writer that skipped NOTIFY has ended: its rows are visible now.
-                    backlog = True
-                now = time.monotonic()
-                bell_in = 0.0 if backlog else bell.timeout(now)
-                if not due_known and (bell_in is None or bell_in > NEXT_DUE_LOOKUP_SECONDS):
-                    next_due, due_known = self._next_due(), True
-                hinted_at = self._hints_due if self._hinted else None
-                deadline = min(
-                    t
-                    for t in (
-                        next_sweep,
-                        next_due,
-                        None if bell_in is None else now + bell_in,
-                        hinted_at,
-                    )
-                    if t is not None
-                )
-                payloads = self._wait(deadline - now)
-                types = self._hints(self._routed(payloads))
-                if types or (payloads and not self._hinted):
-                    bell.rung(routed=bool(types))
-                if self.stopper.requested:
-                    break
-                now = time.monotonic()
-                every_type = True
-                result: DrainResult | SweepResult
-                if now >= next_sweep:
-                    # Scheduled first: a sweep that fails is retried at the next interval.
-                    next_sweep = now + _jittered(interval)
-                    result = self._sweep()
-                elif backlog or (next_due is not None and now >= next_due):
-                    result = self._drain(self._types)
-                elif types:
-                    every_type = False
-                    result = self._drain(types)
-                    if not result.claimed:
-                        # Hints that find nothing (a NOTIFY flood costs us a claim each):
-                        # the next ones wait a little and are drained together.
-                        self._hints_due = time.monotonic() + HINT_DRAIN_GAP_SECONDS
-                elif bell.should_poll():
-                    self.metrics.polls.inc()
-                    result = self._drain(self._types)
-                else:
-                    continue
-                bell.drained(result.claimed, started=now, every_type=every_type)
-                backlog = result.more
-                due_known = False
-                self.health.succeeded()
-            except DatabaseError as exc:
-                if self.stopper.requested:
-                    break
-                if db.is_connection_failure(exc) or not (
-                    self._work_connection_ok() and self._listener_ok()
-                ):
-                    # Reopen both in one round: after a failover the other connection is
-                    # on the old primary too (gone, or read-only), just not noticed yet.
-                    self._drop_connections()
-                self._listener_ok()
-                self.health.failed(str(exc))
-                pause = ERROR_PAUSE_SECONDS
-                if isinstance(exc, StatementError):
-                    # Not a lost connection: the same statement would fail again at once.
-                    logger.error("loop_failed error=%s", exc)
-                    pause = min(BACKOFF_MAX_SECONDS, pause * 2 ** min(self.health.failures, 8))
-                else:
-                    logger.warning("connection_lost error=%s", exc)
-                # A pause, so an error that a reconnect cannot fix does not spin.
-                self.stopper.sleep(_jittered(pause))
-            except EnqueueError:
-                # Only reached when a stop interrupted the retries.
-                break
+    def _should_stop(self) -> bool:
+        return self.stopper.requested
+
+    def _sweep(self) -> SweepResult:
+        assert self._sweeper is not None
+        result = self._sweeper.run_once(self._should_stop, DRAIN_SLICE_SECONDS)
+        if self._http is not None:
+            self._sweeper.refresh_backlog_metrics()
+        return result
+
+    def sweep_once(self) -> SweepResult:
+        """One sweep round (`reactor sweep`); `start()` must have succeeded."""
+        assert self._sweeper is not None
+        return self._sweeper.run_once(self._should_stop)
+
+    # -- shutdown ----------------------------------------------------------------------------
 
     def close(self) -> None:
         if self._pruner is not None:
@@ -471,9 +618,5 @@ class Reactor:
             self._http.shutdown()
             self._http.server_close()
             self._http = None
-        if self._listener is not None:
-            self._listener.close()
-        if self._dispatcher is not None:
-            self._dispatcher.close()
-            self._dispatcher.conn.close()
+        self._drop_connections()
         self._redis.close()

@@ -2,9 +2,8 @@
 
 Values are always bound parameters; nothing here is assembled from strings. The claim and
 re-dispatch queries lock with `FOR UPDATE SKIP LOCKED` so any number of reactors can run at
-once, and they
-pick rows by `ctid = ANY(ARRAY(...))`: measured, that shape keeps its plan at every batch size
-and table shape, where `(key) IN (SELECT ...)` flips to a hash join over the whole table.
+once, and they pick rows by `ctid = ANY(ARRAY(...))`: that shape keeps its plan at every batch
+size and table shape, where `(key) IN (SELECT ...)` flips to a hash join over the whole table.
 The pending index is on (type, coalesce(next_retry_at, created_at)); each pending query filters
 on one type and orders by that expression, so it is one index range scan.
 """

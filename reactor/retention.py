@@ -23,9 +23,9 @@ from reactor import db, queries
 from reactor.db import Connection, describe_error
 from reactor.errors import DatabaseError, ReactorError
 from reactor.metrics import Metrics
+from reactor.settings import DEFAULT_PRUNE_BATCH_SIZE
 
 __all__ = [
-    "DEFAULT_PRUNE_BATCH_SIZE",
     "PRUNE_INTERVAL_SECONDS",
     "PRUNE_PAUSE_SECONDS",
     "PruneRound",
@@ -34,8 +34,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: Rows deleted per transaction.
-DEFAULT_PRUNE_BATCH_SIZE = 500
 #: Pause between two batches of one round (caps the pace at batch_size / pause rows a second).
 PRUNE_PAUSE_SECONDS = 0.5
 #: Time between rounds, once a round found nothing more to delete (or failed).

@@ -8,26 +8,25 @@ the code can trust them.
 
 from __future__ import annotations
 
-import enum
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from reactor.doorbell import DoorbellMode
 from reactor.errors import ConfigError
-from reactor.retention import DEFAULT_PRUNE_BATCH_SIZE
 from reactor.routes import Route
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
     "DEFAULT_HEARTBEAT_SECONDS",
     "DEFAULT_POLL_INTERVAL_SECONDS",
+    "DEFAULT_PRUNE_BATCH_SIZE",
     "DEFAULT_REDIS_URL",
     "DEFAULT_RETRY_BASE_SECONDS",
     "DEFAULT_RETRY_MAX_SECONDS",
     "DEFAULT_STALE_AFTER_SECONDS",
     "DEFAULT_SWEEP_INTERVAL_SECONDS",
     "FAILED_JOB_TTL_SECONDS",
-    "DoorbellMode",
     "ReactorSettings",
     "WorkerSettings",
 ]
@@ -41,17 +40,10 @@ DEFAULT_STALE_AFTER_SECONDS = 300.0
 DEFAULT_RETRY_BASE_SECONDS = 5.0
 DEFAULT_RETRY_MAX_SECONDS = 3600.0
 DEFAULT_HEARTBEAT_SECONDS = 60.0
+#: Rows the retention pruner deletes per transaction.
+DEFAULT_PRUNE_BATCH_SIZE = 500
 #: How long RQ keeps a failed job in its failed registry (the database row is the truth).
 FAILED_JOB_TTL_SECONDS = 7 * 24 * 3600
-
-
-class DoorbellMode(str, enum.Enum):
-    """How the reactor gets woken up (see `reactor.doorbell`); defined here so the worker side
-    can read settings without importing the metrics."""
-
-    ADAPTIVE = "adaptive"
-    PLAIN = "plain"
-    POLL_ONLY = "poll-only"
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,11 @@
 backlog for the gauges (routed types by name, the others under one label).
 Each step is safe with any number of reactors: every write goes through `FOR UPDATE SKIP
 LOCKED` and re-checks the row's state and attempt under the lock.
+
+Who does what: the sweep's own reads (active rows, pending types, backlog) run on the
+connection its owner hands in (`replace_connection` after a reconnect); every write goes
+through the `Dispatcher`'s named methods (`drain`, `redispatch_lost`, `redispatch_stale`), so
+claim, enqueue and COMMIT stay one unit; what RQ holds is read through `reactor.rq_state`.
 """
 
 from __future__ import annotations
@@ -30,12 +35,13 @@ from datetime import datetime
 import psycopg
 
 from reactor import queries
-from reactor.db import translate_error
+from reactor.db import Connection, translate_error
 from reactor.dispatch import BatchResult, Dispatcher
-from reactor.enqueue import ALIVE_STATUSES, FAILED, QUEUED, STARTED, Enqueuer
 from reactor.errors import EnqueueError
 from reactor.jobs import JobRef
+from reactor.metrics import Metrics
 from reactor.routes import Route
+from reactor.rq_state import ALIVE_STATUSES, FAILED, QUEUED, STARTED, RqState
 from reactor.throttle import LogThrottle
 
 __all__ = ["OTHER_TYPES_LABEL", "SweepResult", "Sweeper"]
@@ -76,31 +82,38 @@ class SweepResult:
 
 
 class Sweeper:
-    """One sweep round over a `Dispatcher`'s connection."""
+    """Runs sweep rounds: reads on `conn`, writes through `dispatcher`, RQ through `rq_state`."""
 
     def __init__(
         self,
+        conn: Connection,
         dispatcher: Dispatcher,
-        enqueuer: Enqueuer,
+        rq_state: RqState,
         routes: Mapping[str, Route],
         *,
         batch_size: int,
         stale_after_seconds: float,
+        metrics: Metrics | None = None,
     ) -> None:
+        self._conn = conn
         self._dispatcher = dispatcher
-        self._enqueuer = enqueuer
+        self._rq = rq_state
         self._routes = routes
         self._types = list(routes)
         self._batch_size = batch_size
         self._stale_after = stale_after_seconds
         self._warned_unrouted: set[str] = set()
         self._unrouted_log = LogThrottle(burst=1, interval_seconds=UNROUTED_SUMMARY_SECONDS)
-        self._metrics = dispatcher.metrics
+        self._metrics = metrics or Metrics()
+
+    def replace_connection(self, conn: Connection) -> None:
+        """Read on `conn` from now on (after a reconnect; the old one is the caller's to close)."""
+        self._conn = conn
 
     def run_once(
         self, should_stop: Callable[[], bool] = lambda: False, slice_seconds: float | None = None
     ) -> SweepResult:
-        """Run the four steps; a Redis failure in one step is counted and the others go on.
+        """Run the three steps; a Redis failure in one step is counted and the others go on.
         The drain step stops after `slice_seconds` (then `more` is set), so a backlog that
         keeps growing cannot keep the rescue step from running.
 
@@ -152,7 +165,7 @@ class Sweeper:
 
         Returns (rescued, lost, failed) row counts.
         """
-        conn = self._dispatcher.conn
+        conn = self._conn
         rescued = lost = failed = 0
         try:
             with conn.transaction():
@@ -177,7 +190,7 @@ class Sweeper:
                 if not page:
                     break
                 refs = [JobRef(t, p, a) for t, p, a, _, _ in page]
-                statuses = self._enqueuer.job_statuses(refs)
+                statuses = self._rq.job_statuses(refs)
                 gone, dead, failed_in_rq = [], [], []
                 for ref, status, (*_, stale) in zip(refs, statuses, page, strict=True):
                     if status == FAILED:
@@ -188,13 +201,13 @@ class Sweeper:
                         dead.append(ref)
                     elif status == QUEUED and stale:
                         waiting.append(ref)
-                batch = self._redispatch(gone, None, _JOB_LOST)
+                batch = self._dispatcher.redispatch_lost(gone, _JOB_LOST)
                 lost += batch.claimed
                 failed += batch.failed
                 batch = self._redispatch_failed_in_rq(failed_in_rq)
                 lost += batch.claimed
                 failed += batch.failed
-                batch = self._redispatch(
+                batch = self._dispatcher.redispatch_stale(
                     dead,
                     self._stale_after,
                     f"worker lost: no heartbeat for {self._stale_after:g} s",
@@ -207,13 +220,11 @@ class Sweeper:
                     break
             # A long wait in the queue is normal; a job queued in no queue is an orphan. Checked
             # once for the whole pass: each check reads the queues whole.
-            orphaned = self._enqueuer.orphaned(waiting)
+            orphaned = self._rq.orphaned(waiting)
             gone = [ref for ref, orphan in zip(waiting, orphaned, strict=True) if orphan]
             for start in range(0, len(gone), self._batch_size):
-                batch = self._redispatch(
-                    gone[start : start + self._batch_size],
-                    None,
-                    _JOB_LOST,
+                batch = self._dispatcher.redispatch_lost(
+                    gone[start : start + self._batch_size], _JOB_LOST
                 )
                 lost += batch.claimed
                 failed += batch.failed
@@ -223,40 +234,18 @@ class Sweeper:
             logger.warning("rows_rescued stale=%d lost=%d failed=%d", rescued, lost, failed)
         return rescued, lost, failed
 
-    def _redispatch(
-        self,
-        refs: list[JobRef],
-        stale_after: float | None,
-        why: str,
-        *,
-        error: str | None = None,
-    ) -> BatchResult:
-        if not refs:
-            return BatchResult()
-        return self._dispatcher.dispatch(
-            queries.REDISPATCH,
-            {
-                "types": [r.type for r in refs],
-                "photo_ids": [r.photo_id for r in refs],
-                "attempts": [r.attempt for r in refs],
-                "stale_after": stale_after,
-                "why": why,
-                "error": error,
-            },
-        )
-
     def _redispatch_failed_in_rq(self, refs: list[JobRef]) -> BatchResult:
         """Re-dispatch rows whose job failed in RQ without an outcome, each with RQ's error
         (one statement per distinct error: these are rare, and the errors differ)."""
         if not refs:
             return BatchResult()
         by_error: dict[str, list[JobRef]] = {}
-        for ref, text in zip(refs, self._enqueuer.failure_texts(refs), strict=True):
+        for ref, text in zip(refs, self._rq.failure_texts(refs), strict=True):
             why = f"{_JOB_FAILED_IN_RQ}: {text or 'RQ recorded no error'}"
             by_error.setdefault(why, []).append(ref)
         claimed = failed = 0
         for why, group in by_error.items():
-            batch = self._redispatch(group, None, why, error=why)
+            batch = self._dispatcher.redispatch_lost(group, why, error=why)
             claimed += batch.claimed
             failed += batch.failed
         return BatchResult(claimed=claimed, failed=failed)
@@ -264,7 +253,7 @@ class Sweeper:
     def refresh_backlog_metrics(self) -> None:
         """Set the backlog and oldest-due gauges. Counting is O(pending + active rows), so the
         loop does it after a sweep only when metrics are served, not as part of the sweep."""
-        conn = self._dispatcher.conn
+        conn = self._conn
         try:
             with conn.transaction():
                 backlog = conn.execute(queries.BACKLOG).fetchall()
@@ -286,7 +275,7 @@ class Sweeper:
             self._metrics.oldest_due_age.labels(job_type).set(age)
 
     def _unrouted_types(self) -> list[str]:
-        conn = self._dispatcher.conn
+        conn = self._conn
         try:
             with conn.transaction():
                 types = [row[0] for row in conn.execute(queries.PENDING_TYPES)]

@@ -23,10 +23,12 @@ import redis
 from rq.job import Job, JobStatus
 
 from reactor.dispatch import Dispatcher
-from reactor.enqueue import SCRIPT_MAX_JOBS, Enqueuer, connect_redis
+from reactor.enqueue import SCRIPT_MAX_JOBS, Enqueuer
 from reactor.errors import DatabaseError
 from reactor.jobs import JobRef, job_id
+from reactor.redis_url import connect_redis
 from reactor.routes import parse_routes
+from reactor.rq_state import RqState
 from tests.support.cli import run_cli
 from tests.support.doorbell import listener_pids
 from tests.support.env import Env
@@ -434,8 +436,9 @@ def test_a_job_left_in_rqs_intermediate_list_is_an_orphan_at_the_second_look(
     intermediate = "rq:queue:photo-process:intermediate"
     client.lmove("rq:queue:photo-process", intermediate, "LEFT", "RIGHT")  # limbo went first
     assert client.lrange(intermediate, 0, -1) == [limbo.job_id.encode()]
-    assert enqueuer.orphaned([limbo, waiting]) == [False, False]
-    assert enqueuer.orphaned([limbo, waiting]) == [True, False]
+    rq_state = RqState(client, ROUTES)
+    assert rq_state.orphaned([limbo, waiting]) == [False, False]
+    assert rq_state.orphaned([limbo, waiting]) == [True, False]
     # End to end: a running reactor's sweeps re-dispatch it as a new attempt.
     client.delete(intermediate, "rq:queue:photo-process")
     make_stale(conn, "stuck", 1)

@@ -1,0 +1,152 @@
+"""One turn of the reactor's loop (`Reactor.turn()`, reactor/loop.py) against real servers:
+what a turn waits for, what it does, and the `Turn` it returns.
+
+The reactor runs in this process; a watchdog requests a stop after a minute, so a turn that
+waits for something that never comes ends the test instead of hanging it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from reactor.doorbell import RECHECK_SECONDS, ArmOutcome, DoorbellMode
+from reactor.jobs import job_id
+from reactor.listener import Listener
+from reactor.loop import Reactor, Turn, Work
+from reactor.routes import parse_routes
+from reactor.settings import ReactorSettings
+from tests.support.env import Env
+
+ROUTES = parse_routes(["photo.process=reactor.demo.process_photo"])
+INSERT = "INSERT INTO photo_jobs (photo_id, type) VALUES (%s, 'photo.process')"
+WATCHDOG_SECONDS = 60.0
+
+
+@pytest.fixture
+def make_reactor(env: Env) -> Iterator[Callable[..., Reactor]]:
+    """Started reactors on this test's servers (no sweep unless asked); closed at the end."""
+    made: list[tuple[Reactor, threading.Timer]] = []
+
+    def make(**settings: Any) -> Reactor:
+        settings.setdefault("sweep_interval_seconds", 3600.0)
+        reactor = Reactor(ReactorSettings(env.database_url, env.redis_url, ROUTES, **settings))
+        reactor.start()
+        watchdog = threading.Timer(WATCHDOG_SECONDS, reactor.stopper.request)
+        watchdog.daemon = True
+        watchdog.start()
+        made.append((reactor, watchdog))
+        return reactor
+
+    yield make
+    for reactor, watchdog in made:
+        watchdog.cancel()
+        reactor.close()
+
+
+def state_of(conn: psycopg.Connection[Any], photo_id: str) -> tuple[str, int] | None:
+    row = conn.execute(
+        "SELECT state, attempts FROM photo_jobs WHERE photo_id = %s", [photo_id]
+    ).fetchone()
+    return None if row is None else (row[0], row[1])
+
+
+def queued(env: Env) -> list[str]:
+    """Job ids waiting in the photo-process queue."""
+    ids = env.redis().lrange("rq:queue:photo-process", 0, -1)
+    return [i.decode() if isinstance(i, bytes) else i for i in ids]
+
+
+def turn_until(reactor: Reactor, done: Callable[[Turn], bool], turns: int = 20) -> Turn:
+    for _ in range(turns):
+        turn = reactor.turn()
+        assert not reactor.stopper.requested, "the watchdog stopped the reactor"
+        if done(turn):
+            return turn
+    raise AssertionError(f"no such turn in {turns}")
+
+
+def test_the_first_turn_drains_every_type_and_an_armed_reactor_drains_a_row_in_one_turn(
+    env: Env, make_reactor: Callable[..., Reactor]
+) -> None:
+    conn = env.connect()
+    conn.execute(INSERT, ["before"])
+    reactor = make_reactor()
+
+    first = reactor.turn()
+    assert (first.work, first.drained, first.claimed) == (Work.DRAIN, ("photo.process",), 1)
+    assert first.waited < 1.0 and first.arm is None and not first.released
+    assert state_of(conn, "before") == ("active", 1)
+
+    # Quiet polls, then the doorbell arms, and that turn drains every type once more.
+    armed = turn_until(reactor, lambda t: t.arm is not None)
+    assert (armed.arm, armed.work, armed.claimed) == (ArmOutcome.ARMED, Work.DRAIN, 0)
+    probe = Listener(env.database_url)  # another session, to see who holds the keys
+    probe.connect()
+    try:
+        assert probe.lock_doorbell() is ArmOutcome.HELD_ELSEWHERE
+
+        conn.execute(INSERT, ["after"])  # an armed reactor: the writer notifies
+        turn = reactor.turn()
+        assert turn.notifications == 1
+        assert (turn.work, turn.drained, turn.claimed) == (Work.HINTS, ("photo.process",), 1)
+        assert turn.released, "rows are coming: the keys go back after the drain"
+        assert state_of(conn, "after") == ("active", 1)
+        assert job_id("photo.process", "after", 1) in queued(env)
+        assert probe.lock_doorbell() is ArmOutcome.ARMED  # the reactor gave them back
+    finally:
+        probe.close()
+
+
+def test_a_polling_turn_finds_a_row_of_a_writer_that_did_not_notify(
+    env: Env, make_reactor: Callable[..., Reactor]
+) -> None:
+    conn = env.connect()
+    reactor = make_reactor()
+    reactor.turn()  # the drain at start
+    conn.execute(INSERT, ["silent"])  # nobody is armed: no NOTIFY
+    turn = reactor.turn()
+    assert (turn.notifications, turn.work, turn.claimed) == (0, Work.POLL, 1)
+    assert state_of(conn, "silent") == ("active", 1)
+
+
+def test_an_idle_turn_waits_and_does_nothing_while_another_reactor_holds_the_doorbell(
+    env: Env, make_reactor: Callable[..., Reactor]
+) -> None:
+    holder = Listener(env.database_url)
+    holder.connect()
+    try:
+        assert holder.lock_doorbell() is ArmOutcome.ARMED
+        reactor = make_reactor()
+        turn = turn_until(reactor, lambda t: t.arm is not None)
+        # Nothing is due and the keys are held elsewhere: listen until the recheck.
+        assert turn.arm is ArmOutcome.HELD_ELSEWHERE
+        assert (turn.work, turn.drained, turn.claimed, turn.released) == (None, (), 0, False)
+        assert turn.notifications == 0
+        assert turn.waited == pytest.approx(RECHECK_SECONDS, abs=0.2)
+    finally:
+        holder.close()
+
+
+def test_a_sweep_turn_drains_and_rescues(env: Env, make_reactor: Callable[..., Reactor]) -> None:
+    conn = env.connect()
+    reactor = make_reactor(
+        doorbell=DoorbellMode.POLL_ONLY, poll_interval_seconds=3600.0, sweep_interval_seconds=0.5
+    )
+    assert reactor.turn().work is Work.DRAIN  # at start
+    conn.execute(INSERT, ["missed"])
+    # A row whose job vanished from Redis: the sweep re-dispatches it as attempt 2.
+    conn.execute(
+        "INSERT INTO photo_jobs (photo_id, type, state, attempts)"
+        " VALUES ('vanished', 'photo.process', 'active', 1)"
+    )
+    turn = reactor.turn()
+    assert turn.work is Work.SWEEP and turn.sweep is not None
+    assert turn.waited > 0.3, "a poll-only reactor with nothing due waits for the sweep"
+    assert (turn.sweep.claimed, turn.sweep.lost, turn.claimed) == (1, 1, 1)
+    assert state_of(conn, "missed") == ("active", 1)
+    assert state_of(conn, "vanished") == ("active", 2)
