@@ -18,6 +18,7 @@ from typing import Any
 import psycopg
 import pytest
 from rq import Queue
+from rq import Worker as RqWorker
 from rq.job import Job
 
 from reactor import submit
@@ -429,6 +430,23 @@ def test_reactor_worker_command_serves_the_routed_queues(
     assert worker.proc.wait(timeout=60) == 0, worker.output()
     assert row_of(conn, "p1")[:2] == ("done", 1)
     assert "queues=photo-process" in worker.output()
+
+
+def test_an_idle_reactor_worker_stops_on_sigterm(
+    env: Env, spawn: Callable[..., Process], kind: str
+) -> None:
+    simple = ("--simple",) if kind == "simple" else ()
+    worker = spawn("-m", "reactor", "worker", "--route", route("ok"), *simple, name="worker")
+    client = env.redis()
+    # Idle: registered, its signal handlers installed, blocked waiting for a job.
+    wait_for(
+        lambda: any(w.get_state() == "idle" for w in RqWorker.all(connection=client)),
+        timeout=30,
+        what="the worker idle in RQ's dequeue",
+    )
+    worker.proc.send_signal(signal.SIGTERM)
+    assert worker.proc.wait(timeout=20) == 0, worker.output()
+    assert "worker_restarting" not in worker.output()
 
 
 # -- start-up checks -------------------------------------------------------------------------
