@@ -30,6 +30,7 @@ that cannot be imported is reported in one line, and its attempts fail with that
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -188,6 +189,11 @@ class _Lifecycle(BaseWorker):
             except HandlerImportError as exc:
                 logger.error("handler_unavailable type=%s %s", route.type, exc)
         self._checked = True
+        # What is loaded now lives as long as the process: keep the collector from walking it
+        # again and again (a full pass over it stalls a job by tens of ms; a forked horse
+        # would also copy the pages it touches).
+        gc.collect()
+        gc.freeze()
         logger.info(
             "worker_ready class=%s queues=%s routes=%s",
             type(self).__name__,
