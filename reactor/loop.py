@@ -73,9 +73,13 @@ __all__ = ["Reactor", "Turn", "Work"]
 
 logger = logging.getLogger(__name__)
 
-#: Backoff between reconnects and between retries of a drain that Redis refused.
+#: Backoff between reconnects and between retries of a drain that Redis refused. The cap is
+#: short because dispatch resumes only at the next try after a failover: one connection
+#: attempt every 2 s per reactor costs a down server nothing.
 BACKOFF_MULTIPLIER_SECONDS = 0.1
-BACKOFF_MAX_SECONDS = 10.0
+BACKOFF_MAX_SECONDS = 2.0
+#: Cap of the pause after a statement error (the same statement would fail again at once).
+ERROR_PAUSE_MAX_SECONDS = 10.0
 #: Pause after a failed turn before reconnecting.
 ERROR_PAUSE_SECONDS = 0.2
 #: A drain returns to the loop after this long even if rows keep coming (and the loop drains
@@ -410,7 +414,7 @@ class Reactor:
                 if isinstance(exc, StatementError):
                     # Not a lost connection: the same statement would fail again at once.
                     logger.error("loop_failed error=%s", exc)
-                    pause = min(BACKOFF_MAX_SECONDS, pause * 2 ** min(self.health.failures, 8))
+                    pause = min(ERROR_PAUSE_MAX_SECONDS, pause * 2 ** min(self.health.failures, 8))
                 else:
                     logger.warning("connection_lost error=%s", exc)
                 # A pause, so an error that a reconnect cannot fix does not spin.
