@@ -22,7 +22,7 @@ another server session, where a statement prepared earlier does not exist.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import psycopg
@@ -42,6 +42,7 @@ __all__ = [
     "is_connection_failure",
     "prefer_prepared_statements",
     "prepared_statements_enabled",
+    "rehearse",
     "schema_version",
     "set_prepared_statements",
     "translate_error",
@@ -259,3 +260,27 @@ def check_schema(conn: Connection) -> None:
             f"database schema version {version} is newer than this release "
             f"({LATEST_SCHEMA_VERSION}): upgrade photo-reactor"
         )
+
+
+def rehearse(
+    conn: Connection, row: Mapping[str, Any], statements: Callable[[Connection], object]
+) -> None:
+    """Warm a new session up: insert the throwaway `row` (`queries.WARM_UP_ROW`), run
+    `statements` on it, and roll everything back. The first real row then finds the triggers,
+    indexes and plans it needs already loaded. A role that may not insert rehearses on no row;
+    a statement error (the rehearsal is only an optimisation) leaves it at that.
+
+    Raises:
+        DatabaseError: the connection failed.
+    """
+    try:
+        with conn.transaction():
+            may_insert = conn.execute(queries.MAY_INSERT_ROWS).fetchone()
+            if may_insert is not None and may_insert[0]:
+                conn.execute(queries.WARM_UP_ROW, row)
+            statements(conn)
+            raise psycopg.Rollback()
+    except psycopg.Error as exc:
+        error = translate_error(exc, "warm-up failed", conn)
+        if not isinstance(error, StatementError):
+            raise error from exc

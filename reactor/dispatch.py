@@ -42,7 +42,7 @@ from reactor import db, queries
 from reactor.db import Connection
 from reactor.enqueue import Enqueuer
 from reactor.errors import DatabaseError, EnqueueError, ReactorError, StatementError
-from reactor.jobs import JobRef
+from reactor.jobs import JobRef, warm_up_ref
 from reactor.metrics import Metrics
 from reactor.routes import Route
 
@@ -224,6 +224,18 @@ class Dispatcher:
             del self.quarantined[job_type]
             logger.info("type_recovered type=%s", job_type)
         return rows
+
+    def warm_up(self) -> None:
+        """Rehearse a claim on a throwaway row, rolled back (`db.rehearse`), so the first real
+        claim of this session does not pay for its first write.
+
+        Raises:
+            DatabaseError: the connection failed.
+        """
+        ref = warm_up_ref()
+        row = {"type": ref.type, "photo_id": ref.photo_id, "state": "pending", "attempts": 0}
+        params = self._claim_params(ref.type)
+        db.rehearse(self._conn, row, lambda conn: conn.execute(queries.CLAIM_DUE, params))
 
     def claim_batch(self, job_type: str) -> BatchResult:
         """Claim and dispatch up to one batch of due pending rows of `job_type`.

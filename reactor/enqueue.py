@@ -109,6 +109,18 @@ class Enqueuer:
         """
         self._client.script_load(_ENQUEUE_IF_NEW)
 
+    def warm_up(self) -> None:
+        """Build a job of every route on a pipeline that is never sent, and run the script on
+        an empty batch (it writes nothing), so the first batch pays for neither.
+
+        Raises:
+            redis.RedisError: Redis failed.
+        """
+        refs = [JobRef(job_type, "warm-up", 1) for job_type in self._routes]
+        with self._client.pipeline(transaction=False) as plan:
+            self._add_enqueues(plan, self._by_queue(refs))
+        self._enqueue_if_new(keys=[], args=[])
+
     def _queue(self, name: str) -> Queue:
         queue = self._queues.get(name)
         if queue is None:

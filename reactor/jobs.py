@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import hashlib
 import re
+import uuid
 from dataclasses import dataclass
 from functools import cached_property
 
-__all__ = ["ENTRY_POINT", "MAX_ENCODED_PART", "JobRef", "job_id", "parse_job_id"]
+__all__ = ["ENTRY_POINT", "MAX_ENCODED_PART", "JobRef", "job_id", "parse_job_id", "warm_up_ref"]
 
 #: The function every dispatched job runs: the worker-side lifecycle around the handler.
 ENTRY_POINT = "reactor.worker.perform"
@@ -95,3 +96,9 @@ def parse_job_id(value: str) -> JobRef:
     if any(part.startswith(_HASHED) for part in parts[:2]):
         raise ValueError("a hashed job id cannot be inverted: read the job's meta")
     return JobRef(_decode(parts[0]), _decode(parts[1]), int(parts[2]))
+
+
+def warm_up_ref() -> JobRef:
+    """A throwaway attempt that no row or route has, for a process's start-up rehearsal
+    (`reactor.db.rehearse`): its row is rolled back and its job never sent."""
+    return JobRef("reactor.warm-up", f"warm-up-{uuid.uuid4().hex}", 1)

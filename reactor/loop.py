@@ -201,6 +201,8 @@ class Reactor:
                 conn.close()
                 raise
             self._make_dispatcher_and_sweeper(conn)
+            assert self._dispatcher is not None
+            self._dispatcher.warm_up()
             if self._listener is not None:
                 self._listener.connect()
         except DatabaseError as exc:
@@ -208,6 +210,7 @@ class Reactor:
         try:
             self._redis.ping()
             self._enqueuer.prepare()
+            self._enqueuer.warm_up()
         except MasterNotFoundError as exc:
             # Sentinels all unreachable, or none knows the master's name: a set-up error.
             raise ConfigError(

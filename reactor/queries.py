@@ -37,6 +37,7 @@ __all__ = [
     "LIST_ACTIVE",
     "LIVE_ROUTE_CONFLICTS",
     "LOCK_ROUTES",
+    "MAY_INSERT_ROWS",
     "MIGRATION_LOCK",
     "MIGRATION_UNLOCK",
     "NEXT_DUE_IN",
@@ -62,6 +63,7 @@ __all__ = [
     "SET_SEARCH_PATH",
     "STATUS_COUNTS",
     "STATUS_PER_TYPE",
+    "WARM_UP_ROW",
 ]
 
 #: Claim up to `limit` due pending rows of one type: a new attempt each, now `active`. A row
@@ -584,4 +586,15 @@ UPDATE photo_jobs
        next_retry_at = now() + make_interval(secs => %(delay)s)
  WHERE photo_id = %(photo_id)s AND type = %(type)s
    AND state = 'active' AND attempts = %(attempt)s
+"""
+
+#: Whether this role may insert into photo_jobs (workers may run as a role that cannot).
+MAY_INSERT_ROWS = "SELECT has_table_privilege('photo_jobs', 'INSERT')"
+
+#: A row that a process inserts, runs its statements on, and rolls back at start, so that the
+#: first real row does not pay for the session's first write (its triggers and indexes are
+#: loaded then). The rollback leaves nothing behind.
+WARM_UP_ROW = """
+INSERT INTO photo_jobs (photo_id, type, state, attempts)
+VALUES (%(photo_id)s, %(type)s, %(state)s, %(attempts)s)
 """

@@ -8,7 +8,6 @@ idle sockets, a flood from a test connection) and checks the guarantee, not a mo
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pickle
 import re
@@ -18,12 +17,11 @@ import threading
 import time
 import urllib.error
 import urllib.request
-import uuid
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import psycopg
 import pytest
@@ -39,52 +37,11 @@ from tests.support.env import Env
 from tests.support.metrics import metric, scrape
 from tests.support.paths import ROOT
 from tests.support.processes import Process, start_reactor
+from tests.support.roles import as_role, throwaway_role
 from tests.support.rows import insert_rows, states
 from tests.support.rq_state import jobs_missing, queue_ids
 from tests.support.servers import free_port
 from tests.support.waiting import wait_for
-
-
-def _as_role(url: str, role: str) -> str:
-    parts = urlsplit(url)
-    host = parts.hostname or "127.0.0.1"
-    netloc = f"{role}@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, ""))
-
-
-@contextlib.contextmanager
-def _role(env: Env, *options: str) -> Iterator[str]:
-    """A throwaway login role (roles are per cluster: dropped at the end)."""
-    name = f"reactor_r_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(env.pg_server_url, autocommit=True) as admin:
-        admin.execute(
-            sql.SQL("CREATE ROLE {} LOGIN " + " ".join(options)).format(sql.Identifier(name))
-        )
-    try:
-        yield name
-    finally:
-        with psycopg.connect(env.pg_server_url, autocommit=True) as admin:
-            admin.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s",
-                [name],
-            )
-            for (dbname,) in admin.execute(
-                "SELECT datname FROM pg_database WHERE datallowconn AND NOT datistemplate"
-                " AND datname LIKE 'reactor_%%'"
-            ).fetchall():
-                with (
-                    contextlib.suppress(psycopg.Error),
-                    psycopg.connect(_with_db(env.pg_server_url, dbname), autocommit=True) as conn,
-                ):
-                    conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
-            with contextlib.suppress(psycopg.Error):
-                admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
-
-
-def _with_db(url: str, dbname: str) -> str:
-    parts = urlsplit(url)
-    return urlunsplit((parts.scheme, parts.netloc, "/" + dbname, parts.query, ""))
-
 
 # -- 1. a row is never active without its job, even when a connection cannot be opened -------
 
@@ -93,7 +50,7 @@ def _with_db(url: str, dbname: str) -> str:
 def limited_role(env: Env) -> Iterator[str]:
     """A role that may hold two connections at once: the reactor's listener and work
     connections, so the prefetch connection of a backlog drain cannot be opened."""
-    with _role(env, "CONNECTION LIMIT 2") as name:
+    with throwaway_role(env, "CONNECTION LIMIT 2") as name:
         conn = env.connect()
         conn.execute(
             sql.SQL(
@@ -109,7 +66,7 @@ def test_no_active_row_without_its_job_under_a_connection_limit(
     conn, client = env.connect(), env.redis()
     insert_rows(conn, 60)
     reactor = start_reactor(
-        spawn, "--batch-size", "10", DATABASE_URL=_as_role(env.database_url, limited_role)
+        spawn, "--batch-size", "10", DATABASE_URL=as_role(env.database_url, limited_role)
     )
     missing_seen: list[str] = []
     samples = 0
@@ -250,7 +207,7 @@ def _is_superuser(env: Env, role: str) -> bool:
 def test_migrate_refuses_a_ledger_planted_by_the_database_owner(
     env: Env, make_empty_database: Callable[[], str]
 ) -> None:
-    with _role(env) as attacker:
+    with throwaway_role(env) as attacker:
         url = make_empty_database()
         dbname = urlsplit(url).path.lstrip("/")
         with psycopg.connect(env.pg_server_url, autocommit=True) as admin:
@@ -262,7 +219,7 @@ def test_migrate_refuses_a_ledger_planted_by_the_database_owner(
             superuser = str(admin.execute("SELECT current_user").fetchone()[0])  # type: ignore[index]
         # The database owner (not a superuser) plants a ledger whose trigger makes it one, in
         # public, and in a schema named after the superuser (first on its default search_path).
-        with psycopg.connect(_as_role(url, attacker), autocommit=True) as conn:
+        with psycopg.connect(as_role(url, attacker), autocommit=True) as conn:
             conn.execute(_PLANT.format(schema="public", role=attacker).encode())
         result = run_cli(env, "migrate", extra_env={"DATABASE_URL": url})
         assert result.returncode != 0
@@ -291,7 +248,7 @@ def test_migrate_refuses_a_ledger_planted_by_the_database_owner(
         assert "refusing to migrate: public.reactor_migrations is owned by role" in psql.stderr
         assert not _is_superuser(env, attacker)
         # The same trap in a schema named after the superuser: never looked at.
-        with psycopg.connect(_as_role(url, attacker), autocommit=True) as conn:
+        with psycopg.connect(as_role(url, attacker), autocommit=True) as conn:
             conn.execute("DROP TABLE public.reactor_migrations")
             conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(superuser)))
             conn.execute(_PLANT.format(schema=f'"{superuser}"', role=attacker).encode())

@@ -22,17 +22,22 @@ import pytest
 import redis
 from rq.job import Job, JobStatus
 
+from reactor import lifecycle
 from reactor.dispatch import Dispatcher
 from reactor.enqueue import SCRIPT_MAX_JOBS, Enqueuer
 from reactor.errors import DatabaseError
 from reactor.jobs import JobRef, job_id
+from reactor.loop import Reactor
 from reactor.redis_url import connect_redis
 from reactor.routes import parse_routes
 from reactor.rq_state import RqState
+from reactor.settings import ReactorSettings
 from tests.support.cli import run_cli
 from tests.support.doorbell import listener_pids
 from tests.support.env import Env
+from tests.support.notifications import Notifications
 from tests.support.processes import Process, start_reactor
+from tests.support.redis_dbs import SUITE_MARKER_KEY
 from tests.support.rows import insert_rows, rows, states
 from tests.support.rq_state import jobs_missing, queue_ids
 from tests.support.servers import PostgresServer, RedisServer, free_port
@@ -452,3 +457,39 @@ def test_a_job_left_in_rqs_intermediate_list_is_an_orphan_at_the_second_look(
         what="the job stuck in the intermediate list re-dispatched",
     )
     assert job_id("photo.process", "stuck", 2) in queue_ids(client)
+
+
+def _inserted(conn: psycopg.Connection[Any]) -> int:
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    row = conn.execute(
+        "SELECT n_tup_ins FROM pg_stat_user_tables WHERE relname = 'photo_jobs'"
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def test_start_up_rehearsals_leave_nothing_behind(env: Env) -> None:
+    """A reactor's start and a worker's warm-up each insert a throwaway row, run their
+    statements on it and roll it back (so the first real row finds everything loaded): no
+    row, no notification to an armed reactor, no Redis key is left (but the suite's marker)."""
+    notes = Notifications(env, armed=True)
+    conn = env.connect()
+    inserted_before = _inserted(conn)
+
+    def start_both(_: psycopg.Connection[Any]) -> None:
+        settings = ReactorSettings(env.database_url, env.redis_url, ROUTES)
+        reactor = Reactor(settings)
+        reactor.start()
+        reactor.close()
+        store = lifecycle.Store(env.database_url)
+        lifecycle.warm_up(store)
+        store.close()
+
+    assert notes.sent_by(start_both) == []
+    assert conn.execute("SELECT count(*) FROM photo_jobs").fetchone() == (0,)
+    assert env.redis().keys("*") == [SUITE_MARKER_KEY.encode()]
+    # The rows did exist: the statistics count both inserts (sent as each session ended).
+    wait_for(
+        lambda: _inserted(conn) >= inserted_before + 2,
+        timeout=10,
+        what="the two rehearsal inserts counted",
+    )

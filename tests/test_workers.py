@@ -17,6 +17,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 from rq import Queue
 from rq import Worker as RqWorker
 from rq.job import Job
@@ -26,6 +27,7 @@ from reactor.jobs import ENTRY_POINT, job_id
 from tests.handlers import SCHEMA
 from tests.support.env import Env
 from tests.support.processes import Process, start_reactor, start_worker
+from tests.support.roles import as_role, throwaway_role
 from tests.support.rows import states
 from tests.support.waiting import wait_for
 
@@ -416,6 +418,29 @@ def test_no_postgres_session_is_opened_per_job(
     )
     assert worker.proc.wait(timeout=60) == 0
     assert sessions(conn, env.database_name) - before >= (20 if kind == "fork" else 1)
+
+
+def test_a_role_that_may_not_insert_rows_still_starts_and_works(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], kind: str
+) -> None:
+    """The worker's start-up rehearsal inserts a throwaway row (rolled back); a role that may
+    only read and update `photo_jobs` skips that part and works as any other."""
+    with throwaway_role(env) as role:
+        grants = (
+            "GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role}",
+            "GRANT UPDATE ON photo_jobs TO {role}",
+            "GRANT INSERT ON handler_runs, transitions TO {role}",
+        )
+        for grant in grants:
+            conn.execute(sql.SQL(grant).format(role=sql.Identifier(role)))
+        submit(conn, "p1")
+        sweep(env, "ok")
+        worker = burst_ours(
+            spawn, env, kind, handler="ok", DATABASE_URL=as_role(env.database_url, role)
+        )
+        assert "worker_ready" in worker.output()
+        assert row_of(conn, "p1") == ("done", 1, None, None)
+        assert runs(conn, "p1") == [("p1", 1, "ok")]
 
 
 def test_reactor_worker_command_serves_the_routed_queues(
