@@ -7,7 +7,10 @@ same no-op function (`bench.noop`) on the same RQ worker class:
   processes of `reactor.Worker` / `reactor.SimpleWorker` behind a `reactor run`, clock from
   the first insert to the last row `done`; plain RQ: the same number of jobs with
   `enqueue_many` (100 a call) to 2 `rq.worker.Worker` / `SimpleWorker`, clock to the last job
-  finished. Also Postgres sessions opened per job during our run (`pg_stat_database.sessions`).
+  finished. Also Postgres sessions opened per job during our run (`pg_stat_database.sessions`),
+  and the CPU time per job of each party over the same window (from /proc: the workers with
+  the work horses they reaped, the reactor, every Postgres and Redis server process): on a
+  machine whose cores all of them share, the total bounds the throughput.
 - latency (SimpleWorker, 2 workers): one insert every 20 ms after 20 warm-up jobs, COMMIT
   (the insert's autocommit `execute` returned) → handler start; plain RQ: `enqueue` returned
   → handler start. The handler stamps its start (wall clock) into Redis.
@@ -25,6 +28,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -52,6 +56,8 @@ CLASSES = {
 }
 QUEUE = "photo-process"
 PLAIN_QUEUE = "plain"
+PARTIES = ("workers", "reactor", "postgres", "redis")
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def _route(function: str) -> str:
@@ -101,6 +107,42 @@ def _workers(
         client.close()
 
 
+def _cpu_seconds(pid: int, *, reaped: bool = False) -> float:
+    """CPU time a process used so far (with `reaped`: plus its children it waited for)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat[stat.rindex(")") + 2 :].split()
+    ticks = int(fields[11]) + int(fields[12])
+    if reaped:
+        ticks += int(fields[13]) + int(fields[14])
+    return ticks / _CLOCK_TICKS
+
+
+def _cpu(workers: list[int], reactor: int | None) -> dict[str, float]:
+    """CPU seconds so far of each party: the worker processes (with their reaped work
+    horses), the reactor, and every Postgres and Redis server process of the machine."""
+    used = dict.fromkeys(PARTIES, 0.0)
+    used["workers"] = sum(_cpu_seconds(pid, reaped=True) for pid in workers)
+    used["reactor"] = 0.0 if reactor is None else _cpu_seconds(reactor)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            name = (entry / "comm").read_text().strip()
+        except OSError:
+            continue
+        party = {"postgres": "postgres", "redis-server": "redis"}.get(name)
+        if party is not None:
+            used[party] += _cpu_seconds(int(entry.name))
+    return used
+
+
+def _per_job(before: dict[str, float], after: dict[str, float], jobs: int) -> dict[str, float]:
+    return {party: (after[party] - before[party]) * 1000 / jobs for party in PARTIES}
+
+
 def _sessions(conn: psycopg.Connection[Any]) -> int:
     conn.execute("SELECT pg_stat_clear_snapshot()")
     row = conn.execute(
@@ -117,17 +159,19 @@ def _done(conn: psycopg.Connection[Any]) -> int:
 # -- throughput ------------------------------------------------------------------------------
 
 
-def _ours_throughput(url: str, kind: str, photos: int) -> tuple[float, float]:
-    """(jobs/s, Postgres sessions opened per job)."""
+def _ours_throughput(url: str, kind: str, photos: int) -> tuple[float, float, dict[str, float]]:
+    """(jobs/s, Postgres sessions opened per job, CPU ms per job by party)."""
     reset(url)
     reactor = Reactor(url, "--route", _route("noop"), "--sweep-interval", "600").started()
     try:
         with (
-            _workers(kind, "ours", 2, url, "noop"),
+            _workers(kind, "ours", 2, url, "noop") as procs,
             psycopg.connect(url, autocommit=True) as poll,
             psycopg.connect(url) as writer,
         ):
+            pids = [proc.pid for proc in procs]
             before = _sessions(poll)
+            cpu_before = _cpu(pids, reactor.proc.pid)
             started = time.perf_counter()
             for first in range(0, photos, 100):
                 writer.execute(
@@ -138,17 +182,21 @@ def _ours_throughput(url: str, kind: str, photos: int) -> tuple[float, float]:
                 writer.commit()
             wait_until(lambda: _done(poll) == photos, timeout=1800, interval=0.02)
             elapsed = time.perf_counter() - started
+            cpu = _per_job(cpu_before, _cpu(pids, reactor.proc.pid), photos)
             opened = _sessions(poll) - before
     finally:
         reactor.stop()
-    return photos / elapsed, opened / photos
+    return photos / elapsed, opened / photos, cpu
 
 
-def _plain_throughput(url: str, kind: str, photos: int) -> float:
+def _plain_throughput(url: str, kind: str, photos: int) -> tuple[float, dict[str, float]]:
+    """(jobs/s, CPU ms per job by party)."""
     reset(url)
     client = redis_client()
     queue = Queue(PLAIN_QUEUE, connection=client)
-    with _workers(kind, "plain", 2, url, "noop"):
+    with _workers(kind, "plain", 2, url, "noop") as procs:
+        pids = [proc.pid for proc in procs]
+        cpu_before = _cpu(pids, None)
         started = time.perf_counter()
         for first in range(0, photos, 100):
             queue.enqueue_many(
@@ -160,8 +208,9 @@ def _plain_throughput(url: str, kind: str, photos: int) -> float:
         registry = queue.finished_job_registry
         wait_until(lambda: registry.count >= photos, timeout=1800, interval=0.02)
         elapsed = time.perf_counter() - started
+        cpu = _per_job(cpu_before, _cpu(pids, None), photos)
     client.close()
-    return photos / elapsed
+    return photos / elapsed, cpu
 
 
 # -- latency ---------------------------------------------------------------------------------
@@ -271,17 +320,19 @@ def run(quick: bool) -> dict[str, Any]:
     sessions: dict[str, list[float]] = {"fork": [], "simple": []}
     latency: dict[str, list[list[float]]] = {"ours": [], "plain": []}
     first: dict[tuple[str, str], list[float]] = {}
+    cpu: dict[tuple[str, str], list[dict[str, float]]] = {}
     with fresh_database() as url:
         for rep in range(reps):
             sides = ("ours", "plain") if rep % 2 == 0 else ("plain", "ours")
             for kind in ("fork", "simple"):
                 for side in sides:
                     if side == "ours":
-                        rate, per_job = _ours_throughput(url, kind, photos)
+                        rate, per_job, used = _ours_throughput(url, kind, photos)
                         sessions[kind].append(per_job)
                     else:
-                        rate = _plain_throughput(url, kind, photos)
+                        rate, used = _plain_throughput(url, kind, photos)
                     rates.setdefault((kind, side), []).append(rate)
+                    cpu.setdefault((kind, side), []).append(used)
             for side in sides:
                 run_latency = _ours_latency if side == "ours" else _plain_latency
                 latency[side].append(run_latency(url, lat_count, warmup))
@@ -339,6 +390,20 @@ def run(quick: bool) -> dict[str, Any]:
             ]
         )
     text = table(["measure", "photo-reactor", "plain RQ", "ours vs plain", "target"], rows)
+    cpu_rows = []
+    for kind in ("fork", "simple"):
+        for side in ("ours", "plain"):
+            runs = cpu[kind, side]
+            medians = {p: Stat.of([r[p] for r in runs]).median for p in PARTIES}
+            totals = Stat.of([sum(r.values()) for r in runs])
+            cpu_rows.append(
+                [f"{kind}, {'photo-reactor' if side == 'ours' else 'plain RQ'}"]
+                + [f"{medians[p]:.2f}" for p in PARTIES]
+                + [totals.fmt(digits=2)]
+            )
+    text += "\n\nCPU ms per job over the throughput runs (medians):\n\n" + table(
+        ["run", *PARTIES, "total"], cpu_rows
+    )
     text += (
         f"\n\nMedians of {reps} runs (min–max). Load average (1/5/15 min) before: "
         f"{load_before}; after: {load_after}."
@@ -353,6 +418,10 @@ def run(quick: bool) -> dict[str, Any]:
         },
         "first_job_ms": {f"{k}/{s}": Stat.of(v).as_dict() for (k, s), v in first.items()},
         "sessions_per_job": {k: Stat.of(v).as_dict() for k, v in sessions.items()},
+        "cpu_ms_per_job": {
+            f"{k}/{s}": {p: Stat.of([r[p] for r in v]).as_dict() for p in PARTIES}
+            for (k, s), v in cpu.items()
+        },
         "load_before": load_before,
         "load_after": load_after,
         "table": text,
