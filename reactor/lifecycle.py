@@ -6,7 +6,10 @@ The same statements run whether the lifecycle lives in the job (a plain `rq work
 
 1. `start` — the fenced start: proceed only if the row is `active` at this attempt, or
    `pending` at the attempt before (the claim's COMMIT was lost after the enqueue). Otherwise
-   the attempt was superseded or the row is finished: the handler must not run.
+   the attempt was superseded or the row is finished: the handler must not run. A row the
+   claim stamped less than a quarter heartbeat interval ago is only read; any other is stamped
+   (`updated_at`), so the sweep cannot take a job that waited long in the queue for a dead
+   worker's before its first heartbeat.
 2. `Heartbeat` — a thread that touches `updated_at` every `heartbeat_seconds` while the
    handler runs, so the sweep does not rescue a live attempt.
 3. `finish` — the outcome, fenced by the attempt number (`state = 'active' AND attempts = N`):
@@ -154,9 +157,9 @@ def _params(ref: JobRef) -> dict[str, Any]:
 
 
 def warm_up(store: Store) -> None:
-    """Rehearse an attempt's statements (start, heartbeat, done) on a throwaway row that is
-    rolled back, so the first real job pays for neither the session's first write nor the
-    statements' first use.
+    """Rehearse an attempt's statements (peek, start, heartbeat, done) on a throwaway row
+    that is rolled back, so the first real job pays for neither the session's first write nor
+    the statements' first use.
 
     Raises:
         DatabaseError: Postgres could not be reached.
@@ -165,6 +168,7 @@ def warm_up(store: Store) -> None:
     params = _params(ref)
 
     def attempt(conn: db.Connection) -> None:
+        conn.execute(queries.ATTEMPT_PEEK, {**params, "fresh": 1.0})
         for query in (queries.ATTEMPT_START, queries.ATTEMPT_HEARTBEAT, queries.ATTEMPT_DONE):
             conn.execute(query, params)
 
@@ -175,12 +179,19 @@ def warm_up(store: Store) -> None:
         raise
 
 
-def start(store: Store, ref: JobRef) -> int | None:
+def start(store: Store, ref: JobRef, fresh_seconds: float) -> int | None:
     """The fenced start; the row's `max_attempts`, or None when the attempt must not run.
+
+    A row `active` at this attempt and stamped less than `fresh_seconds` ago (a quarter of the
+    heartbeat interval) is only read: no write, no WAL, no new row version. The first heartbeat
+    then comes at most 1.5 intervals after that stamp, where a stamp at start would give 1.25.
 
     Raises:
         DatabaseError: Postgres stayed unreachable (the row is left to the stale rescue).
     """
+    _, row = store.execute(queries.ATTEMPT_PEEK, {**_params(ref), "fresh": fresh_seconds})
+    if row is not None:
+        return int(row[0])
     _, row = store.execute(queries.ATTEMPT_START, _params(ref))
     if row is not None:
         return int(row[0])

@@ -15,6 +15,7 @@ __all__ = [
     "ATTEMPT_DONE",
     "ATTEMPT_FAILED",
     "ATTEMPT_HEARTBEAT",
+    "ATTEMPT_PEEK",
     "ATTEMPT_RETRY",
     "ATTEMPT_START",
     "ATTEMPT_STATE",
@@ -537,12 +538,12 @@ UPDATE photo_jobs
 
 # -- the worker side: one attempt's lifecycle, every transition fenced by the attempt number --
 
-#: Fenced start: the row is `active` at this attempt, or `pending` at the attempt before (the
-#: claim's COMMIT was lost after the enqueue: this job takes the row over). No row: skip.
-#: Its commit does not wait for the WAL flush (`synchronous_commit` off for this statement's
-#: own transaction): it is on every job's latency path, and losing it in a server crash is
-#: harmless (the row keeps the claim's state, or stays pending and is dispatched again; the
-#: durable outcome write is fenced either way).
+#: Fenced start of a row ATTEMPT_PEEK did not find fresh: the row is `active` at this attempt
+#: (stamped now), or `pending` at the attempt before (the claim's COMMIT was lost after the
+#: enqueue: this job takes the row over). No row: skip. Its commit does not wait for the WAL
+#: flush (`synchronous_commit` off for this statement's own transaction): it is on the job's
+#: latency path, and losing it in a server crash is harmless (the row keeps the claim's state,
+#: or stays pending and is dispatched again; the durable outcome write is fenced either way).
 ATTEMPT_START = """
 UPDATE photo_jobs
    SET state = 'active', attempts = %(attempt)s
@@ -551,6 +552,17 @@ UPDATE photo_jobs
    AND ((state = 'active' AND attempts = %(attempt)s)
      OR (state = 'pending' AND attempts = %(attempt)s - 1))
 RETURNING max_attempts
+"""
+
+#: The fenced start's first look, without a write: a row `active` at this attempt whose
+#: `updated_at` is younger than `fresh` seconds (the claim stamped it a moment ago) needs no
+#: stamp at start; any other row goes through ATTEMPT_START.
+ATTEMPT_PEEK = """
+SELECT max_attempts
+  FROM photo_jobs
+ WHERE photo_id = %(photo_id)s AND type = %(type)s
+   AND state = 'active' AND attempts = %(attempt)s
+   AND updated_at > now() - make_interval(secs => %(fresh)s)
 """
 
 #: Why a start was refused (for the log line only).

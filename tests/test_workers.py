@@ -420,6 +420,42 @@ def test_no_postgres_session_is_opened_per_job(
     assert sessions(conn, env.database_name) - before >= (20 if kind == "fork" else 1)
 
 
+def test_the_fenced_start_stamps_only_a_row_whose_claim_is_old(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], kind: str
+) -> None:
+    """A row claimed a moment ago is started without a write (the claim just stamped it); a
+    row whose job waited in the queue for longer than a quarter heartbeat interval is stamped
+    at start, so the sweep cannot take it for a dead worker's before its first heartbeat."""
+    submit(conn, "fresh")
+    submit(conn, "old")
+    sweep(env, "gated")  # both active at attempt 1, their jobs queued in this order
+    with conn.transaction():
+        conn.execute("SET LOCAL session_replication_role = replica")  # keep our updated_at
+        conn.execute(
+            "UPDATE photo_jobs SET updated_at = now() - interval '1 hour' WHERE photo_id = 'old'"
+        )
+
+    def version(photo_id: str) -> tuple[str, float]:
+        row = conn.execute(
+            "SELECT xmin::text, extract(epoch FROM now() - updated_at)::float8"
+            " FROM photo_jobs WHERE photo_id = %s",
+            [photo_id],
+        ).fetchone()
+        assert row is not None
+        return str(row[0]), float(row[1])
+
+    fresh_before, old_before = version("fresh"), version("old")
+    start_ours(spawn, env, kind, handler="gated", REACTOR_HEARTBEAT_SECONDS="3600")
+    wait_for(lambda: runs(conn, "fresh") == [("fresh", 1, "started")], timeout=30, what="start")
+    assert version("fresh")[0] == fresh_before[0], "a fresh row was written at start"
+    conn.execute("INSERT INTO gates VALUES ('fresh:1')")
+    wait_for(lambda: runs(conn, "old") == [("old", 1, "started")], timeout=30, what="start")
+    old_xmin, old_age = version("old")
+    assert old_xmin != old_before[0] and old_age < 60, (old_before, old_xmin, old_age)
+    conn.execute("INSERT INTO gates VALUES ('old:1')")
+    wait_for(lambda: states(conn) == {"done": 2}, timeout=30, what="both done")
+
+
 def test_a_role_that_may_not_insert_rows_still_starts_and_works(
     env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], kind: str
 ) -> None:
