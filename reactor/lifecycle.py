@@ -41,6 +41,7 @@ from reactor.redact import redact
 from reactor.settings import WorkerSettings
 
 __all__ = [
+    "HEARTBEAT_SLACK",
     "MAX_ERROR_CHARS",
     "Heartbeat",
     "Heartbeater",
@@ -57,6 +58,10 @@ logger = logging.getLogger(__name__)
 
 #: Longest `last_error` kept in the row.
 MAX_ERROR_CHARS = 2000
+#: A quarter of the heartbeat interval: how often the heartbeat thread looks whether a beat is
+#: due, and how recently the claim must have stamped a row for the start to only read it.
+#: Together they bound a running attempt's stamp to 1.5 intervals old before its first beat.
+HEARTBEAT_SLACK = 0.25
 
 
 @dataclass(frozen=True)
@@ -179,23 +184,24 @@ def warm_up(store: Store) -> None:
         raise
 
 
-def start(store: Store, ref: JobRef, fresh_seconds: float) -> int | None:
+def start(store: Store, settings: WorkerSettings, ref: JobRef) -> int | None:
     """The fenced start; the row's `max_attempts`, or None when the attempt must not run.
 
-    A row `active` at this attempt and stamped less than `fresh_seconds` ago (a quarter of the
-    heartbeat interval) is only read: no write, no WAL, no new row version. The first heartbeat
-    then comes at most 1.5 intervals after that stamp, where a stamp at start would give 1.25.
+    A row `active` at this attempt that the claim stamped less than `HEARTBEAT_SLACK`
+    heartbeat intervals ago is only read: no write, no WAL, no new row version.
 
     Raises:
         DatabaseError: Postgres stayed unreachable (the row is left to the stale rescue).
     """
-    _, row = store.execute(queries.ATTEMPT_PEEK, {**_params(ref), "fresh": fresh_seconds})
+    params = _params(ref)
+    fresh = settings.heartbeat_seconds * HEARTBEAT_SLACK
+    _, row = store.execute(queries.ATTEMPT_PEEK, {**params, "fresh": fresh})
     if row is not None:
         return int(row[0])
-    _, row = store.execute(queries.ATTEMPT_START, _params(ref))
+    _, row = store.execute(queries.ATTEMPT_START, params)
     if row is not None:
         return int(row[0])
-    _, current = store.execute(queries.ATTEMPT_STATE, _params(ref))
+    _, current = store.execute(queries.ATTEMPT_STATE, params)
     why = "row missing" if current is None else f"row is {current[0]} at attempt {current[1]}"
     logger.info("attempt_skipped %s (%s)", describe(ref), why)
     return None
@@ -277,8 +283,8 @@ class Heartbeater:
 
     `beat_for(ref)` starts beating for an attempt, `pause()` stops it; `pause` returns only
     when no beat is in flight, so the owner may fork or write the outcome on the same
-    connection right after. Neither wakes the thread: it looks every quarter interval whether
-    a beat is due, so the first beat of an attempt comes 1 to 1.25 intervals after its start,
+    connection right after. Neither wakes the thread: it looks every `HEARTBEAT_SLACK`
+    interval whether a beat is due, so the first beat comes 1 to 1.25 intervals after a start,
     and a job costs two uncontended locks, not a thread wake-up. (A thread per job cost a
     thread start and a join per job, several milliseconds on a loaded machine.) With no attempt
     set the thread never queries, so it is never inside a query when the worker forks.
@@ -316,7 +322,7 @@ class Heartbeater:
 
     def _run(self) -> None:
         while True:
-            time.sleep(self._interval / 4)
+            time.sleep(self._interval * HEARTBEAT_SLACK)
             with self._lock:
                 ref = self._ref
                 if ref is None or time.monotonic() < self._due:

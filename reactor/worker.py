@@ -210,7 +210,7 @@ def _reraise(exc: Exception) -> NoReturn:
 def _run_lifecycle(ref: JobRef, handler: str) -> str:
     settings = WorkerSettings.from_env()
     store = _process_store(settings)
-    max_attempts = start(store, ref, settings.heartbeat_seconds / 4)
+    max_attempts = start(store, settings, ref)
     if max_attempts is None:
         return "skipped"
     try:

@@ -232,7 +232,7 @@ class _Lifecycle(BaseWorker):
         """The fenced start (on the database thread); the settled handoff and the row's
         max_attempts (0 if the attempt does not run)."""
         try:
-            max_attempts = lifecycle.start(self._store, ref, self.settings.heartbeat_seconds / 4)
+            max_attempts = lifecycle.start(self._store, self.settings, ref)
         except DatabaseError as exc:
             logger.error("attempt_unstarted %s error=%s", lifecycle.describe(ref), exc)
             return Handoff(ref, "unstarted", failure=exc), 0
