@@ -154,6 +154,11 @@ class Store:
         Raises:
             DatabaseError: Postgres stayed unreachable through every retry.
         """
+        try:
+            # The first try outside tenacity: its bookkeeping would be paid on every job.
+            return self.execute_once(query, params)
+        except DatabaseError:
+            pass
         return self._retrying(self.execute_once, query, params)
 
 
