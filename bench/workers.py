@@ -6,7 +6,8 @@ same no-op function (`bench.noop`) on the same RQ worker class:
 - throughput: 5,000 photos (`--quick`: 500) inserted in 100-row transactions, 2 worker
   processes of `reactor.Worker` / `reactor.SimpleWorker` behind a `reactor run` (workers
   connected straight to Postgres, with `REACTOR_PREPARED_STATEMENTS=1` as README recommends
-  there), clock from the first insert to the last row `done`; plain RQ: the same number of jobs with
+  there; once more per run without them, to show what that advice is worth), clock from the
+  first insert to the last row `done`; plain RQ: the same number of jobs with
   `enqueue_many` (100 a call) to 2 `rq.worker.Worker` / `SimpleWorker`, clock to the last job
   finished. Also Postgres sessions opened per job during our run (`pg_stat_database.sessions`),
   and the CPU time per job of each party over the same window (from /proc: the workers with
@@ -67,7 +68,7 @@ def _route(function: str) -> str:
 
 @contextmanager
 def _workers(
-    kind: str, side: str, count: int, url: str, function: str
+    kind: str, side: str, count: int, url: str, function: str, *, prepared: bool = True
 ) -> Iterator[list[subprocess.Popen[bytes]]]:
     """`count` `rq worker -w CLASS` processes, quiet, registered before this yields."""
     queue = QUEUE if side == "ours" else PLAIN_QUEUE
@@ -77,7 +78,7 @@ def _workers(
         "REDIS_URL": REDIS_URL,
         "REACTOR_ROUTES": _route(function),
         # Straight to Postgres, no transaction pooler: what README recommends then.
-        "REACTOR_PREPARED_STATEMENTS": "1",
+        "REACTOR_PREPARED_STATEMENTS": "1" if prepared else "0",
         "PYTHONPATH": str(ROOT),
     }
     logs = tempfile.TemporaryFile()  # noqa: SIM115 - closed in the finally below
@@ -173,13 +174,15 @@ def _unfinished(conn: psycopg.Connection[Any]) -> bool:
 # -- throughput ------------------------------------------------------------------------------
 
 
-def _ours_throughput(url: str, kind: str, photos: int) -> tuple[float, float, dict[str, float]]:
+def _ours_throughput(
+    url: str, kind: str, photos: int, *, prepared: bool = True
+) -> tuple[float, float, dict[str, float]]:
     """(jobs/s, Postgres sessions opened per job, CPU ms per job by party)."""
     reset(url)
     reactor = Reactor(url, "--route", _route("noop"), "--sweep-interval", "600").started()
     try:
         with (
-            _workers(kind, "ours", 2, url, "noop") as procs,
+            _workers(kind, "ours", 2, url, "noop", prepared=prepared) as procs,
             psycopg.connect(url, autocommit=True) as poll,
             psycopg.connect(url) as writer,
         ):
@@ -349,6 +352,10 @@ def run(quick: bool) -> dict[str, Any]:
                         rate, used = _plain_throughput(url, kind, photos)
                     rates.setdefault((kind, side), []).append(rate)
                     cpu.setdefault((kind, side), []).append(used)
+            # What README's advice on prepared statements is worth: the same run without them.
+            rate, _, used = _ours_throughput(url, "simple", photos, prepared=False)
+            rates.setdefault(("simple", "unprepared"), []).append(rate)
+            cpu.setdefault(("simple", "unprepared"), []).append(used)
             for side in sides:
                 run_latency = _ours_latency if side == "ours" else _plain_latency
                 latency[side].append(run_latency(url, lat_count, warmup))
@@ -357,8 +364,8 @@ def run(quick: bool) -> dict[str, Any]:
                     first.setdefault((kind, side), []).append(_first_job(url, kind, side))
     load_after = _load()
 
-    def ratio(kind: str) -> Stat:
-        pairs = zip(rates[kind, "ours"], rates[kind, "plain"], strict=True)
+    def ratio(kind: str, side: str = "ours") -> Stat:
+        pairs = zip(rates[kind, side], rates[kind, "plain"], strict=True)
         return Stat.of([o / p for o, p in pairs])
 
     p50 = {s: Stat.of([percentile(r, 0.50) for r in latency[s]]) for s in latency}
@@ -374,6 +381,15 @@ def run(quick: bool) -> dict[str, Any]:
                 target,
             ]
         )
+    rows.append(
+        [
+            "simple, without prepared statements: jobs/s",
+            Stat.of(rates["simple", "unprepared"]).fmt(digits=0),
+            Stat.of(rates["simple", "plain"]).fmt(digits=0),
+            ratio("simple", "unprepared").fmt("×", digits=2),
+            "",
+        ]
+    )
     for name, stats, margin in (("p50", p50, 1.5), ("p99", p99, 3.0)):
         rows.append(
             [
@@ -407,16 +423,21 @@ def run(quick: bool) -> dict[str, Any]:
         )
     text = table(["measure", "photo-reactor", "plain RQ", "ours vs plain", "target"], rows)
     cpu_rows = []
-    for kind in ("fork", "simple"):
-        for side in ("ours", "plain"):
-            runs = cpu[kind, side]
-            medians = {p: Stat.of([r[p] for r in runs]).median for p in PARTIES}
-            totals = Stat.of([sum(r.values()) for r in runs])
-            cpu_rows.append(
-                [f"{kind}, {'photo-reactor' if side == 'ours' else 'plain RQ'}"]
-                + [f"{medians[p]:.2f}" for p in PARTIES]
-                + [totals.fmt(digits=2)]
-            )
+    names = {
+        "ours": "photo-reactor",
+        "plain": "plain RQ",
+        "unprepared": "photo-reactor, without prepared statements",
+    }
+    runs_shown = [(k, s) for k in ("fork", "simple") for s in ("ours", "plain")]
+    for kind, side in [*runs_shown, ("simple", "unprepared")]:
+        runs = cpu[kind, side]
+        medians = {p: Stat.of([r[p] for r in runs]).median for p in PARTIES}
+        totals = Stat.of([sum(r.values()) for r in runs])
+        cpu_rows.append(
+            [f"{kind}, {names[side]}"]
+            + [f"{medians[p]:.2f}" for p in PARTIES]
+            + [totals.fmt(digits=2)]
+        )
     text += "\n\nCPU ms per job over the throughput runs (medians):\n\n" + table(
         ["run", *PARTIES, "total"], cpu_rows
     )
