@@ -506,7 +506,7 @@ def test_an_idle_reactor_worker_stops_on_sigterm(
         what="the worker idle in RQ's dequeue",
     )
     worker.proc.send_signal(signal.SIGTERM)
-    assert worker.proc.wait(timeout=20) == 0, worker.output()
+    assert worker.exit_code(timeout=20) == 0, worker.output()
     assert "worker_restarting" not in worker.output()
 
 

@@ -7,7 +7,9 @@ Commands that run to completion go through `tests.support.cli.run_cli` instead.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import threading
 from collections.abc import Callable
@@ -34,6 +36,8 @@ def child_environ(**variables: str) -> dict[str, str]:
         PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
         # Tests name the demo route (no process falls back to it); override to test others.
         REACTOR_ROUTES=DEMO_ROUTE,
+        # A child that hangs is sent SIGABRT (`Process.exit_code`): show where each thread was.
+        PYTHONFAULTHANDLER="1",
     )
     env.update(variables)
     return env
@@ -73,6 +77,20 @@ class Process:
             return any(text in line for line in self.lines)
 
         wait_for(seen, timeout, what=f"{text!r} from {self.name}")
+
+    def exit_code(self, timeout: float) -> int:
+        """Wait for the process to end. If it does not in time, make Python dump every
+        thread's stack (SIGABRT with faulthandler on) and fail with its output."""
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGABRT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=5)
+            self._reader.join(timeout=2)
+            raise AssertionError(
+                f"{self.name} still running after {timeout:g} s:\n{self.output()}"
+            ) from None
 
     def stop(self, timeout: float = 15.0) -> int:
         if self.proc.poll() is None:
