@@ -428,8 +428,8 @@ def run(quick: bool) -> dict[str, Any]:
         "plain": "plain RQ",
         "unprepared": "photo-reactor, without prepared statements",
     }
-    runs_shown = [(k, s) for k in ("fork", "simple") for s in ("ours", "plain")]
-    for kind, side in [*runs_shown, ("simple", "unprepared")]:
+    shown = ("fork", "ours"), ("fork", "plain"), ("simple", "ours"), ("simple", "plain")
+    for kind, side in (*shown, ("simple", "unprepared")):
         runs = cpu[kind, side]
         medians = {p: Stat.of([r[p] for r in runs]).median for p in PARTIES}
         totals = Stat.of([sum(r.values()) for r in runs])
