@@ -610,6 +610,8 @@ class Reactor:
 
     def _sweep(self) -> SweepResult:
         assert self._sweeper is not None
+        if self._registration is not None and self._work is not None:
+            self._registration.keep(self._work)
         result = self._sweeper.run_once(self._should_stop, DRAIN_SLICE_SECONDS)
         if self._http is not None:
             self._sweeper.refresh_backlog_metrics()
@@ -630,5 +632,8 @@ class Reactor:
             self._http.shutdown()
             self._http.server_close()
             self._http = None
+        if self._registration is not None and self._work_connection_ok():
+            assert self._work is not None
+            self._registration.release(self._work)
         self._drop_connections()
         self._redis.close()

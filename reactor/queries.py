@@ -56,7 +56,10 @@ __all__ = [
     "REQUEUE_FAILED",
     "REQUEUE_PHOTOS",
     "RESUME_TYPES",
+    "ROUTES_LOCK_KEEP",
     "ROUTES_LOCK_TRY",
+    "ROUTES_RECORDED",
+    "ROUTES_STOPPED",
     "ROUTES_UNLOCK",
     "SCHEMA_VERSION",
     "SERVER_READ_ONLY",
@@ -200,7 +203,25 @@ LOCK_ROUTES = "LOCK TABLE reactor_routes IN SHARE ROW EXCLUSIVE MODE"
 #: Take this reactor's session-level liveness lock (true when granted).
 ROUTES_LOCK_TRY = "SELECT pg_try_advisory_lock(reactor_routes_lock_class(), %(lock_key)s)"
 
-#: Release it (a stopping reactor's routes are no longer live).
+#: Take it again if no session holds it (behind a transaction pooler, the server session that
+#: took it may have been closed); true when some session holds it now.
+ROUTES_LOCK_KEEP = """
+SELECT CASE WHEN reactor_routes_lock_held(%(lock_key)s) THEN true
+            ELSE pg_try_advisory_lock(reactor_routes_lock_class(), %(lock_key)s) END
+"""
+
+#: How many of this reactor's rows are still recorded and not marked stopped (a reactor that
+#: took it for stopped forgets them).
+ROUTES_RECORDED = """
+SELECT count(*) FROM reactor_routes WHERE lock_key = %(lock_key)s AND stopped_at IS NULL
+"""
+
+#: A stopping reactor's rows are no longer live, whichever session holds its lock.
+ROUTES_STOPPED = """
+UPDATE reactor_routes SET stopped_at = now() WHERE lock_key = %(lock_key)s AND stopped_at IS NULL
+"""
+
+#: Release the lock (when this session holds it).
 ROUTES_UNLOCK = "SELECT pg_advisory_unlock(reactor_routes_lock_class(), %(lock_key)s)"
 
 #: Routes recorded by other live reactors for the given types that differ from ours.

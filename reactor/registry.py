@@ -2,12 +2,19 @@
 
 A process that dispatches with routes it was given (`--route`, `REACTOR_ROUTES`) records them
 at start (`RouteRegistration.register`) and keeps them *live* by holding a session-level
-advisory lock of its own: a route is live exactly while the session of a reactor that uses it
-is connected. Registration refuses a route that differs from one a live reactor uses for the
-same type (one `ConfigError` line), so two running reactors never route a type differently.
-Routes of reactors that stopped stay recorded as the last routes used, until a reactor records
-another route for the type: that is how an operator changes a route on purpose (stop the
-reactors of the type, start one with the new route).
+advisory lock of its own: a route is live while the reactor that uses it has not marked it
+stopped (`release`, when it stops) and its lock is held. Connected straight to Postgres, the
+lock goes with the reactor's session, so a reactor killed outright stops being live at once.
+Behind a transaction pooler the lock stays with the server session that took it: a clean
+stop still ends liveness at once (the mark), a reactor killed outright stays live until the
+pooler closes that server session, and a running reactor takes its lock again at every sweep
+if the pooler closed it (`keep`).
+
+Registration refuses a route that differs from one a live reactor uses for the same type (one
+`ConfigError` line), so two running reactors never route a type differently. Routes of
+reactors that stopped stay recorded as the last routes used, until a reactor records another
+route for the type: that is how an operator changes a route on purpose (stop the reactors of
+the type, start one with the new route).
 
 A process given no routes (`reactor sweep`, a second `reactor run`, `reactor status`, the
 worker side) reads them with `load_routes`. Nothing here falls back to a built-in handler:
@@ -132,11 +139,37 @@ class RouteRegistration:
                 f"use the same route, or stop the reactors of {job_type!r} to change it"
             )
 
-    def release(self, conn: Connection) -> None:
-        """Stop holding the liveness lock (the routes stay recorded as the last ones used).
-        Closing the connection has the same effect."""
+    def keep(self, conn: Connection) -> None:
+        """Keep the routes live (the reactor calls this at every sweep): hold the lock again
+        if no session holds it, which happens behind a transaction pooler when the server
+        session that took it is closed; and record the routes again if a reactor that took
+        this one for stopped meanwhile forgot them.
+
+        Raises:
+            ConfigError: meanwhile, a reactor recorded another route for one of our types.
+            DatabaseError: Postgres failed.
+        """
+        params = {"lock_key": self.lock_key}
         try:
             with conn.transaction():
-                conn.execute(queries.ROUTES_UNLOCK, {"lock_key": self.lock_key})
+                conn.execute(queries.LOCK_ROUTES)  # no registration judges us meanwhile
+                row = conn.execute(queries.ROUTES_RECORDED, params).fetchone()
+                recorded = row is not None and row[0] == len(self.routes)
+                if recorded:
+                    conn.execute(queries.ROUTES_LOCK_KEEP, params)
+        except psycopg.Error as exc:
+            raise DatabaseError(f"cannot keep the routes live: {describe_error(exc)}") from exc
+        if not recorded:
+            self.register(conn)
+
+    def release(self, conn: Connection) -> None:
+        """Mark the routes stopped and release the liveness lock (the routes stay recorded as
+        the last ones used). Best effort: if Postgres cannot be reached, the lock goes with
+        the session, except behind a transaction pooler (see `keep`)."""
+        params = {"lock_key": self.lock_key}
+        try:
+            with conn.transaction():
+                conn.execute(queries.ROUTES_STOPPED, params)
+                conn.execute(queries.ROUTES_UNLOCK, params)
         except psycopg.Error:
-            pass  # a broken connection has released it already
+            pass  # a broken connection has released the lock already

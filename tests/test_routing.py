@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from reactor import submit
+from reactor import queries, submit
 from reactor.demo import DEMO_RUNS_KEY
 from reactor.jobs import job_id
 from reactor.registry import NO_ROUTE_HINT, load_routes
@@ -26,6 +26,7 @@ from tests.support.env import Env
 from tests.support.processes import Process, start_reactor, start_worker
 from tests.support.rows import states
 from tests.support.rq_state import queue_ids
+from tests.support.waiting import wait_for
 
 OK = "photo.process=tests.handlers.ok"
 FAILS = "photo.process=tests.handlers.always_fails"
@@ -135,6 +136,48 @@ def test_a_conflicting_route_is_refused_while_its_reactor_runs(
     assert load_routes(conn)["photo.process"].handler == "tests.handlers.always_fails"
     after = cli(env, "status").stdout
     assert "photo.process=tests.handlers.always_fails@photo-process  no running reactor" in after
+
+
+def test_a_reactor_whose_routes_were_taken_over_stops_with_the_conflict(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
+) -> None:
+    """A running reactor checks its routes at every sweep. If another reactor took it for
+    stopped (behind a pooler, its lock can vanish for a moment), forgot its rows and recorded
+    another route for its type, it stops (exit 2, one line) rather than dispatch against it;
+    a reactor whose rows were only marked stopped records them again and runs on."""
+    first = start_reactor(
+        spawn, "--route", OK, "--sweep-interval", "0.3", name="first", **NO_ROUTES
+    )
+    conn.execute("UPDATE reactor_routes SET stopped_at = now()")
+    wait_for(
+        lambda: live_reactors(conn) == 1, timeout=30, what="the first recording its routes again"
+    )
+    # What a second reactor's registration does when it finds the first not live.
+    with conn.transaction():
+        conn.execute(queries.LOCK_ROUTES)
+        conn.execute("DELETE FROM reactor_routes")
+        conn.execute("SELECT pg_advisory_lock(reactor_routes_lock_class(), 4242)")
+        conn.execute(
+            "INSERT INTO reactor_routes (type, handler, queue, lock_key, registered_by)"
+            " VALUES ('photo.process', 'tests.handlers.always_fails', 'photo-process', 4242,"
+            " 'the second')"
+        )
+    assert first.exit_code(timeout=30) == 2
+    expected = (
+        "reactor: error: route photo.process=tests.handlers.ok@photo-process conflicts with "
+        "photo.process=tests.handlers.always_fails@photo-process of the running reactor "
+        "the second"
+    )
+    assert any(line.startswith(expected) for line in first.lines), first.output()
+    assert "Traceback" not in first.output()
+    assert load_routes(conn)["photo.process"].handler == "tests.handlers.always_fails"
+
+
+def live_reactors(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute(
+        "SELECT count(*) FROM reactor_routes WHERE reactor_routes_live(lock_key)"
+    ).fetchone()
+    return int(row[0]) if row else 0
 
 
 def test_status_without_any_route_says_no_route(env: Env, conn: psycopg.Connection[Any]) -> None:

@@ -10,6 +10,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import psycopg
@@ -360,3 +361,100 @@ def test_reactor_and_workers_through_pgbouncer(env: Env, spawn: Callable[..., Pr
         assert proc.proc.poll() is None, proc.output()
         assert "prepared statement" not in proc.output(), proc.output()
     assert "prepared statement" not in bouncer.log()
+
+
+def test_routes_behind_pgbouncer_are_live_while_the_reactor_runs_and_end_when_it_stops(
+    env: Env, spawn: Callable[..., Process]
+) -> None:
+    """Behind PgBouncer in transaction mode the routes' liveness lock stays with the server
+    session that took it. A running reactor is still live after that session is closed (it
+    takes the lock again at its next sweep), and a clean stop ends its liveness at once, so
+    the route can be changed without waiting for the pooler."""
+    binary = pgbouncer_binary()
+    if binary is None:
+        pytest.skip("pgbouncer is not installed (Debian: apt-get install pgbouncer)")
+    server = urlsplit(env.pg_server_url)
+    user = server.username or os.environ.get("PGUSER") or os.environ.get("USER", "postgres")
+    if server.password:
+        pytest.skip("the PgBouncer test needs a trust-auth Postgres server")
+    bouncer = PgBouncer(binary, server.hostname or "127.0.0.1", server.port or 5432, user)
+    env.cleanups.append(bouncer.close)
+    admin = env.connect()
+    admin.execute(SCHEMA)
+    env.database_url = f"postgresql://{user}@127.0.0.1:{bouncer.port}/{env.database_name}"
+    no_routes = {"REACTOR_ROUTES": ""}
+    ok, fails = "photo.process=tests.handlers.ok", "photo.process=tests.handlers.always_fails"
+    reactor = start_reactor(
+        spawn,
+        *("--doorbell", "poll-only", "--poll-interval", "0.2", "--sweep-interval", "0.3"),
+        *("--route", ok),
+        **no_routes,
+    )
+
+    def holders() -> list[int]:
+        return [
+            pid
+            for (pid,) in admin.execute(
+                "SELECT l.pid FROM pg_locks AS l JOIN reactor_routes AS r"
+                " ON l.objid = r.lock_key::oid AND l.objsubid = 2"
+                " WHERE l.locktype = 'advisory' AND l.granted"
+                " AND l.classid = reactor_routes_lock_class()::oid"
+            )
+        ]
+
+    def change_route() -> subprocess.CompletedProcess[str]:
+        return run_cli(env, "sweep", "--route", fails, extra_env=no_routes)
+
+    refused = change_route()
+    assert refused.returncode == 2 and "conflicts with" in refused.stderr, refused.stderr
+    # PgBouncer closes the server session holding the lock (as server_lifetime would).
+    (holder,) = holders()
+    admin.execute("SELECT pg_terminate_backend(%s)", [holder])
+    wait_for(
+        lambda: holders() not in ([], [holder]),
+        timeout=30,
+        what="the running reactor holding its routes' lock again",
+    )
+    refused = change_route()
+    assert refused.returncode == 2 and "conflicts with" in refused.stderr, refused.stderr
+
+    # Stop while another client's transaction holds the server session with the lock, so the
+    # stopping reactor's unlock runs on another session and cannot release it: as when the
+    # pooler handed that session on. Only the stop mark can end the liveness then.
+    (holder,) = holders()
+    pinned = pin_server_session(env.database_url, holder)
+    try:
+        assert reactor.stop() == 0
+        assert holders() == [holder]
+        changed = change_route()
+        assert changed.returncode == 0, changed.stderr
+    finally:
+        pinned.close()
+    assert admin.execute(
+        "SELECT count(*) FROM reactor_routes WHERE stopped_at IS NULL"
+    ).fetchone() == (0,)
+    latest = admin.execute("SELECT handler FROM reactor_routes ORDER BY registered_at DESC LIMIT 1")
+    assert latest.fetchone() == ("tests.handlers.always_fails",)
+
+
+def pin_server_session(url: str, pid: int) -> psycopg.Connection[Any]:
+    """A client connection through the pooler inside a transaction on the server session
+    `pid` (transaction mode pins a server session to a client for a transaction)."""
+    deadline = time.monotonic() + 30
+    others: list[psycopg.Connection[Any]] = []
+    try:
+        while time.monotonic() < deadline:
+            conn = psycopg.connect(url, autocommit=True)
+            conn.execute("BEGIN")
+            row = conn.execute("SELECT pg_backend_pid()").fetchone()
+            if row == (pid,):
+                return conn
+            others.append(conn)  # pinned meanwhile, so the next client gets another session
+            if len(others) >= 2:
+                for other in others:
+                    other.close()
+                others = []
+        raise AssertionError(f"no client got the server session {pid}")
+    finally:
+        for other in others:
+            other.close()
