@@ -37,6 +37,7 @@ with exponential backoff and jitter, forever; Redis failures roll the batch back
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import gc
 import logging
@@ -91,6 +92,10 @@ HINT_DRAIN_GAP_SECONDS = 0.01
 #: Look up the next due time before any wait that may last longer than this (not before
 #: every 1 ms poll: a poll finds rows that became due anyway).
 NEXT_DUE_LOOKUP_SECONDS = 0.05
+#: Check this often (or every sweep, if sweeps come sooner) that the routes are still recorded
+#: as this reactor's and their liveness lock held (behind a transaction pooler, the server
+#: session holding it can be closed).
+KEEP_ROUTES_SECONDS = 5.0
 
 
 def _jittered(seconds: float) -> float:
@@ -176,6 +181,8 @@ class Reactor:
         self._pruner: Pruner | None = None
         # The loop's state between turns.
         self._next_sweep = 0.0  # set by `start()`
+        self._next_keep = 0.0  # when to check the routes are still ours (`_keep_routes`)
+        self._keep_interval = min(KEEP_ROUTES_SECONDS, settings.sweep_interval_seconds)
         self._next_due: float | None = None  # when the next row becomes due (monotonic)
         self._due_known = False  # _next_due was looked up after the last drain
         self._backlog = True  # drain every type at the next turn
@@ -192,6 +199,14 @@ class Reactor:
                 recorded, a route that conflicts with a running reactor's, Redis credentials
                 or scripting (which the enqueue needs) refused.
         """
+        try:
+            self._start()
+        except BaseException:
+            self._release_routes()  # the routes of a reactor that never ran are not live
+            raise
+        self._next_keep = time.monotonic() + self._keep_interval
+
+    def _start(self) -> None:
         try:
             conn = db.connect(self.settings.database_url, purpose="work")
             try:
@@ -453,6 +468,7 @@ class Reactor:
             t
             for t in (
                 self._next_sweep,
+                self._next_keep if self._registration is not None else None,
                 self._next_due,
                 None if bell_in is None else now + bell_in,
                 self._hints_due if self._hinted else None,
@@ -470,6 +486,9 @@ class Reactor:
 
         # 3. The work, the first that is due.
         now = time.monotonic()
+        if self._registration is not None and now >= self._next_keep:
+            self._next_keep = now + self._keep_interval
+            self._keep_routes()
         sweep: SweepResult | None = None
         result: DrainResult | SweepResult
         if now >= self._next_sweep:
@@ -605,13 +624,47 @@ class Reactor:
             dispatcher.drain, wanted, should_stop, DRAIN_SLICE_SECONDS
         )
 
+    def _keep_routes(self) -> None:
+        """Keep this reactor's routes live (`RouteRegistration.keep`).
+
+        Raises:
+            ConfigError: another reactor took one of our types over with another route.
+            DatabaseError: the connection failed (the caller reconnects).
+        """
+        assert self._registration is not None and self._work is not None
+        try:
+            self._registration.keep(self._work)
+        except StatementError as exc:
+            # The routes' table stayed locked: try again at the next check, dispatch on.
+            logger.warning("routes_keep_failed error=%s", exc)
+
+    def _release_routes(self) -> None:
+        """Mark our routes stopped: on the work connection, else on a new one. Behind a
+        transaction pooler nothing else ends their liveness (the lock stays with a server
+        session), so a failure is logged."""
+        registration = self._registration
+        if registration is None:
+            return
+        if self._work_connection_ok():
+            assert self._work is not None
+            if registration.release(self._work):
+                return
+        try:
+            with contextlib.closing(db.connect(self.settings.database_url, purpose="work")) as conn:
+                if registration.release(conn):
+                    return
+        except (DatabaseError, ConfigError):
+            pass
+        logger.warning(
+            "routes_not_marked_stopped (they count as running until the session holding their"
+            " lock ends)"
+        )
+
     def _should_stop(self) -> bool:
         return self.stopper.requested
 
     def _sweep(self) -> SweepResult:
         assert self._sweeper is not None
-        if self._registration is not None and self._work is not None:
-            self._registration.keep(self._work)
         result = self._sweeper.run_once(self._should_stop, DRAIN_SLICE_SECONDS)
         if self._http is not None:
             self._sweeper.refresh_backlog_metrics()
@@ -632,8 +685,6 @@ class Reactor:
             self._http.shutdown()
             self._http.server_close()
             self._http = None
-        if self._registration is not None and self._work_connection_ok():
-            assert self._work is not None
-            self._registration.release(self._work)
+        self._release_routes()
         self._drop_connections()
         self._redis.close()

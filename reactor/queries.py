@@ -56,9 +56,10 @@ __all__ = [
     "REQUEUE_FAILED",
     "REQUEUE_PHOTOS",
     "RESUME_TYPES",
+    "ROUTES_KEPT",
     "ROUTES_LOCK_KEEP",
+    "ROUTES_LOCK_TIMEOUT",
     "ROUTES_LOCK_TRY",
-    "ROUTES_RECORDED",
     "ROUTES_STOPPED",
     "ROUTES_UNLOCK",
     "SCHEMA_VERSION",
@@ -203,23 +204,29 @@ LOCK_ROUTES = "LOCK TABLE reactor_routes IN SHARE ROW EXCLUSIVE MODE"
 #: Take this reactor's session-level liveness lock (true when granted).
 ROUTES_LOCK_TRY = "SELECT pg_try_advisory_lock(reactor_routes_lock_class(), %(lock_key)s)"
 
-#: Take it again if no session holds it (behind a transaction pooler, the server session that
-#: took it may have been closed); true when some session holds it now.
+#: Whether this reactor's routes are in order: (its rows recorded and not marked stopped,
+#: whether some session holds its lock). Reads only.
+ROUTES_KEPT = """
+SELECT count(*), reactor_routes_lock_held(%(lock_key)s)
+  FROM reactor_routes
+ WHERE lock_key = %(lock_key)s AND stopped_at IS NULL
+"""
+
+#: Take the lock again if no session holds it (behind a transaction pooler, the server
+#: session that took it may have been closed).
 ROUTES_LOCK_KEEP = """
 SELECT CASE WHEN reactor_routes_lock_held(%(lock_key)s) THEN true
             ELSE pg_try_advisory_lock(reactor_routes_lock_class(), %(lock_key)s) END
 """
 
-#: How many of this reactor's rows are still recorded and not marked stopped (a reactor that
-#: took it for stopped forgets them).
-ROUTES_RECORDED = """
-SELECT count(*) FROM reactor_routes WHERE lock_key = %(lock_key)s AND stopped_at IS NULL
-"""
-
 #: A stopping reactor's rows are no longer live, whichever session holds its lock.
 ROUTES_STOPPED = """
-UPDATE reactor_routes SET stopped_at = now() WHERE lock_key = %(lock_key)s AND stopped_at IS NULL
+UPDATE reactor_routes SET stopped_at = now()
+ WHERE lock_key = ANY (%(own_keys)s::integer[]) AND stopped_at IS NULL
 """
+
+#: How long upkeep waits for the routes' table lock (a registration holds it for a moment).
+ROUTES_LOCK_TIMEOUT = "SET LOCAL lock_timeout = '2s'"
 
 #: Release the lock (when this session holds it).
 ROUTES_UNLOCK = "SELECT pg_advisory_unlock(reactor_routes_lock_class(), %(lock_key)s)"
@@ -241,7 +248,7 @@ SELECT r.type, r.handler, r.queue, r.registered_by, r.registered_at
 FORGET_DEAD_ROUTES = """
 DELETE FROM reactor_routes AS r
  WHERE r.type = ANY (%(types)s::text[])
-   AND (r.lock_key = %(lock_key)s OR NOT reactor_routes_live(r.lock_key))
+   AND (r.lock_key = ANY (%(own_keys)s::integer[]) OR NOT reactor_routes_live(r.lock_key))
 """
 
 RECORD_ROUTE = """

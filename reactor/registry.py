@@ -7,8 +7,9 @@ stopped (`release`, when it stops) and its lock is held. Connected straight to P
 lock goes with the reactor's session, so a reactor killed outright stops being live at once.
 Behind a transaction pooler the lock stays with the server session that took it: a clean
 stop still ends liveness at once (the mark), a reactor killed outright stays live until the
-pooler closes that server session, and a running reactor takes its lock again at every sweep
-if the pooler closed it (`keep`).
+pooler closes that server session, and a running reactor takes its lock again within seconds
+if the pooler closed it (`keep`). A reactor that registers again after a reconnect while its
+old session still holds the lock takes a new key and forgets its rows under the old one.
 
 Registration refuses a route that differs from one a live reactor uses for the same type (one
 `ConfigError` line), so two running reactors never route a type differently. Routes of
@@ -23,17 +24,19 @@ no route recorded and none given is a `ConfigError` that says how to route.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import psycopg
 
 from reactor import queries
-from reactor.db import Connection, describe_error
+from reactor.db import Connection, describe_error, translate_error
 from reactor.errors import ConfigError, DatabaseError
 from reactor.routes import Route, format_route
 
@@ -44,6 +47,8 @@ __all__ = [
     "load_routes",
     "read_recorded_routes",
 ]
+
+logger = logging.getLogger(__name__)
 
 #: The error when a dispatching process has no route from anywhere.
 NO_ROUTE_HINT = "no route: pass --route TYPE=module.func or set REACTOR_ROUTES"
@@ -98,6 +103,12 @@ class RouteRegistration:
         self.routes = dict(routes)
         self.registered_by = registered_by or f"{socket.gethostname()} pid {os.getpid()}"
         self.lock_key = random.randint(1, _LOCK_KEY_MAX)
+        # Every key this process recorded rows under: after a reconnect behind a pooler, the
+        # old key's lock may still be held by the server session that took it.
+        self._own_keys = [self.lock_key]
+
+    def _params(self) -> dict[str, Any]:
+        return {"lock_key": self.lock_key, "own_keys": self._own_keys}
 
     def register(self, conn: Connection) -> None:
         """Record the routes and hold their liveness lock on `conn` (a non-autocommit
@@ -112,8 +123,8 @@ class RouteRegistration:
             "types": [r.type for r in routes],
             "handlers": [r.handler for r in routes],
             "queues": [r.queue for r in routes],
-            "lock_key": self.lock_key,
             "registered_by": self.registered_by,
+            **self._params(),
         }
         try:
             with conn.transaction():
@@ -122,9 +133,11 @@ class RouteRegistration:
                 if not conflicts:
                     row = conn.execute(queries.ROUTES_LOCK_TRY, params).fetchone()
                     if not (row and row[0]):
-                        # Another session holds this random key: take another one.
+                        # Another session holds this key (a random one's, or our own old
+                        # session's behind a pooler): take another; our old rows go below.
                         self.lock_key = random.randint(1, _LOCK_KEY_MAX)
-                        params["lock_key"] = self.lock_key
+                        self._own_keys.append(self.lock_key)
+                        params.update(self._params())
                         conn.execute(queries.ROUTES_LOCK_TRY, params)
                     conn.execute(queries.FORGET_DEAD_ROUTES, params)
                     conn.execute(queries.RECORD_ROUTE, params)
@@ -140,36 +153,43 @@ class RouteRegistration:
             )
 
     def keep(self, conn: Connection) -> None:
-        """Keep the routes live (the reactor calls this at every sweep): hold the lock again
-        if no session holds it, which happens behind a transaction pooler when the server
-        session that took it is closed; and record the routes again if a reactor that took
-        this one for stopped meanwhile forgot them.
+        """Keep the routes live (the reactor calls this every few seconds): one read when all
+        is in order. Otherwise hold the lock again if no session holds it (behind a
+        transaction pooler, when the server session that took it is closed), and record the
+        routes again if they were marked stopped or forgotten by a reactor that took this one
+        for stopped.
 
         Raises:
             ConfigError: meanwhile, a reactor recorded another route for one of our types.
+            StatementError: the routes' table stayed locked (by someone else) for 2 s.
             DatabaseError: Postgres failed.
         """
-        params = {"lock_key": self.lock_key}
+        params = self._params()
         try:
             with conn.transaction():
+                row = conn.execute(queries.ROUTES_KEPT, params).fetchone()
+                if row == (len(self.routes), True):
+                    return
+                conn.execute(queries.ROUTES_LOCK_TIMEOUT)
                 conn.execute(queries.LOCK_ROUTES)  # no registration judges us meanwhile
-                row = conn.execute(queries.ROUTES_RECORDED, params).fetchone()
+                row = conn.execute(queries.ROUTES_KEPT, params).fetchone()
                 recorded = row is not None and row[0] == len(self.routes)
                 if recorded:
                     conn.execute(queries.ROUTES_LOCK_KEEP, params)
         except psycopg.Error as exc:
-            raise DatabaseError(f"cannot keep the routes live: {describe_error(exc)}") from exc
+            raise translate_error(exc, "cannot keep the routes live", conn) from exc
         if not recorded:
+            logger.warning("routes_recorded_again lock_key=%d", self.lock_key)
             self.register(conn)
 
-    def release(self, conn: Connection) -> None:
+    def release(self, conn: Connection) -> bool:
         """Mark the routes stopped and release the liveness lock (the routes stay recorded as
-        the last ones used). Best effort: if Postgres cannot be reached, the lock goes with
-        the session, except behind a transaction pooler (see `keep`)."""
-        params = {"lock_key": self.lock_key}
+        the last ones used); whether the mark was written."""
+        params = self._params()
         try:
             with conn.transaction():
                 conn.execute(queries.ROUTES_STOPPED, params)
                 conn.execute(queries.ROUTES_UNLOCK, params)
         except psycopg.Error:
-            pass  # a broken connection has released the lock already
+            return False
+        return True

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 from collections.abc import Callable
 from typing import Any
@@ -18,8 +19,8 @@ import pytest
 from reactor import queries, submit
 from reactor.demo import DEMO_RUNS_KEY
 from reactor.jobs import job_id
-from reactor.registry import NO_ROUTE_HINT, load_routes
-from reactor.routes import Route
+from reactor.registry import NO_ROUTE_HINT, RouteRegistration, load_routes
+from reactor.routes import Route, parse_route
 from tests.handlers import SCHEMA
 from tests.support.cli import run_cli
 from tests.support.env import Env
@@ -171,6 +172,52 @@ def test_a_reactor_whose_routes_were_taken_over_stops_with_the_conflict(
     assert any(line.startswith(expected) for line in first.lines), first.output()
     assert "Traceback" not in first.output()
     assert load_routes(conn)["photo.process"].handler == "tests.handlers.always_fails"
+
+
+def test_a_registration_again_on_a_new_session_leaves_no_live_rows_behind(
+    env: Env, conn: psycopg.Connection[Any]
+) -> None:
+    """After a reconnect behind a pooler, the old server session may still hold the lock: the
+    registration then takes a new key, and its rows under the old key must not stay live."""
+    registration = RouteRegistration({"photo.process": parse_route(OK)})
+    kept = env.connect(autocommit=False)  # the old session, which the pooler keeps
+    registration.register(kept)
+    assert live_reactors(conn) == 1
+    registration.register(env.connect(autocommit=False))  # the reconnect
+    assert live_reactors(conn) == 1
+    assert registration.release(env.connect(autocommit=False))
+    assert live_reactors(conn) == 0
+    RouteRegistration({"photo.process": parse_route(FAILS)}).register(env.connect(autocommit=False))
+    assert load_routes(conn)["photo.process"].handler == "tests.handlers.always_fails"
+
+
+def test_a_reactor_that_fails_to_start_marks_its_routes_stopped(
+    env: Env, conn: psycopg.Connection[Any]
+) -> None:
+    """A start that fails after the routes were recorded (here: the metrics port is taken)
+    marks them stopped, so behind a pooler they do not stay live with a leftover lock."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        out = one_line(cli(env, "run", "--route", OK, "--metrics-port", str(port)), 2)
+    assert "cannot serve metrics" in out, out
+    rows = conn.execute("SELECT stopped_at IS NOT NULL FROM reactor_routes").fetchall()
+    assert rows == [(True,)]
+
+
+def test_a_reactor_stopping_with_a_broken_work_connection_marks_its_routes_stopped(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
+) -> None:
+    proc = reactor(spawn, "--route", OK)
+    (pid,) = conn.execute(
+        "SELECT pid FROM pg_stat_activity"
+        " WHERE datname = current_database() AND application_name = 'photo-reactor work'"
+    ).fetchone() or (None,)
+    conn.execute("SELECT pg_terminate_backend(%s)", [pid])
+    assert proc.stop() == 0
+    rows = conn.execute("SELECT stopped_at IS NOT NULL FROM reactor_routes").fetchall()
+    assert rows == [(True,)], proc.output()
 
 
 def live_reactors(conn: psycopg.Connection[Any]) -> int:
