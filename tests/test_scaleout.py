@@ -293,10 +293,9 @@ def pgbouncer_binary() -> str | None:
     return "/usr/sbin/pgbouncer" if Path("/usr/sbin/pgbouncer").exists() else None
 
 
-def test_reactor_and_workers_through_pgbouncer(env: Env, spawn: Callable[..., Process]) -> None:
-    """A poll-only reactor and two forking `rq worker`s, all through PgBouncer in transaction
-    mode with fewer server connections than clients (so consecutive transactions of one client
-    run on different server sessions): no row may fail or be lost."""
+def pgbouncer_in_front(env: Env) -> tuple[PgBouncer, str]:
+    """PgBouncer in transaction mode in front of the test server (the test is skipped when it
+    cannot run), and the URL of the test database through it."""
     binary = pgbouncer_binary()
     if binary is None:
         pytest.skip("pgbouncer is not installed (Debian: apt-get install pgbouncer)")
@@ -306,7 +305,14 @@ def test_reactor_and_workers_through_pgbouncer(env: Env, spawn: Callable[..., Pr
         pytest.skip("the PgBouncer test needs a trust-auth Postgres server")
     bouncer = PgBouncer(binary, server.hostname or "127.0.0.1", server.port or 5432, user)
     env.cleanups.append(bouncer.close)
-    pooled = f"postgresql://{user}@127.0.0.1:{bouncer.port}/{env.database_name}"
+    return bouncer, f"postgresql://{user}@127.0.0.1:{bouncer.port}/{env.database_name}"
+
+
+def test_reactor_and_workers_through_pgbouncer(env: Env, spawn: Callable[..., Process]) -> None:
+    """A poll-only reactor and two forking `rq worker`s, all through PgBouncer in transaction
+    mode with fewer server connections than clients (so consecutive transactions of one client
+    run on different server sessions): no row may fail or be lost."""
+    bouncer, pooled = pgbouncer_in_front(env)
     admin = env.connect()
     admin.execute(SCHEMA)
     env.database_url = pooled  # the reactor's and the workers' DATABASE_URL
@@ -368,20 +374,12 @@ def test_routes_behind_pgbouncer_are_live_while_the_reactor_runs_and_end_when_it
 ) -> None:
     """Behind PgBouncer in transaction mode the routes' liveness lock stays with the server
     session that took it. A running reactor is still live after that session is closed (it
-    takes the lock again at its next sweep), and a clean stop ends its liveness at once, so
+    takes the lock again at its next check of its routes), and a clean stop ends its liveness at once, so
     the route can be changed without waiting for the pooler."""
-    binary = pgbouncer_binary()
-    if binary is None:
-        pytest.skip("pgbouncer is not installed (Debian: apt-get install pgbouncer)")
-    server = urlsplit(env.pg_server_url)
-    user = server.username or os.environ.get("PGUSER") or os.environ.get("USER", "postgres")
-    if server.password:
-        pytest.skip("the PgBouncer test needs a trust-auth Postgres server")
-    bouncer = PgBouncer(binary, server.hostname or "127.0.0.1", server.port or 5432, user)
-    env.cleanups.append(bouncer.close)
+    _, pooled = pgbouncer_in_front(env)
     admin = env.connect()
     admin.execute(SCHEMA)
-    env.database_url = f"postgresql://{user}@127.0.0.1:{bouncer.port}/{env.database_name}"
+    env.database_url = pooled
     no_routes = {"REACTOR_ROUTES": ""}
     ok, fails = "photo.process=tests.handlers.ok", "photo.process=tests.handlers.always_fails"
     reactor = start_reactor(
