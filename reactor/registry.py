@@ -103,8 +103,8 @@ class RouteRegistration:
         self.routes = dict(routes)
         self.registered_by = registered_by or f"{socket.gethostname()} pid {os.getpid()}"
         self.lock_key = random.randint(1, _LOCK_KEY_MAX)
-        # Every key this process recorded rows under: after a reconnect behind a pooler, the
-        # old key's lock may still be held by the server session that took it.
+        # The keys this process may still have rows under: after a reconnect behind a pooler,
+        # the old key's lock may still be held by the server session that took it.
         self._own_keys = [self.lock_key]
 
     def _params(self) -> dict[str, Any]:
@@ -143,14 +143,16 @@ class RouteRegistration:
                     conn.execute(queries.RECORD_ROUTE, params)
         except psycopg.Error as exc:
             raise DatabaseError(f"cannot record the routes: {describe_error(exc)}") from exc
-        if conflicts:
-            job_type, handler, queue, by, _ = conflicts[0]
-            mine = format_route(self.routes[job_type])
-            theirs = format_route(Route(job_type, handler, queue))
-            raise ConfigError(
-                f"route {mine} conflicts with {theirs} of the running reactor {by}: "
-                f"use the same route, or stop the reactors of {job_type!r} to change it"
-            )
+        if not conflicts:
+            self._own_keys = [self.lock_key]  # the rows under older keys are gone now
+            return
+        job_type, handler, queue, by, _ = conflicts[0]
+        mine = format_route(self.routes[job_type])
+        theirs = format_route(Route(job_type, handler, queue))
+        raise ConfigError(
+            f"route {mine} conflicts with {theirs} of the running reactor {by}: "
+            f"use the same route, or stop the reactors of {job_type!r} to change it"
+        )
 
     def keep(self, conn: Connection) -> None:
         """Keep the routes live (the reactor calls this every few seconds): one read when all
