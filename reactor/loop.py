@@ -92,9 +92,11 @@ HINT_DRAIN_GAP_SECONDS = 0.01
 #: Look up the next due time before any wait that may last longer than this (not before
 #: every 1 ms poll: a poll finds rows that became due anyway).
 NEXT_DUE_LOOKUP_SECONDS = 0.05
-#: Check this often (or every sweep, if sweeps come sooner) that the routes are still recorded
-#: as this reactor's and their liveness lock held (behind a transaction pooler, the server
-#: session holding it can be closed).
+#: Check at most this often (or every sweep, if sweeps come sooner) that the routes are still
+#: recorded as this reactor's and their liveness lock held (behind a transaction pooler, the
+#: server session holding it can be closed). The check rides on turns that wake anyway: a
+#: polling reactor, the kind that runs behind a pooler, makes it every few seconds, and it
+#: wakes nothing by itself (a poll-only reactor would poll at each such wake-up).
 KEEP_ROUTES_SECONDS = 5.0
 
 
@@ -468,7 +470,6 @@ class Reactor:
             t
             for t in (
                 self._next_sweep,
-                self._next_keep if self._registration is not None else None,
                 self._next_due,
                 None if bell_in is None else now + bell_in,
                 self._hints_due if self._hinted else None,

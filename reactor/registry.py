@@ -7,9 +7,10 @@ stopped (`release`, when it stops) and its lock is held. Connected straight to P
 lock goes with the reactor's session, so a reactor killed outright stops being live at once.
 Behind a transaction pooler the lock stays with the server session that took it: a clean
 stop still ends liveness at once (the mark), a reactor killed outright stays live until the
-pooler closes that server session, and a running reactor takes its lock again within seconds
-if the pooler closed it (`keep`). A reactor that registers again after a reconnect while its
-old session still holds the lock takes a new key and forgets its rows under the old one.
+pooler closes that server session, and a running reactor takes its lock again at its next
+check if the pooler closed it (`keep`). A reactor that registers again after a reconnect
+while its old session still holds the lock takes a new key and forgets its rows under the
+old one.
 
 Registration refuses a route that differs from one a live reactor uses for the same type (one
 `ConfigError` line), so two running reactors never route a type differently. Routes of
@@ -155,7 +156,7 @@ class RouteRegistration:
         )
 
     def keep(self, conn: Connection) -> None:
-        """Keep the routes live (the reactor calls this every few seconds): one read when all
+        """Keep the routes live (the reactor calls this every 5 s or sweep): one read when all
         is in order. Otherwise hold the lock again if no session holds it (behind a
         transaction pooler, when the server session that took it is closed), and record the
         routes again if they were marked stopped or forgotten by a reactor that took this one

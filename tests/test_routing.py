@@ -142,11 +142,11 @@ def test_a_conflicting_route_is_refused_while_its_reactor_runs(
 def test_a_reactor_whose_routes_were_taken_over_stops_with_the_conflict(
     env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
 ) -> None:
-    """A running reactor checks its routes every few seconds (here at every sweep, which
-    comes sooner). If another reactor took it for stopped (behind a pooler, its lock can
-    vanish for a moment), forgot its rows and recorded another route for its type, it stops
-    (exit 2, one line) rather than dispatch against it; a reactor whose rows were only marked
-    stopped records them again and runs on."""
+    """A running reactor checks its routes at every sweep (and every 5 s while polling). If
+    another reactor took it for stopped (behind a pooler, its lock can vanish for a moment),
+    forgot its rows and recorded another route for its type, it stops (exit 2, one line)
+    rather than dispatch against it; a reactor whose rows were only marked stopped records
+    them again and runs on."""
     first = start_reactor(
         spawn, "--route", OK, "--sweep-interval", "0.3", name="first", **NO_ROUTES
     )
