@@ -50,6 +50,8 @@ __all__ = [
     "backoff_seconds",
     "error_text",
     "finish",
+    "note_done",
+    "peek_params",
     "start",
     "warm_up",
 ]
@@ -189,20 +191,26 @@ def warm_up(store: Store) -> None:
         raise
 
 
-def start(store: Store, settings: WorkerSettings, ref: JobRef) -> int | None:
+def peek_params(settings: WorkerSettings, ref: JobRef) -> dict[str, Any]:
+    """The parameters of `queries.ATTEMPT_PEEK` for this attempt."""
+    return {**_params(ref), "fresh": settings.heartbeat_seconds * HEARTBEAT_SLACK}
+
+
+def start(store: Store, settings: WorkerSettings, ref: JobRef, *, peek: bool = True) -> int | None:
     """The fenced start; the row's `max_attempts`, or None when the attempt must not run.
 
     A row `active` at this attempt that the claim stamped less than `HEARTBEAT_SLACK`
-    heartbeat intervals ago is only read: no write, no WAL, no new row version.
+    heartbeat intervals ago is only read: no write, no WAL, no new row version. `peek=False`:
+    the caller peeked already and found the row not fresh.
 
     Raises:
         DatabaseError: Postgres stayed unreachable (the row is left to the stale rescue).
     """
     params = _params(ref)
-    fresh = settings.heartbeat_seconds * HEARTBEAT_SLACK
-    _, row = store.execute(queries.ATTEMPT_PEEK, {**params, "fresh": fresh})
-    if row is not None:
-        return int(row[0])
+    if peek:
+        _, row = store.execute(queries.ATTEMPT_PEEK, peek_params(settings, ref))
+        if row is not None:
+            return int(row[0])
     _, row = store.execute(queries.ATTEMPT_START, params)
     if row is not None:
         return int(row[0])
@@ -210,6 +218,13 @@ def start(store: Store, settings: WorkerSettings, ref: JobRef) -> int | None:
     why = "row missing" if current is None else f"row is {current[0]} at attempt {current[1]}"
     logger.info("attempt_skipped %s (%s)", describe(ref), why)
     return None
+
+
+def note_done(ref: JobRef, changed: int) -> bool:
+    """Whether the `done` write changed the row; a superseded one is logged."""
+    if changed == 0:
+        logger.warning("completion_superseded %s", describe(ref))
+    return changed > 0
 
 
 def finish(
@@ -222,10 +237,7 @@ def finish(
     """
     params = _params(ref)
     if outcome.kind == "ok":
-        changed = store.execute(queries.ATTEMPT_DONE, params)[0]
-        if changed == 0:
-            logger.warning("completion_superseded %s", describe(ref))
-        return changed > 0
+        return note_done(ref, store.execute(queries.ATTEMPT_DONE, params)[0])
     params["error"] = outcome.error
     if outcome.kind == "permanent":
         changed = store.execute(queries.ATTEMPT_FAILED, params)[0]

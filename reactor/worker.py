@@ -109,6 +109,8 @@ class Handoff:
     outcome: Outcome | None = None
     #: Settles a `starting` handoff (waits for the fenced start); set by the worker process.
     settle: Callable[[], None] | None = None
+    #: Called with the outcome as soon as it is known (in-process workers only).
+    on_report: Callable[[Outcome], None] | None = None
 
     def wait(self) -> None:
         """Wait until the fenced start has settled `action`."""
@@ -119,6 +121,8 @@ class Handoff:
     def report(self, outcome: Outcome) -> None:
         """Tell the worker process how the handler ended (once)."""
         self.outcome = outcome
+        if self.on_report is not None:
+            self.on_report(outcome)
         if self.report_fd is not None:
             # One write well under the pipe's buffer: the horse never blocks on it.
             os.write(self.report_fd, json.dumps([outcome.kind, outcome.error]).encode())

@@ -11,12 +11,15 @@ For a job of `reactor.worker.perform`, the worker process, not the job:
   kept);
 - does the fenced start before the horse is forked (or the handler called), then hands the
   attempt over to `perform` (`reactor.worker.hand_over`), which only calls the handler and
-  reports how it ended through a pipe made before the fork;
+  reports how it ended through a pipe made before the fork (in memory in-process). The
+  start's read is sent before RQ marks the job started and read back before the fork
+  (`reactor.inflight`: no thread hand-off), so its round trip overlaps RQ's own;
 - heartbeats the row from one long-lived thread, told to beat after the fork and paused
-  before the outcome is written (so no query is ever in flight at a fork), and writes the
-  outcome, fenced by the attempt, once the horse has exited. A horse that dies without
-  reporting (SIGKILL, OOM, the job timeout's kill) is a failed attempt with a `last_error`
-  that says so.
+  before the outcome is written (so no query is ever in flight at a fork, and never two at
+  once), and writes the outcome, fenced by the attempt, once the horse has exited. In-process,
+  a `done` is sent the moment the handler returns and confirmed after RQ has recorded the
+  success. A horse that dies without reporting (SIGKILL, OOM, the job timeout's kill) is a
+  failed attempt with a `last_error` that says so.
 
 The horse never uses the worker's connection: it runs only the handler and leaves with
 `os._exit`, which sends nothing on inherited sockets. Jobs of other functions run as in RQ.
@@ -35,7 +38,6 @@ import logging
 import os
 import signal
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import rq.worker
@@ -45,7 +47,8 @@ from rq.worker.base import BaseWorker
 
 from reactor import db, lifecycle, registry
 from reactor.errors import ConfigError, DatabaseError
-from reactor.jobs import ENTRY_POINT, JobRef
+from reactor.inflight import DONE, PEEK, InFlight
+from reactor.jobs import ENTRY_POINT, JobRef, warm_up_ref
 from reactor.redact import redact
 from reactor.routes import Route, parse_routes
 from reactor.settings import WorkerSettings
@@ -141,12 +144,18 @@ class _Lifecycle(BaseWorker):
                 settings = WorkerSettings(database_url="")
         self.settings = settings
         self._store = lifecycle.Store(settings.database_url)
+        try:
+            prepared = db.prepared_statements_enabled()
+        except ConfigError as exc:
+            self._settings_error = self._settings_error or exc
+            prepared = False
+        # The fenced start's read and the `done` write, overlapped with RQ's Redis work.
+        self._inflight = InFlight(self._store, prepared=prepared)
+        self._done_sent = False
         self._checked = False
         self._heartbeat = lifecycle.Heartbeater(self._store, settings.heartbeat_seconds)
         self._running: Handoff | None = None
         self._max_attempts = 0  # of the running attempt, known once its start settled
-        # The worker's database thread: fenced starts and outcomes, in order, on the store.
-        self._db: ThreadPoolExecutor | None = None
         self._report_fds: tuple[int, int] | None = None
         self._horse_status: int | None = None
 
@@ -177,8 +186,8 @@ class _Lifecycle(BaseWorker):
             raise self._settings_error
         try:
             db.check_schema(self._store.conn)
-            # On the database thread, which this starts: the first job pays for neither.
-            self._database().submit(lifecycle.warm_up, self._store).result()
+            lifecycle.warm_up(self._store)
+            self._warm_up_inflight()
         except DatabaseError as exc:
             raise ConfigError(str(exc)) from exc
         self._heartbeat.start()
@@ -216,23 +225,28 @@ class _Lifecycle(BaseWorker):
     def teardown(self) -> None:
         super().teardown()  # type: ignore[no-untyped-call]
         if not self.is_horse:
-            if self._db is not None:
-                self._db.shutdown(wait=True)  # the last outcome is written before we leave
-                self._db = None
             self._store.close()
 
     # -- one job -----------------------------------------------------------------------------
 
-    def _database(self) -> ThreadPoolExecutor:
-        if self._db is None:
-            self._db = ThreadPoolExecutor(1, thread_name_prefix="reactor-db")
-        return self._db
+    def _warm_up_inflight(self) -> None:
+        """Prepare and plan the overlapped statements on a row that does not exist, so the
+        first job pays for neither (they change nothing)."""
+        params = lifecycle.peek_params(self.settings, warm_up_ref())
+        for statement in (PEEK, DONE):
+            if self._inflight.send(statement, params):
+                self._inflight.receive()
 
-    def _start(self, ref: JobRef, handler: str) -> tuple[Handoff, int]:
-        """The fenced start (on the database thread); the settled handoff and the row's
-        max_attempts (0 if the attempt does not run)."""
+    def _start(self, ref: JobRef, handler: str, sent: bool) -> tuple[Handoff, int]:
+        """Settle the fenced start whose read was sent (if `sent`): the settled handoff and
+        the row's max_attempts (0 if the attempt does not run)."""
+        peeked = self._inflight.receive() if sent else None
         try:
-            max_attempts = lifecycle.start(self._store, self.settings, ref)
+            if peeked is not None and peeked.value is not None:
+                max_attempts: int | None = int(peeked.value)
+            else:
+                # Not fresh, or no answer: the rest of the fenced start on the store (retried).
+                max_attempts = lifecycle.start(self._store, self.settings, ref, peek=peeked is None)
         except DatabaseError as exc:
             logger.error("attempt_unstarted %s error=%s", lifecycle.describe(ref), exc)
             return Handoff(ref, "unstarted", failure=exc), 0
@@ -243,10 +257,20 @@ class _Lifecycle(BaseWorker):
         except HandlerImportError as exc:
             return Handoff(ref, "run", failure=exc), max_attempts
 
-    def _finish(self, ref: JobRef, max_attempts: int, outcome: lifecycle.Outcome) -> None:
-        """Write the outcome (on the database thread)."""
+    def _finish(self, ref: JobRef, outcome: lifecycle.Outcome) -> None:
+        """Write the outcome: `done` as a prepared statement (confirming the one sent when the
+        handler returned, in-process), the rest, and a `done` that found the connection
+        broken, on the store, retried."""
+        done_sent, self._done_sent = self._done_sent, False
+        if outcome.kind == "ok":
+            if not done_sent:
+                done_sent = self._inflight.send(DONE, lifecycle.peek_params(self.settings, ref))
+            written = self._inflight.receive() if done_sent else None
+            if written is not None:
+                lifecycle.note_done(ref, written.rows)
+                return
         try:
-            lifecycle.finish(self._store, self.settings, ref, max_attempts, outcome)
+            lifecycle.finish(self._store, self.settings, ref, self._max_attempts, outcome)
         except DatabaseError as exc:
             logger.error(
                 "outcome_lost %s error=%s (the row is rescued after stale_after)",
@@ -256,11 +280,18 @@ class _Lifecycle(BaseWorker):
         except Exception:
             logger.exception("outcome_lost %s", lifecycle.describe(ref))
 
-    def _begin(self, job: Job) -> Handoff | None:
-        """Send the fenced start of a `perform` job to the database thread and return its
-        handoff, still `starting`; None for a job of another function.
+    def _send_done(self, ref: JobRef, outcome: lifecycle.Outcome) -> None:
+        """In-process, the moment the handler returned: send the `done` write, so that it runs
+        while RQ records the job's success in Redis."""
+        if outcome.kind == "ok":
+            self._heartbeat.pause()  # no beat may share the connection with it
+            self._done_sent = self._inflight.send(DONE, lifecycle.peek_params(self.settings, ref))
 
-        The start runs while RQ does its own bookkeeping in Redis; the handoff settles before
+    def _begin(self, job: Job) -> Handoff | None:
+        """Send the fenced start's read of a `perform` job and return its handoff, still
+        `starting`; None for a job of another function.
+
+        The read runs while RQ does its own bookkeeping in Redis; the handoff settles before
         the horse is forked or the handler is called."""
         try:
             if job.func_name != ENTRY_POINT:
@@ -270,15 +301,16 @@ class _Lifecycle(BaseWorker):
             handler = str(job.kwargs["handler"])
         except Exception:
             return None  # not ours to judge: RQ runs (and fails) it as it is
-        started = self._database().submit(self._start, ref, handler)
+        sent = self._inflight.send(PEEK, lifecycle.peek_params(self.settings, ref))
         handoff = Handoff(ref, "starting")
 
         def settle() -> None:
-            settled, self._max_attempts = started.result()
+            settled, self._max_attempts = self._start(ref, handler, sent)
             handoff.action = settled.action
             handoff.handler, handoff.failure = settled.handler, settled.failure
             if settled.action == "run" and not self.forks:
                 self._heartbeat.beat_for(ref)
+                handoff.on_report = lambda outcome: self._send_done(ref, outcome)
 
         handoff.settle = settle
         return handoff
@@ -291,6 +323,7 @@ class _Lifecycle(BaseWorker):
             return
         self._horse_status = None
         self._max_attempts = 0
+        self._done_sent = False
         hand_over(handoff)
         self._running = handoff
         try:
@@ -301,10 +334,7 @@ class _Lifecycle(BaseWorker):
             handoff.wait()  # RQ may have failed the job before it ran
             if handoff.action == "run":
                 self._heartbeat.pause()
-                outcome = self._collect(handoff)
-                # Written on the database thread while RQ finishes the job and takes the next
-                # one; the next fenced start queues behind it on the same thread.
-                self._database().submit(self._finish, handoff.ref, self._max_attempts, outcome)
+                self._finish(handoff.ref, self._collect(handoff))
 
     def _before_fork(self, handoff: Handoff) -> None:
         """In the worker process, before the fork: settle the start (no query is in flight

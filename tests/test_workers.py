@@ -341,11 +341,24 @@ def test_worker_process_killed_mid_handler_is_rescued_after_stale_after(
     assert ("p1", 2, "ok") in runs(conn, "p1")
 
 
+@pytest.mark.parametrize("prepared", ["0", "1"], ids=["unnamed", "prepared"])
 def test_connection_terminated_between_jobs_and_mid_handler(
-    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], kind: str
+    env: Env,
+    conn: psycopg.Connection[Any],
+    spawn: Callable[..., Process],
+    kind: str,
+    prepared: str,
 ) -> None:
+    # With prepared statements, the new session must have them prepared again.
     start_reactor(spawn, "--route", route("gated"), "--sweep-interval", "60")
-    start_ours(spawn, env, kind, handler="gated", REACTOR_HEARTBEAT_SECONDS="0.2")
+    start_ours(
+        spawn,
+        env,
+        kind,
+        handler="gated",
+        REACTOR_HEARTBEAT_SECONDS="0.2",
+        REACTOR_PREPARED_STATEMENTS=prepared,
+    )
     conn.execute("INSERT INTO gates VALUES ('p1:1')")
     submit(conn, "p1")
     wait_for(lambda: row_of(conn, "p1")[0] == "done", timeout=20, what="p1 done")

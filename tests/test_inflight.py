@@ -1,0 +1,126 @@
+"""`reactor.inflight`: a statement sent without waiting, its result read later.
+
+Against a real Postgres, with and without prepared statements: answers and the fence, a
+statement error, a session that lost its prepared statements, and a session terminated with a
+statement in flight (the store reconnects on the next send).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from reactor.inflight import DONE, PEEK, InFlight
+from reactor.lifecycle import Store
+from tests.support.env import Env
+from tests.support.waiting import wait_for
+
+
+@pytest.fixture(params=[False, True], ids=["unnamed", "prepared"])
+def prepared(request: pytest.FixtureRequest) -> bool:
+    return bool(request.param)
+
+
+@pytest.fixture
+def store(env: Env) -> Iterator[Store]:
+    owner = Store(env.database_url)
+    yield owner
+    owner.close()
+
+
+@pytest.fixture
+def conn(env: Env) -> Iterator[psycopg.Connection[Any]]:
+    with env.connect(autocommit=True) as connection:
+        connection.execute(
+            "INSERT INTO photo_jobs (photo_id, type, state, attempts, max_attempts)"
+            " VALUES ('p1', 'photo.process', 'active', 2, 7)"
+        )
+        yield connection
+
+
+def params(attempt: int, photo_id: str = "p1") -> dict[str, object]:
+    return {"photo_id": photo_id, "type": "photo.process", "attempt": attempt, "fresh": 60.0}
+
+
+def state(conn: psycopg.Connection[Any]) -> tuple[Any, ...]:
+    row = conn.execute("SELECT state, attempts FROM photo_jobs WHERE photo_id = 'p1'").fetchone()
+    assert row is not None
+    return tuple(row)
+
+
+def test_answers_follow_the_fence(
+    store: Store, conn: psycopg.Connection[Any], prepared: bool
+) -> None:
+    inflight = InFlight(store, prepared=prepared)
+    assert inflight.send(PEEK, params(2))
+    peeked = inflight.receive()
+    assert peeked is not None and (peeked.rows, peeked.value) == (1, "7")
+    assert inflight.send(PEEK, params(1))
+    peeked = inflight.receive()
+    assert peeked is not None and (peeked.rows, peeked.value) == (0, None)
+    assert inflight.send(DONE, params(1))  # a superseded attempt
+    written = inflight.receive()
+    assert written is not None and written.rows == 0
+    assert state(conn) == ("active", 2)
+    assert inflight.send(DONE, params(2))
+    written = inflight.receive()
+    assert written is not None and written.rows == 1
+    assert state(conn) == ("done", 2)
+    assert inflight.receive() is None  # nothing in flight
+
+
+def test_a_statement_error_is_no_answer_and_the_connection_stays_usable(
+    store: Store, conn: psycopg.Connection[Any], prepared: bool
+) -> None:
+    inflight = InFlight(store, prepared=prepared)
+    assert inflight.send(PEEK, {**params(2), "attempt": "two"})
+    assert inflight.receive() is None
+    session = store.conn.info.backend_pid
+    assert inflight.send(PEEK, params(2))
+    peeked = inflight.receive()
+    assert peeked is not None and peeked.value == "7"
+    assert store.conn.info.backend_pid == session
+
+
+def test_a_session_that_lost_its_prepared_statements_prepares_them_again(
+    store: Store, conn: psycopg.Connection[Any]
+) -> None:
+    inflight = InFlight(store, prepared=True)
+    assert inflight.send(PEEK, params(2))
+    assert inflight.receive() is not None
+    store.conn.execute("DEALLOCATE ALL")  # what a pooler's reset query does
+    assert inflight.send(PEEK, params(2))
+    assert inflight.receive() is None
+    assert inflight.send(PEEK, params(2))
+    peeked = inflight.receive()
+    assert peeked is not None and peeked.value == "7"
+
+
+def test_a_session_terminated_mid_statement_is_closed_and_the_next_send_reconnects(
+    env: Env, store: Store, conn: psycopg.Connection[Any], prepared: bool
+) -> None:
+    inflight = InFlight(store, prepared=prepared)
+    session = store.conn.info.backend_pid
+    with env.connect() as locker, locker.transaction():
+        # The row is locked: the `done` waits on the server, in flight, until its session ends.
+        locker.execute("SELECT 1 FROM photo_jobs WHERE photo_id = 'p1' FOR UPDATE")
+        assert inflight.send(DONE, params(2))
+        wait_for(
+            lambda: conn.execute(
+                "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [session]
+            ).fetchone()
+            == ("Lock",),
+            timeout=10,
+            what="the done waiting on the row lock",
+        )
+        conn.execute("SELECT pg_terminate_backend(%s)", [session])
+        assert inflight.receive() is None
+    assert state(conn) == ("active", 2)
+    assert inflight.send(DONE, params(2))
+    written = inflight.receive()
+    assert written is not None and written.rows == 1
+    assert store.conn.info.backend_pid != session
+    assert state(conn) == ("done", 2)
