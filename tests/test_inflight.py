@@ -109,10 +109,12 @@ def test_a_session_terminated_mid_statement_is_closed_and_the_next_send_reconnec
         locker.execute("SELECT 1 FROM photo_jobs WHERE photo_id = 'p1' FOR UPDATE")
         assert inflight.send(DONE, params(2))
         wait_for(
-            lambda: conn.execute(
-                "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [session]
-            ).fetchone()
-            == ("Lock",),
+            lambda: (
+                conn.execute(
+                    "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [session]
+                ).fetchone()
+                == ("Lock",)
+            ),
             timeout=10,
             what="the done waiting on the row lock",
         )
