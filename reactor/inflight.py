@@ -12,15 +12,20 @@ Guarantees:
 - a statement that could not be sent, or whose result was an error or never came, is reported
   as such (`send` returns False, `receive` None): the caller then runs it through
   `Store.execute`, which retries with backoff. Every statement here is fenced by the attempt
-  number, so one that reached the server and runs again changes nothing more;
+  number, so one that reached the server and runs again changes nothing more. A parameter that
+  cannot go out as text (a NUL character, a character the session's encoding lacks) is not
+  sent either, and psycopg's own path reports it as before;
+- anything else raised while a statement is sent or awaited (RQ's job timeout, a signal)
+  closes the connection and propagates: the timeout is never absorbed;
+- parameters are encoded in the session's client encoding;
 - with prepared statements enabled (`REACTOR_PREPARED_STATEMENTS`), each statement is prepared
-  once per server session under a name that carries a hash of its text; otherwise it goes out
-  as an unnamed statement, which a transaction pooler accepts.
+  once per server session, at the protocol level (so PgBouncer 1.21+ can track it), under a
+  name that carries a hash of its text; otherwise it goes out as an unnamed statement, which
+  any transaction pooler accepts.
 """
 
 from __future__ import annotations
 
-import contextlib
 import re
 import select
 import zlib
@@ -32,6 +37,7 @@ import psycopg
 from psycopg import pq
 
 from reactor import db, queries
+from reactor.errors import ConfigError, DatabaseError
 
 __all__ = ["DONE", "PEEK", "InFlight", "Result", "Statement"]
 
@@ -81,14 +87,51 @@ class ConnectionOwner(Protocol):
     def close(self) -> None: ...
 
 
-def _encode(value: object) -> bytes | None:
+def _encode(value: object, encoding: str) -> bytes | None:
+    """A parameter in text format, in the session's encoding.
+
+    Raises:
+        ValueError: a NUL character (libpq would cut the value there), or a character the
+            session's encoding cannot hold.
+    """
     if value is None:
         return None
-    return (repr(value) if isinstance(value, float) else str(value)).encode()
+    text = repr(value) if isinstance(value, float) else str(value)
+    if "\x00" in text:
+        raise ValueError("a text parameter cannot hold a NUL character")
+    return text.encode(encoding)
+
+
+def _drain(pgconn: pq.abc.PGconn) -> list[pq.abc.PGresult]:
+    """Every result of the command sent last; blocks (GIL released) until they are in."""
+    results: list[pq.abc.PGresult] = []
+    while True:
+        pgconn.consume_input()
+        while pgconn.is_busy():
+            select.select([pgconn.socket], [], [])
+            pgconn.consume_input()
+        result = pgconn.get_result()
+        if result is None:
+            return results
+        results.append(result)
+
+
+def _flush(pgconn: pq.abc.PGconn) -> None:
+    while pgconn.flush():
+        select.select([], [pgconn.socket], [])
+
+
+def _sqlstate(result: pq.abc.PGresult) -> bytes | None:
+    return result.error_field(pq.DiagnosticField.SQLSTATE)
 
 
 class InFlight:
-    """At most one statement in flight on `owner`'s connection."""
+    """At most one statement in flight on `owner`'s connection.
+
+    A failure of the connection (psycopg or socket errors) is reported as no answer, with the
+    connection closed. Anything else raised meanwhile (RQ's job timeout, a signal) closes the
+    connection, since its state is then unknown, and propagates.
+    """
 
     def __init__(self, owner: ConnectionOwner, *, prepared: bool) -> None:
         self._owner = owner
@@ -96,66 +139,91 @@ class InFlight:
         self._prepared_on: pq.abc.PGconn | None = None
         self._pending: pq.abc.PGconn | None = None
 
+    @property
+    def in_flight(self) -> bool:
+        """Whether a statement was sent and its result not read yet."""
+        return self._pending is not None
+
     def send(self, statement: Statement, params: Mapping[str, object]) -> bool:
-        """Send `statement` without waiting; False if it could not be sent (nothing is then
-        in flight). A statement still in flight is received (and dropped) first."""
+        """Send `statement` without waiting; False if it was not sent (nothing is then in
+        flight): the connection failed (it is closed), or a parameter cannot be sent as
+        text (the connection is left as it was; psycopg's own path reports the error). A
+        statement still in flight is received (and dropped) first."""
         if self._pending is not None:
             self.receive()
         try:
             conn = self._owner.conn
-            pgconn = conn.pgconn
-            values = [_encode(params[name]) for name in statement.params]
-            if not self._prepared:
-                pgconn.send_query_params(statement.query.encode(), values)
-            else:
-                self._prepare(conn)
-                pgconn.send_query_prepared(statement.name.encode(), values)
-            while pgconn.flush():
-                select.select([], [pgconn.socket], [])
-        except Exception:
-            self._owner.close()
+            encoding = conn.info.encoding
+        except (ConfigError, DatabaseError):
+            return False  # the store's own path reports it
+        try:
+            values = [_encode(params[name], encoding) for name in statement.params]
+        except ValueError:  # UnicodeEncodeError too
             return False
-        self._pending = pgconn
+        pgconn = conn.pgconn
+        try:
+            if self._prepared:
+                self._prepare(pgconn)
+                pgconn.send_query_prepared(statement.name.encode(), values)
+            else:
+                pgconn.send_query_params(statement.query.encode(), values)
+            self._pending = pgconn  # from here on, `receive` reads it or closes the connection
+            _flush(pgconn)
+        except (psycopg.Error, OSError):
+            self._close()
+            return False
+        except BaseException:
+            self._close()
+            raise
         return True
 
     def receive(self) -> Result | None:
         """The result of the statement in flight; None if nothing was in flight, the statement
         failed, or the connection did (it is then closed)."""
-        pgconn, self._pending = self._pending, None
+        pgconn = self._pending
         if pgconn is None:
             return None
-        result: Result | None = None
-        failed = False
         try:
-            while (res := self._next(pgconn)) is not None:
-                if res.status == pq.ExecStatus.TUPLES_OK:
-                    value = res.get_value(0, 0) if res.ntuples else None
-                    result = Result(res.ntuples, None if value is None else value.decode())
-                elif res.status == pq.ExecStatus.COMMAND_OK:
-                    result = Result(res.command_tuples or 0, None)
-                else:
-                    failed = True
-                    if res.error_field(pq.DiagnosticField.SQLSTATE) == b"26000":
-                        self._prepared_on = None  # the session lost the prepared statement
-        except Exception:
-            failed = True
-            self._owner.close()
-        return None if failed else result
+            results = _drain(pgconn)
+        except (psycopg.Error, OSError):
+            self._close()
+            return None
+        except BaseException:
+            self._close()
+            raise
+        self._pending = None
+        answer: Result | None = None
+        for result in results:
+            if result.status == pq.ExecStatus.TUPLES_OK:
+                value = result.get_value(0, 0) if result.ntuples else None
+                answer = Result(result.ntuples, None if value is None else value.decode())
+            elif result.status == pq.ExecStatus.COMMAND_OK:
+                answer = Result(result.command_tuples or 0, None)
+            else:
+                if _sqlstate(result) == b"26000":
+                    self._prepared_on = None  # the session lost the prepared statement
+                return None
+        return answer
 
-    def _next(self, pgconn: pq.abc.PGconn) -> pq.abc.PGresult | None:
-        """The next result; blocks (GIL released) until it is complete."""
-        pgconn.consume_input()
-        while pgconn.is_busy():
-            select.select([pgconn.socket], [], [])
-            pgconn.consume_input()
-        return pgconn.get_result()
+    def _close(self) -> None:
+        self._pending = None
+        self._owner.close()
 
-    def _prepare(self, conn: db.Connection) -> None:
-        """Prepare every statement of this module once per server session."""
-        if self._prepared_on is conn.pgconn:
+    def _prepare(self, pgconn: pq.abc.PGconn) -> None:
+        """Prepare every statement of this module once per session, at the protocol level
+        (what a pooler that tracks prepared statements, PgBouncer 1.21+, sees and follows).
+
+        Raises:
+            psycopg.OperationalError: a statement could not be prepared.
+        """
+        if self._prepared_on is pgconn:
             return
         for statement in _STATEMENTS:
-            # The name carries a hash of the text: one a pooled session kept is the same.
-            with contextlib.suppress(psycopg.errors.DuplicatePreparedStatement):
-                conn.execute(f"PREPARE {statement.name} AS {statement.query}")
-        self._prepared_on = conn.pgconn
+            pgconn.send_prepare(statement.name.encode(), statement.query.encode())
+            _flush(pgconn)
+            for result in _drain(pgconn):
+                # The name carries a hash of the text: one a pooled session kept is the same.
+                if result.status != pq.ExecStatus.COMMAND_OK and _sqlstate(result) != b"42P05":
+                    message = (result.error_message or b"").decode(errors="replace").strip()
+                    raise psycopg.OperationalError(f"cannot prepare {statement.name}: {message}")
+        self._prepared_on = pgconn

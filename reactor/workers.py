@@ -18,8 +18,9 @@ For a job of `reactor.worker.perform`, the worker process, not the job:
   before the outcome is written (so no query is ever in flight at a fork, and never two at
   once), and writes the outcome, fenced by the attempt, once the horse has exited. In-process,
   a `done` is sent the moment the handler returns and confirmed after RQ has recorded the
-  success. A horse that dies without reporting (SIGKILL, OOM, the job timeout's kill) is a
-  failed attempt with a `last_error` that says so.
+  success (so a worker that dies in between may leave RQ showing the job unfinished while
+  the row, which is the record, is `done`). A horse that dies without reporting (SIGKILL,
+  OOM, the job timeout's kill) is a failed attempt with a `last_error` that says so.
 
 The horse never uses the worker's connection: it runs only the handler and leaves with
 `os._exit`, which sends nothing on inherited sockets. Jobs of other functions run as in RQ.
@@ -151,7 +152,6 @@ class _Lifecycle(BaseWorker):
             prepared = False
         # The fenced start's read and the `done` write, overlapped with RQ's Redis work.
         self._inflight = InFlight(self._store, prepared=prepared)
-        self._done_sent = False
         self._checked = False
         self._heartbeat = lifecycle.Heartbeater(self._store, settings.heartbeat_seconds)
         self._running: Handoff | None = None
@@ -261,14 +261,16 @@ class _Lifecycle(BaseWorker):
         """Write the outcome: `done` as a prepared statement (confirming the one sent when the
         handler returned, in-process), the rest, and a `done` that found the connection
         broken, on the store, retried."""
-        done_sent, self._done_sent = self._done_sent, False
         if outcome.kind == "ok":
-            if not done_sent:
-                done_sent = self._inflight.send(DONE, lifecycle.peek_params(self.settings, ref))
-            written = self._inflight.receive() if done_sent else None
+            # In flight here can only be the `done` sent when the handler returned.
+            sent = self._inflight.in_flight or self._inflight.send(
+                DONE, lifecycle.peek_params(self.settings, ref)
+            )
+            written = self._inflight.receive() if sent else None
             if written is not None:
                 lifecycle.note_done(ref, written.rows)
                 return
+        self._inflight.receive()  # never leave a result unread before the store's statements
         try:
             lifecycle.finish(self._store, self.settings, ref, self._max_attempts, outcome)
         except DatabaseError as exc:
@@ -285,7 +287,7 @@ class _Lifecycle(BaseWorker):
         while RQ records the job's success in Redis."""
         if outcome.kind == "ok":
             self._heartbeat.pause()  # no beat may share the connection with it
-            self._done_sent = self._inflight.send(DONE, lifecycle.peek_params(self.settings, ref))
+            self._inflight.send(DONE, lifecycle.peek_params(self.settings, ref))
 
     def _begin(self, job: Job) -> Handoff | None:
         """Send the fenced start's read of a `perform` job and return its handoff, still
@@ -323,7 +325,6 @@ class _Lifecycle(BaseWorker):
             return
         self._horse_status = None
         self._max_attempts = 0
-        self._done_sent = False
         hand_over(handoff)
         self._running = handoff
         try:

@@ -7,6 +7,7 @@ statement in flight (the store reconnects on the next send).
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 from typing import Any
 
@@ -126,3 +127,78 @@ def test_a_session_terminated_mid_statement_is_closed_and_the_next_send_reconnec
     assert written is not None and written.rows == 1
     assert store.conn.info.backend_pid != session
     assert state(conn) == ("done", 2)
+
+
+@pytest.fixture
+def latin1_store(env: Env) -> Iterator[Store]:
+    owner = Store(
+        env.database_url + ("&" if "?" in env.database_url else "?") + "client_encoding=LATIN1"
+    )
+    yield owner
+    owner.close()
+
+
+def test_parameters_go_out_in_the_session_encoding(
+    latin1_store: Store, conn: psycopg.Connection[Any], prepared: bool
+) -> None:
+    conn.execute(
+        "INSERT INTO photo_jobs (photo_id, type, state, attempts) VALUES"
+        " ('café', 'photo.process', 'active', 2)"
+    )
+    assert latin1_store.conn.info.encoding == "iso8859-1"
+    inflight = InFlight(latin1_store, prepared=prepared)
+    assert inflight.send(PEEK, params(2, "café"))
+    peeked = inflight.receive()
+    assert peeked is not None and peeked.rows == 1
+    assert inflight.send(DONE, params(2, "café"))
+    written = inflight.receive()
+    assert written is not None and written.rows == 1
+    # One the encoding cannot hold is not sent; psycopg's own path reports it.
+    session = latin1_store.conn.info.backend_pid
+    assert not inflight.send(PEEK, params(2, "€"))
+    assert latin1_store.conn.info.backend_pid == session
+
+
+def test_a_nul_character_is_not_sent(
+    store: Store, conn: psycopg.Connection[Any], prepared: bool
+) -> None:
+    # libpq would cut the value at the NUL, and the fence would match photo p1.
+    inflight = InFlight(store, prepared=prepared)
+    session = store.conn.info.backend_pid
+    assert not inflight.send(PEEK, params(2, "p1\x00x"))
+    assert not inflight.send(DONE, params(2, "p1\x00x"))
+    assert not inflight.in_flight
+    assert state(conn) == ("active", 2)
+    assert store.conn.info.backend_pid == session
+    with pytest.raises(psycopg.DataError):
+        store.execute("SELECT %(photo_id)s::text", {"photo_id": "p1\x00x"})
+
+
+class _TimeoutSignalError(Exception):
+    """What RQ's job timeout raises, as far as the waiting code can tell."""
+
+
+def test_an_exception_while_waiting_propagates_and_closes_the_connection(
+    env: Env, store: Store, conn: psycopg.Connection[Any], prepared: bool
+) -> None:
+    inflight = InFlight(store, prepared=prepared)
+    session = store.conn.info.backend_pid
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise _TimeoutSignalError
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        with env.connect() as locker, locker.transaction():
+            locker.execute("SELECT 1 FROM photo_jobs WHERE photo_id = 'p1' FOR UPDATE")
+            assert inflight.send(DONE, params(2))
+            signal.setitimer(signal.ITIMER_REAL, 0.5)
+            with pytest.raises(_TimeoutSignalError):
+                inflight.receive()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert not inflight.in_flight
+    assert inflight.send(PEEK, params(2))
+    assert inflight.receive() is not None
+    assert store.conn.info.backend_pid != session

@@ -309,9 +309,10 @@ def pgbouncer_in_front(env: Env) -> tuple[PgBouncer, str]:
 
 
 def test_reactor_and_workers_through_pgbouncer(env: Env, spawn: Callable[..., Process]) -> None:
-    """A poll-only reactor and two forking `rq worker`s, all through PgBouncer in transaction
-    mode with fewer server connections than clients (so consecutive transactions of one client
-    run on different server sessions): no row may fail or be lost."""
+    """A poll-only reactor and a worker of each kind (plain `rq worker`, `reactor.Worker`,
+    `reactor.SimpleWorker`), all through PgBouncer in transaction mode with fewer server
+    connections than clients (so consecutive transactions of one client run on different
+    server sessions): no row may fail or be lost."""
     bouncer, pooled = pgbouncer_in_front(env)
     admin = env.connect()
     admin.execute(SCHEMA)
@@ -328,7 +329,10 @@ def test_reactor_and_workers_through_pgbouncer(env: Env, spawn: Callable[..., Pr
         "--route",
         "photo.process=tests.handlers.ok",
     )
-    workers = [start_worker(spawn, env) for _ in range(2)]
+    workers = [
+        start_worker(spawn, env, extra_args=extra)
+        for extra in ((), ("-w", "reactor.Worker"), ("-w", "reactor.SimpleWorker"))
+    ]
     total = 0
     for i in range(40):
         with admin.transaction():
@@ -366,6 +370,8 @@ def test_reactor_and_workers_through_pgbouncer(env: Env, spawn: Callable[..., Pr
     for proc in [reactor, *workers]:
         assert proc.proc.poll() is None, proc.output()
         assert "prepared statement" not in proc.output(), proc.output()
+    for proc in workers:  # each kind took its share (blocked workers are served in turn)
+        assert "Job OK" in proc.output(), proc.output()
     assert "prepared statement" not in bouncer.log()
 
 

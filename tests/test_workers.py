@@ -204,6 +204,32 @@ def test_job_timeout_is_a_failed_attempt(
     assert runs(conn, "p1") == [("p1", 1, "started")]
 
 
+def test_a_job_timeout_while_the_fenced_start_waits_is_not_absorbed(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
+) -> None:
+    # In-process, the start's read is awaited inside RQ's job timeout: when it fires there,
+    # the handler must not run (it would run with no time limit left).
+    conn.execute(
+        "INSERT INTO photo_jobs (photo_id, type, state, attempts) VALUES"
+        " ('p1', 'photo.process', 'active', 1)"
+    )
+    start_ours(spawn, env, "simple", handler="ok")  # ready: its start-up writes are done
+    with env.connect() as locker, locker.transaction():
+        locker.execute("LOCK TABLE photo_jobs IN ACCESS EXCLUSIVE MODE")  # the read waits
+        job = Queue("photo-process", connection=env.redis()).enqueue_call(
+            ENTRY_POINT,
+            args=("photo.process", "p1", 1),
+            kwargs={"handler": "tests.handlers.ok"},
+            job_id=job_id("photo.process", "p1", 1),
+            timeout=1,
+        )
+        wait_for(lambda: job.get_status(refresh=True) == "failed", timeout=30, what="timed out")
+    result = job.latest_result()
+    assert result is not None and "JobTimeoutException" in (result.exc_string or "")
+    assert runs(conn, "p1") == []
+    assert row_of(conn, "p1")[:2] == ("active", 1)  # no outcome: the sweep re-dispatches it
+
+
 def test_password_in_a_handler_error_is_masked_everywhere(
     env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], kind: str
 ) -> None:
