@@ -47,11 +47,11 @@ __all__ = [
     "Heartbeater",
     "Outcome",
     "Store",
+    "attempt_params",
     "backoff_seconds",
     "error_text",
     "finish",
     "note_done",
-    "peek_params",
     "start",
     "warm_up",
 ]
@@ -191,8 +191,8 @@ def warm_up(store: Store) -> None:
         raise
 
 
-def peek_params(settings: WorkerSettings, ref: JobRef) -> dict[str, Any]:
-    """The parameters of `queries.ATTEMPT_PEEK` for this attempt."""
+def attempt_params(settings: WorkerSettings, ref: JobRef) -> dict[str, Any]:
+    """The parameters of this attempt's statements (with the peek's `fresh` bound)."""
     return {**_params(ref), "fresh": settings.heartbeat_seconds * HEARTBEAT_SLACK}
 
 
@@ -208,7 +208,7 @@ def start(store: Store, settings: WorkerSettings, ref: JobRef, *, peek: bool = T
     """
     params = _params(ref)
     if peek:
-        _, row = store.execute(queries.ATTEMPT_PEEK, peek_params(settings, ref))
+        _, row = store.execute(queries.ATTEMPT_PEEK, attempt_params(settings, ref))
         if row is not None:
             return int(row[0])
     _, row = store.execute(queries.ATTEMPT_START, params)

@@ -232,7 +232,7 @@ class _Lifecycle(BaseWorker):
     def _warm_up_inflight(self) -> None:
         """Prepare and plan the overlapped statements on a row that does not exist, so the
         first job pays for neither (they change nothing)."""
-        params = lifecycle.peek_params(self.settings, warm_up_ref())
+        params = lifecycle.attempt_params(self.settings, warm_up_ref())
         for statement in (PEEK, DONE):
             if self._inflight.send(statement, params):
                 self._inflight.receive()
@@ -264,7 +264,7 @@ class _Lifecycle(BaseWorker):
         if outcome.kind == "ok":
             # In flight here can only be the `done` sent when the handler returned.
             sent = self._inflight.in_flight or self._inflight.send(
-                DONE, lifecycle.peek_params(self.settings, ref)
+                DONE, lifecycle.attempt_params(self.settings, ref)
             )
             written = self._inflight.receive() if sent else None
             if written is not None:
@@ -287,7 +287,7 @@ class _Lifecycle(BaseWorker):
         while RQ records the job's success in Redis."""
         if outcome.kind == "ok":
             self._heartbeat.pause()  # no beat may share the connection with it
-            self._inflight.send(DONE, lifecycle.peek_params(self.settings, ref))
+            self._inflight.send(DONE, lifecycle.attempt_params(self.settings, ref))
 
     def _begin(self, job: Job) -> Handoff | None:
         """Send the fenced start's read of a `perform` job and return its handoff, still
@@ -303,7 +303,7 @@ class _Lifecycle(BaseWorker):
             handler = str(job.kwargs["handler"])
         except Exception:
             return None  # not ours to judge: RQ runs (and fails) it as it is
-        sent = self._inflight.send(PEEK, lifecycle.peek_params(self.settings, ref))
+        sent = self._inflight.send(PEEK, lifecycle.attempt_params(self.settings, ref))
         handoff = Handoff(ref, "starting")
 
         def settle() -> None:
