@@ -26,10 +26,11 @@ Guarantees:
 
 from __future__ import annotations
 
+import contextlib
 import re
 import select
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -162,19 +163,16 @@ class InFlight:
             return False
         pgconn = conn.pgconn
         try:
-            if self._prepared:
-                self._prepare(pgconn)
-                pgconn.send_query_prepared(statement.name.encode(), values)
-            else:
-                pgconn.send_query_params(statement.query.encode(), values)
-            self._pending = pgconn  # from here on, `receive` reads it or closes the connection
-            _flush(pgconn)
+            with self._closing_on_error():
+                if self._prepared:
+                    self._prepare(pgconn)
+                    pgconn.send_query_prepared(statement.name.encode(), values)
+                else:
+                    pgconn.send_query_params(statement.query.encode(), values)
+                self._pending = pgconn  # from here on, `receive` reads it or closes
+                _flush(pgconn)
         except (psycopg.Error, OSError):
-            self._close()
             return False
-        except BaseException:
-            self._close()
-            raise
         return True
 
     def receive(self) -> Result | None:
@@ -184,13 +182,10 @@ class InFlight:
         if pgconn is None:
             return None
         try:
-            results = _drain(pgconn)
+            with self._closing_on_error():
+                results = _drain(pgconn)
         except (psycopg.Error, OSError):
-            self._close()
             return None
-        except BaseException:
-            self._close()
-            raise
         self._pending = None
         answer: Result | None = None
         for result in results:
@@ -205,9 +200,15 @@ class InFlight:
                 return None
         return answer
 
-    def _close(self) -> None:
-        self._pending = None
-        self._owner.close()
+    @contextlib.contextmanager
+    def _closing_on_error(self) -> Iterator[None]:
+        """Close the connection if the body raises anything: its state is then unknown."""
+        try:
+            yield
+        except BaseException:
+            self._pending = None
+            self._owner.close()
+            raise
 
     def _prepare(self, pgconn: pq.abc.PGconn) -> None:
         """Prepare every statement of this module once per session, at the protocol level
