@@ -4,7 +4,8 @@ The worker classes overlap a Postgres round trip with RQ's Redis work for the sa
 fenced start's read (`PEEK`) goes out before RQ marks the job started, and the `done` write
 (`DONE`) as soon as the handler returned, before RQ records the success. `InFlight.send` hands
 the statement to libpq and returns; `InFlight.receive` waits for its result, polling the socket
-with the GIL released. No second thread is involved, so a job pays for no thread hand-off.
+with the GIL released (`poll`, so any descriptor number works). No second thread is involved,
+so a job pays for no thread hand-off.
 
 Guarantees:
 - at most one statement is in flight, and `receive` always ends it: the connection is left
@@ -109,7 +110,7 @@ def _drain(pgconn: pq.abc.PGconn) -> list[pq.abc.PGresult]:
     while True:
         pgconn.consume_input()
         while pgconn.is_busy():
-            select.select([pgconn.socket], [], [])
+            _wait(pgconn, select.POLLIN)
             pgconn.consume_input()
         result = pgconn.get_result()
         if result is None:
@@ -119,7 +120,15 @@ def _drain(pgconn: pq.abc.PGconn) -> list[pq.abc.PGresult]:
 
 def _flush(pgconn: pq.abc.PGconn) -> None:
     while pgconn.flush():
-        select.select([], [pgconn.socket], [])
+        _wait(pgconn, select.POLLOUT)
+
+
+def _wait(pgconn: pq.abc.PGconn, event: int) -> None:
+    """Block until the socket is ready (poll, not select: a process may hold more than
+    FD_SETSIZE descriptors)."""
+    poller = select.poll()
+    poller.register(pgconn.socket, event)
+    poller.poll()
 
 
 def _sqlstate(result: pq.abc.PGresult) -> bytes | None:

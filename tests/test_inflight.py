@@ -7,6 +7,8 @@ statement in flight (the store reconnects on the next send).
 
 from __future__ import annotations
 
+import os
+import resource
 import signal
 from collections.abc import Iterator
 from typing import Any
@@ -202,3 +204,24 @@ def test_an_exception_while_waiting_propagates_and_closes_the_connection(
     assert inflight.send(PEEK, params(2))
     assert inflight.receive() is not None
     assert store.conn.info.backend_pid != session
+
+
+def test_a_socket_numbered_above_fd_setsize_works(
+    env: Env, conn: psycopg.Connection[Any], prepared: bool
+) -> None:
+    # A handler may leave a worker holding many files: the wait must not rely on select().
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4096)), hard))
+    filler = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    owner = Store(env.database_url)
+    try:
+        assert owner.conn.pgconn.socket > 1024
+        inflight = InFlight(owner, prepared=prepared)
+        assert inflight.send(PEEK, params(2))
+        peeked = inflight.receive()
+        assert peeked is not None and peeked.value == "7"
+    finally:
+        owner.close()
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
