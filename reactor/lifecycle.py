@@ -291,8 +291,8 @@ class Heartbeat:
                     self.superseded = True
                     logger.warning("heartbeat_superseded %s", describe(self._ref))
                     return
-            except DatabaseError as exc:
-                logger.warning("heartbeat_failed %s error=%s", describe(self._ref), exc)
+            except Exception as exc:  # a statement error too: the next beat is the retry
+                logger.warning("heartbeat_failed %s error=%s", describe(self._ref), error_text(exc))
 
 
 class Heartbeater:
@@ -317,9 +317,9 @@ class Heartbeater:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        """Start the (idle) thread now rather than on the first job."""
+        """Start the (idle) thread now rather than on the first job (or again, if it died)."""
         with self._lock:
-            if self._thread is None:
+            if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, name="reactor-heartbeat", daemon=True
                 )
@@ -354,5 +354,5 @@ class Heartbeater:
                         with self._lock:
                             if self._ref is ref:
                                 self._ref = None
-                except DatabaseError as exc:
-                    logger.warning("heartbeat_failed %s error=%s", describe(ref), exc)
+                except Exception as exc:  # a statement error too: the next beat is the retry
+                    logger.warning("heartbeat_failed %s error=%s", describe(ref), error_text(exc))

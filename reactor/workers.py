@@ -250,6 +250,14 @@ class _Lifecycle(BaseWorker):
         except DatabaseError as exc:
             logger.error("attempt_unstarted %s error=%s", lifecycle.describe(ref), exc)
             return Handoff(ref, "unstarted", failure=exc), 0
+        except Exception as exc:
+            # A statement error (a value the session cannot encode, a revoked privilege): this
+            # job fails in RQ, and the worker goes on with the next (an exception here would
+            # stop a forking worker's loop).
+            logger.error(
+                "attempt_unstarted %s error=%s", lifecycle.describe(ref), lifecycle.error_text(exc)
+            )
+            return Handoff(ref, "unstarted", failure=exc), 0
         if max_attempts is None:
             return Handoff(ref, "skip"), 0
         try:

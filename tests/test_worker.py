@@ -7,6 +7,7 @@ or by one sweep round.
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import signal
 import time
@@ -17,6 +18,8 @@ import psycopg
 import pytest
 
 from reactor import submit
+from reactor.jobs import JobRef
+from reactor.lifecycle import Heartbeater, Store
 from tests.handlers import SCHEMA
 from tests.support.env import Env
 from tests.support.processes import Process, start_reactor, start_worker
@@ -301,3 +304,31 @@ def test_prune_deletes_old_finished_rows_in_batches(
     result = env.cli_json("prune", "--done-older-than", "7d", "--failed-older-than", "30d")
     assert result == {"deleted_done": 100_000, "deleted_failed": 10}
     assert states(conn) == {"done": 10, "pending": 5}
+
+
+def test_the_heartbeat_thread_survives_a_statement_error(
+    env: Env, conn: psycopg.Connection[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    conn.execute(
+        "INSERT INTO photo_jobs (photo_id, type, state, attempts, updated_at)"
+        " VALUES ('p1', 'photo.process', 'active', 1, now() - interval '1 hour')"
+    )
+    store = Store(env.database_url)
+    beats = Heartbeater(store, 0.2)
+
+    def stamped() -> bool:
+        row = conn.execute(
+            "SELECT updated_at > now() - interval '1 minute' FROM photo_jobs WHERE photo_id = 'p1'"
+        ).fetchone()
+        return bool(row and row[0])
+
+    try:
+        conn.execute("ALTER TABLE photo_jobs RENAME TO photo_jobs_away")
+        with caplog.at_level(logging.WARNING, logger="reactor.lifecycle"):
+            beats.beat_for(JobRef("photo.process", "p1", 1))
+            wait_for(lambda: "UndefinedTable" in caplog.text, timeout=10, what="a failed beat")
+        conn.execute("ALTER TABLE photo_jobs_away RENAME TO photo_jobs")
+        wait_for(stamped, timeout=10, what="a beat after the failed one")
+    finally:
+        beats.pause()
+        store.close()

@@ -230,6 +230,20 @@ def test_a_job_timeout_while_the_fenced_start_waits_is_not_absorbed(
     assert row_of(conn, "p1")[:2] == ("active", 1)  # no outcome: the sweep re-dispatches it
 
 
+def test_a_job_whose_start_raises_fails_alone_and_the_worker_goes_on(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], kind: str
+) -> None:
+    # A LATIN1 session cannot send this photo id: the fenced start raises a statement error.
+    submit(conn, "p-€")
+    submit(conn, "p2")
+    sweep(env, "ok")
+    worker = burst_ours(spawn, env, kind, handler="ok", PGCLIENTENCODING="LATIN1")
+    assert "attempt_unstarted" in worker.output()
+    assert row_of(conn, "p2")[:2] == ("done", 1)
+    assert row_of(conn, "p-€")[:2] == ("active", 1)  # no outcome: the sweep re-dispatches it
+    assert runs(conn, "p-€") == []
+
+
 def test_password_in_a_handler_error_is_masked_everywhere(
     env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], kind: str
 ) -> None:
