@@ -237,10 +237,10 @@ class _Lifecycle(BaseWorker):
             if self._inflight.send(statement, params):
                 self._inflight.receive()
 
-    def _start(self, ref: JobRef, handler: str, sent: bool) -> tuple[Handoff, int]:
-        """Settle the fenced start whose read was sent (if `sent`): the settled handoff and
-        the row's max_attempts (0 if the attempt does not run)."""
-        peeked = self._inflight.receive() if sent else None
+    def _start(self, ref: JobRef, handler: str) -> tuple[Handoff, int]:
+        """Settle the fenced start whose read `_begin` sent (if it could): the settled handoff
+        and the row's max_attempts (0 if the attempt does not run)."""
+        peeked = self._inflight.receive()  # None too if nothing was sent
         try:
             if peeked is not None and peeked.value is not None:
                 max_attempts: int | None = int(peeked.value)
@@ -271,14 +271,14 @@ class _Lifecycle(BaseWorker):
         broken, on the store, retried."""
         if outcome.kind == "ok":
             # In flight here can only be the `done` sent when the handler returned.
-            sent = self._inflight.in_flight or self._inflight.send(
-                DONE, lifecycle.attempt_params(self.settings, ref)
-            )
-            written = self._inflight.receive() if sent else None
+            if not self._inflight.in_flight:
+                self._inflight.send(DONE, lifecycle.attempt_params(self.settings, ref))
+            written = self._inflight.receive()  # None too if it could not be sent
             if written is not None:
                 lifecycle.note_done(ref, written.rows)
                 return
-        self._inflight.receive()  # never leave a result unread before the store's statements
+        else:
+            self._inflight.receive()  # never leave a result unread before the store's statements
         try:
             lifecycle.finish(self._store, self.settings, ref, self._max_attempts, outcome)
         except DatabaseError as exc:
@@ -311,11 +311,11 @@ class _Lifecycle(BaseWorker):
             handler = str(job.kwargs["handler"])
         except Exception:
             return None  # not ours to judge: RQ runs (and fails) it as it is
-        sent = self._inflight.send(PEEK, lifecycle.attempt_params(self.settings, ref))
+        self._inflight.send(PEEK, lifecycle.attempt_params(self.settings, ref))
         handoff = Handoff(ref, "starting")
 
         def settle() -> None:
-            settled, self._max_attempts = self._start(ref, handler, sent)
+            settled, self._max_attempts = self._start(ref, handler)
             handoff.action = settled.action
             handoff.handler, handoff.failure = settled.handler, settled.failure
             if settled.action == "run" and not self.forks:
