@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import re
 import signal
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -561,6 +562,48 @@ def test_an_idle_reactor_worker_stops_on_sigterm(
     worker.proc.send_signal(signal.SIGTERM)
     assert worker.exit_code(timeout=20) == 0, worker.output()
     assert "worker_restarting" not in worker.output()
+
+
+def test_rq_worker_pool_runs_the_class_with_one_session_per_worker(
+    env: Env,
+    conn: psycopg.Connection[Any],
+    spawn: Callable[..., Process],
+    kind: str,
+    reap: list[int],
+) -> None:
+    start_reactor(spawn, "--route", route("ok"))
+    pool = spawn(
+        "-m", "rq.cli", "worker-pool", "photo-process", "--url", env.redis_url,
+        "-w", CLASSES[kind], "-n", "2",
+        name="worker-pool", extra_env={"REACTOR_ROUTES": route("ok")},
+    )  # fmt: skip
+    wait_for(lambda: pool.output().count("Listening on") == 2, timeout=60, what="2 pooled workers")
+    # The pool's workers are its children: never leave them behind if the test fails.
+    children = {int(p) for p in re.findall(r"started with PID (\d+)", pool.output())}
+    reap.extend(children)
+    ready = f"worker_ready class={CLASSES[kind].rsplit('.', 1)[1]} "
+    assert pool.output().count(ready) == 2, pool.output()
+    backends = sorted(worker_backends(conn))
+    assert len(backends) == 2, backends
+    with conn.transaction():
+        for i in range(60):
+            submit(conn, f"p{i}")
+    wait_for(lambda: states(conn) == {"done": 60}, timeout=120, interval=0.1, what="all done")
+    ran = conn.execute("SELECT photo_id, attempt FROM handler_runs WHERE outcome = 'ok'").fetchall()
+    assert sorted(ran) == sorted((f"p{i}", 1) for i in range(60))
+    # Every job went through the two sessions the workers opened at start.
+    assert sorted(worker_backends(conn)) == backends
+    pool.proc.send_signal(signal.SIGTERM)
+    assert pool.exit_code(timeout=30) == 0, pool.output()
+    assert not [pid for pid in children if _alive(pid)]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 # -- start-up checks -------------------------------------------------------------------------
