@@ -38,6 +38,7 @@ import gc
 import logging
 import os
 import signal
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -62,6 +63,10 @@ logger = logging.getLogger(__name__)
 #: The `last_error` head of an attempt whose handler never reported an outcome (a horse killed
 #: mid-handler, or RQ failing the job before the handler ran, e.g. on a Redis error).
 HORSE_LOST = "WorkHorseLost: the work horse ended before the handler returned"
+
+#: A default renewal of the worker's key this soon after the last one is left out.
+KEY_RENEWAL_SECONDS = 1.0
+_NEVER = float("-inf")
 
 
 def load_routes(conn: db.Connection, env: Mapping[str, str] | None = None) -> Mapping[str, Route]:
@@ -158,6 +163,7 @@ class _Lifecycle(BaseWorker):
         self._max_attempts = 0  # of the running attempt, known once its start settled
         self._report_fds: tuple[int, int] | None = None
         self._horse_status: int | None = None
+        self._renewed_at = _NEVER  # the worker's key, with RQ's default TTL (`heartbeat`)
 
     # -- start -----------------------------------------------------------------------------
 
@@ -326,6 +332,9 @@ class _Lifecycle(BaseWorker):
         return handoff
 
     def execute_job(self, job: Job, queue: Queue) -> None:
+        # The job's start renewed the worker's key with the job's own, shorter TTL (in the
+        # horse, for the fork class): RQ's renewal after the job must run.
+        self._renewed_at = _NEVER
         handoff = self._begin(job)
         if handoff is None:
             hand_over(None)
@@ -382,6 +391,27 @@ class _Lifecycle(BaseWorker):
         return outcome
 
     # -- RQ hooks ------------------------------------------------------------------------------
+
+    def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
+        """RQ's renewal of the worker's key (`last_heartbeat`, the key's and its executions'
+        TTL) in one round trip, and a default one left out when the last was less than
+        `KEY_RENEWAL_SECONDS` ago.
+
+        RQ renews the key four times a job: with its suspension check, before and after the
+        dequeue, and after the job, each but the first as three round trips. After a renewal
+        with another TTL (a job's start sets the job's own, shorter one) or a job (whose start
+        a forked horse does, unseen here), the next default renewal runs: the key's TTL is
+        never shorter than RQ would leave it, and `last_heartbeat` at most a second older."""
+        now = time.monotonic()
+        if pipeline is None and timeout is None and now - self._renewed_at < KEY_RENEWAL_SECONDS:
+            return
+        if pipeline is None:
+            with self.connection.pipeline(transaction=False) as batch:
+                super().heartbeat(timeout, batch)
+                batch.execute()
+        else:
+            super().heartbeat(timeout, pipeline)  # sent with RQ's own commands
+        self._renewed_at = now if timeout is None else _NEVER
 
     def handle_work_horse_killed(self, job: Job, retpid: Any, ret_val: Any, rusage: Any) -> None:
         self._horse_status = ret_val

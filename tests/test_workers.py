@@ -598,6 +598,24 @@ def test_rq_worker_pool_runs_the_class_with_one_session_per_worker(
     assert not [pid for pid in children if _alive(pid)]
 
 
+def test_the_worker_key_keeps_rq_s_ttl_between_jobs(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], kind: str
+) -> None:
+    """The classes coalesce RQ's renewals of the worker's key (what `rq info` lists), but an
+    idle worker's key still has RQ's TTL (`worker_ttl` + 60 s), not a job's shorter one."""
+    start_reactor(spawn, "--route", route("ok"))
+    start_ours(spawn, env, kind, handler="ok")
+    client = env.redis()
+    with conn.transaction():
+        for i in range(30):
+            submit(conn, f"p{i}")
+    wait_for(lambda: states(conn) == {"done": 30}, timeout=60, interval=0.1, what="all done")
+    [worker] = RqWorker.all(connection=client)
+    wait_for(lambda: worker.get_state() == "idle", timeout=20, what="the worker idle again")
+    # RQ's default worker_ttl is 420 s; a job's start sets min(job timeout, 30) + 60 s.
+    assert client.ttl(worker.key) > 400
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
