@@ -9,7 +9,9 @@ same no-op function (`bench.noop`) on the same RQ worker class:
   there; once more per run without them, to show what that advice is worth), clock from the
   first insert to the last row `done`; plain RQ: the same number of jobs with
   `enqueue_many` (100 a call) to 2 `rq.worker.Worker` / `SimpleWorker`, clock to the last job
-  finished. Also Postgres sessions opened per job during our run (`pg_stat_database.sessions`),
+  finished. Once more per run, plain RQ's SimpleWorker renewing its worker key as ours do
+  (`bench.reference`), so the lifecycle's cost shows apart from what that renewal saves.
+  Also Postgres sessions opened per job during our run (`pg_stat_database.sessions`),
   and the CPU time per job of each party over the same window (from /proc: the workers with
   the work horses they reaped, the reactor, every Postgres and Redis server process): on a
   machine whose cores all of them share, the total bounds the throughput.
@@ -55,6 +57,8 @@ CLASSES = {
     ("fork", "plain"): "rq.worker.Worker",
     ("simple", "ours"): "reactor.SimpleWorker",
     ("simple", "plain"): "rq.worker.SimpleWorker",
+    # RQ's SimpleWorker renewing its key as ours do: what the lifecycle costs, without that.
+    ("simple", "renewing"): "bench.reference.RenewingSimpleWorker",
 }
 QUEUE = "photo-process"
 PLAIN_QUEUE = "plain"
@@ -208,12 +212,14 @@ def _ours_throughput(
     return photos / elapsed, opened / photos, cpu
 
 
-def _plain_throughput(url: str, kind: str, photos: int) -> tuple[float, dict[str, float]]:
+def _plain_throughput(
+    url: str, kind: str, photos: int, side: str = "plain"
+) -> tuple[float, dict[str, float]]:
     """(jobs/s, CPU ms per job by party)."""
     reset(url)
     client = redis_client()
     queue = Queue(PLAIN_QUEUE, connection=client)
-    with _workers(kind, "plain", 2, url, "noop") as procs:
+    with _workers(kind, side, 2, url, "noop") as procs:
         pids = [proc.pid for proc in procs]
         cpu_before = _cpu(pids, None)
         started = time.perf_counter()
@@ -352,6 +358,9 @@ def run(quick: bool) -> dict[str, Any]:
                         rate, used = _plain_throughput(url, kind, photos)
                     rates.setdefault((kind, side), []).append(rate)
                     cpu.setdefault((kind, side), []).append(used)
+            rate, used = _plain_throughput(url, "simple", photos, "renewing")
+            rates.setdefault(("simple", "renewing"), []).append(rate)
+            cpu.setdefault(("simple", "renewing"), []).append(used)
             # What README's advice on prepared statements is worth: the same run without them.
             rate, _, used = _ours_throughput(url, "simple", photos, prepared=False)
             rates.setdefault(("simple", "unprepared"), []).append(rate)
@@ -364,8 +373,8 @@ def run(quick: bool) -> dict[str, Any]:
                     first.setdefault((kind, side), []).append(_first_job(url, kind, side))
     load_after = _load()
 
-    def ratio(kind: str, side: str = "ours") -> Stat:
-        pairs = zip(rates[kind, side], rates[kind, "plain"], strict=True)
+    def ratio(kind: str, side: str = "ours", base: str = "plain") -> Stat:
+        pairs = zip(rates[kind, side], rates[kind, base], strict=True)
         return Stat.of([o / p for o, p in pairs])
 
     p50 = {s: Stat.of([percentile(r, 0.50) for r in latency[s]]) for s in latency}
@@ -381,6 +390,15 @@ def run(quick: bool) -> dict[str, Any]:
                 target,
             ]
         )
+    rows.append(
+        [
+            "simple: ours vs RQ's SimpleWorker renewing its key as ours do: jobs/s",
+            Stat.of(rates["simple", "ours"]).fmt(digits=0),
+            Stat.of(rates["simple", "renewing"]).fmt(digits=0),
+            ratio("simple", base="renewing").fmt("×", digits=2),
+            "",
+        ]
+    )
     rows.append(
         [
             "simple, without prepared statements: jobs/s",
@@ -427,9 +445,10 @@ def run(quick: bool) -> dict[str, Any]:
         "ours": "photo-reactor",
         "plain": "plain RQ",
         "unprepared": "photo-reactor, without prepared statements",
+        "renewing": "RQ renewing its key as ours do",
     }
     shown = ("fork", "ours"), ("fork", "plain"), ("simple", "ours"), ("simple", "plain")
-    for kind, side in (*shown, ("simple", "unprepared")):
+    for kind, side in (*shown, ("simple", "renewing"), ("simple", "unprepared")):
         runs = cpu[kind, side]
         medians = {p: Stat.of([r[p] for r in runs]).median for p in PARTIES}
         totals = Stat.of([sum(r.values()) for r in runs])
@@ -450,6 +469,7 @@ def run(quick: bool) -> dict[str, Any]:
         "runs": reps,
         "jobs_per_second": {f"{k}/{s}": Stat.of(v).as_dict() for (k, s), v in rates.items()},
         "ratio": {k: ratio(k).as_dict() for k in ("fork", "simple")},
+        "ratio_simple_vs_renewing": ratio("simple", base="renewing").as_dict(),
         "latency_ms": {
             s: {"p50": p50[s].as_dict(), "p99": p99[s].as_dict()} for s in ("ours", "plain")
         },

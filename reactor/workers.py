@@ -22,6 +22,9 @@ For a job of `reactor.worker.perform`, the worker process, not the job:
   the row, which is the record, is `done`). A horse that dies without reporting (SIGKILL,
   OOM, the job timeout's kill) is a failed attempt with a `last_error` that says so.
 
+The classes also renew RQ's worker key in one round trip, and no more often than needed
+(`reactor.worker_key`).
+
 The horse never uses the worker's connection: it runs only the handler and leaves with
 `os._exit`, which sends nothing on inherited sockets. Jobs of other functions run as in RQ.
 RQ's stored tracebacks and the log lines of the process are redacted (no passwords).
@@ -38,7 +41,6 @@ import gc
 import logging
 import os
 import signal
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -55,6 +57,7 @@ from reactor.redact import redact
 from reactor.routes import Route, parse_routes
 from reactor.settings import WorkerSettings
 from reactor.worker import HandlerImportError, Handoff, decode_outcome, hand_over, load_handler
+from reactor.worker_key import KeyRenewal
 
 __all__ = ["SimpleWorker", "Worker", "load_routes"]
 
@@ -63,10 +66,6 @@ logger = logging.getLogger(__name__)
 #: The `last_error` head of an attempt whose handler never reported an outcome (a horse killed
 #: mid-handler, or RQ failing the job before the handler ran, e.g. on a Redis error).
 HORSE_LOST = "WorkHorseLost: the work horse ended before the handler returned"
-
-#: A default renewal of the worker's key this soon after the last one is left out.
-KEY_RENEWAL_SECONDS = 1.0
-_NEVER = float("-inf")
 
 
 def load_routes(conn: db.Connection, env: Mapping[str, str] | None = None) -> Mapping[str, Route]:
@@ -126,7 +125,7 @@ def _describe_status(status: int | None) -> str:
     return "killed by the worker, or never started"
 
 
-class _Lifecycle(BaseWorker):
+class _Lifecycle(KeyRenewal, BaseWorker):
     """What both classes share: start checks, fenced start, heartbeat, outcome."""
 
     #: Whether jobs run in a forked work horse (a pipe carries the outcome back).
@@ -163,7 +162,6 @@ class _Lifecycle(BaseWorker):
         self._max_attempts = 0  # of the running attempt, known once its start settled
         self._report_fds: tuple[int, int] | None = None
         self._horse_status: int | None = None
-        self._renewed_at = _NEVER  # the worker's key, with RQ's default TTL (`heartbeat`)
 
     # -- start -----------------------------------------------------------------------------
 
@@ -332,9 +330,6 @@ class _Lifecycle(BaseWorker):
         return handoff
 
     def execute_job(self, job: Job, queue: Queue) -> None:
-        # The job's start renewed the worker's key with the job's own, shorter TTL (in the
-        # horse, for the fork class): RQ's renewal after the job must run.
-        self._renewed_at = _NEVER
         handoff = self._begin(job)
         if handoff is None:
             hand_over(None)
@@ -391,27 +386,6 @@ class _Lifecycle(BaseWorker):
         return outcome
 
     # -- RQ hooks ------------------------------------------------------------------------------
-
-    def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
-        """RQ's renewal of the worker's key (`last_heartbeat`, the key's and its executions'
-        TTL) in one round trip, and a default one left out when the last was less than
-        `KEY_RENEWAL_SECONDS` ago.
-
-        RQ renews the key four times a job: with its suspension check, before and after the
-        dequeue, and after the job, each but the first as three round trips. After a renewal
-        with another TTL (a job's start sets the job's own, shorter one) or a job (whose start
-        a forked horse does, unseen here), the next default renewal runs: the key's TTL is
-        never shorter than RQ would leave it, and `last_heartbeat` at most a second older."""
-        now = time.monotonic()
-        if pipeline is None and timeout is None and now - self._renewed_at < KEY_RENEWAL_SECONDS:
-            return
-        if pipeline is None:
-            with self.connection.pipeline(transaction=False) as batch:
-                super().heartbeat(timeout, batch)
-                batch.execute()
-        else:
-            super().heartbeat(timeout, pipeline)  # sent with RQ's own commands
-        self._renewed_at = now if timeout is None else _NEVER
 
     def handle_work_horse_killed(self, job: Job, retpid: Any, ret_val: Any, rusage: Any) -> None:
         self._horse_status = ret_val

@@ -1,0 +1,51 @@
+"""`KeyRenewal`: RQ's renewals of a worker's own key, in one round trip and no more often than
+needed. A mixin of `reactor.Worker` and `reactor.SimpleWorker`.
+
+RQ renews a worker's key (`last_heartbeat`, the key's TTL and its executions' TTL) four times a
+job: with its suspension check, before and after the dequeue, and after the job, each but the
+first as three commands, one round trip each. Here each renewal is one round trip, and a
+default one (TTL `worker_ttl` + 60 s) is left out when the last default renewal was less than
+`RENEWAL_SECONDS` ago and neither a renewal with another TTL nor a job came since (a job's
+start sets the job's own, shorter TTL, in the forked horse for the forking class, unseen by
+this process). Guarantee: after every job, and whenever RQ is about to wait for one, the key
+has the TTL RQ would give it; `last_heartbeat` is at most `RENEWAL_SECONDS` older.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rq.job import Job
+from rq.queue import Queue
+from rq.worker.base import BaseWorker
+
+__all__ = ["RENEWAL_SECONDS", "KeyRenewal"]
+
+#: A default renewal this soon after the last one is left out.
+RENEWAL_SECONDS = 1.0
+
+_NEVER = float("-inf")
+
+
+class KeyRenewal(BaseWorker):
+    """Put before RQ's worker class in the bases."""
+
+    _renewed_at = _NEVER  # the last default renewal (monotonic)
+
+    def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
+        now = time.monotonic()
+        if pipeline is None and timeout is None and now - self._renewed_at < RENEWAL_SECONDS:
+            return
+        if pipeline is None:
+            with self.connection.pipeline(transaction=False) as batch:
+                super().heartbeat(timeout, batch)
+                batch.execute()
+        else:
+            super().heartbeat(timeout, pipeline)  # sent with RQ's own commands
+        self._renewed_at = now if timeout is None else _NEVER
+
+    def execute_job(self, job: Job, queue: Queue) -> None:
+        # The job's start renews the key with the job's TTL: the renewal after it must run.
+        self._renewed_at = _NEVER
+        super().execute_job(job, queue)
