@@ -4,11 +4,13 @@ needed. A mixin of `reactor.Worker` and `reactor.SimpleWorker`.
 RQ renews a worker's key (`last_heartbeat`, the key's TTL and its executions' TTL) four times a
 job: with its suspension check, before and after the dequeue, and after the job, each but the
 first as three commands, one round trip each. Here each renewal is one round trip, and a
-default one (TTL `worker_ttl` + 60 s) is left out when the last default renewal was less than
-`RENEWAL_SECONDS` ago and neither a renewal with another TTL nor a job came since (a job's
-start sets the job's own, shorter TTL, in the forked horse for the forking class, unseen by
-this process). Guarantee: after every job, and whenever RQ is about to wait for one, the key
-has the TTL RQ would give it; `last_heartbeat` is at most `RENEWAL_SECONDS` older.
+default one (TTL `worker_ttl` + 60 s) that this class would send itself is left out when it
+sent the last one less than `RENEWAL_SECONDS` ago and neither a renewal with another TTL nor a
+job came since (a job's start sets the job's own, shorter TTL, in the forked horse for the
+forking class, unseen by this process). Renewals that ride in RQ's own pipelines (its
+suspension check) are always sent. Guarantee: after every job, and whenever RQ is about to
+wait for one, the key has the TTL RQ would give it; `last_heartbeat` is at most
+`RENEWAL_SECONDS` older.
 """
 
 from __future__ import annotations
@@ -31,18 +33,20 @@ _NEVER = float("-inf")
 class KeyRenewal(BaseWorker):
     """Put before RQ's worker class in the bases."""
 
-    _renewed_at = _NEVER  # the last default renewal (monotonic)
+    _renewed_at = _NEVER  # when this class last sent a default renewal (monotonic)
 
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
-        now = time.monotonic()
-        if pipeline is None and timeout is None and now - self._renewed_at < RENEWAL_SECONDS:
+        if pipeline is not None:
+            super().heartbeat(timeout, pipeline)  # sent, or not, with RQ's own commands
+            if timeout is not None:
+                self._renewed_at = _NEVER
             return
-        if pipeline is None:
-            with self.connection.pipeline(transaction=False) as batch:
-                super().heartbeat(timeout, batch)
-                batch.execute()
-        else:
-            super().heartbeat(timeout, pipeline)  # sent with RQ's own commands
+        now = time.monotonic()
+        if timeout is None and now - self._renewed_at < RENEWAL_SECONDS:
+            return
+        with self.connection.pipeline(transaction=False) as batch:
+            super().heartbeat(timeout, batch)
+            batch.execute()
         self._renewed_at = now if timeout is None else _NEVER
 
     def execute_job(self, job: Job, queue: Queue) -> None:

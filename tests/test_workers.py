@@ -610,8 +610,13 @@ def test_the_worker_key_keeps_rq_s_ttl_between_jobs(
         for i in range(30):
             submit(conn, f"p{i}")
     wait_for(lambda: states(conn) == {"done": 30}, timeout=60, interval=0.1, what="all done")
+    # The row is `done` before RQ has finished with the job: read the worker's state afresh.
+    wait_for(
+        lambda: [w.get_state() for w in RqWorker.all(connection=client)] == ["idle"],
+        timeout=20,
+        what="the worker idle again",
+    )
     [worker] = RqWorker.all(connection=client)
-    wait_for(lambda: worker.get_state() == "idle", timeout=20, what="the worker idle again")
     # RQ's default worker_ttl is 420 s; a job's start sets min(job timeout, 30) + 60 s.
     assert client.ttl(worker.key) > 400
 
