@@ -17,7 +17,10 @@ same no-op function (`bench.noop`) on the same RQ worker class:
   machine whose cores all of them share, the total bounds the throughput.
 - latency (SimpleWorker, 2 workers): one insert every 20 ms after 20 warm-up jobs, COMMIT
   (the insert's autocommit `execute` returned) → handler start; plain RQ: `enqueue` returned
-  → handler start. The handler stamps its start (wall clock) into Redis.
+  → handler start. The handler stamps its start (wall clock) into Redis. Beside them, the
+  bare hop (`bench.reference`): each insert notifies with its photo id, and one process
+  enqueues it to plain RQ at once (no claim, no lifecycle), COMMIT → handler start: what any
+  process between Postgres and RQ adds, and so how much of the target's margin is left.
 - first job: a freshly started worker, idle for a second, gets one photo (one job): COMMIT
   (enqueue) → handler start, for both classes.
 The machine's load average is recorded before and after, since other work skews figures.
@@ -51,6 +54,7 @@ from bench.common import (
     wait_until,
 )
 from bench.noop import STARTED_KEY
+from bench.reference import HOP_CHANNEL, HOP_STOP
 
 CLASSES = {
     ("fork", "ours"): "reactor.Worker",
@@ -64,6 +68,12 @@ QUEUE = "photo-process"
 PLAIN_QUEUE = "plain"
 PARTIES = ("workers", "reactor", "postgres", "redis")
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+#: The bare hop's insert: the row and its notification (the photo id) in one transaction.
+HOP_INSERT = """
+WITH row AS (INSERT INTO photo_jobs (photo_id, type) VALUES (%s, 'photo.process')
+             RETURNING photo_id)
+SELECT pg_notify(%s, photo_id) FROM row
+"""
 
 
 def _route(function: str) -> str:
@@ -301,6 +311,40 @@ def _plain_latency(url: str, count: int, warmup: int) -> list[float]:
     return delays
 
 
+def _hop_latency(url: str, count: int, warmup: int) -> list[float]:
+    """The bare hop (`bench.reference.hop`): each insert notifies in its own transaction, and
+    one process enqueues the notified photo to plain RQ at once; 2 plain SimpleWorkers."""
+    reset(url)
+    env = {**os.environ, "DATABASE_URL": url, "REDIS_URL": REDIS_URL, "PYTHONPATH": str(ROOT)}
+    relay = subprocess.Popen(
+        [sys.executable, "-m", "bench.reference", PLAIN_QUEUE],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert relay.stdout is not None
+        if relay.stdout.readline().strip() != "ready":
+            raise RuntimeError("the bare hop did not start")
+        with (
+            _workers("simple", "plain", 2, url, "stamp"),
+            psycopg.connect(url, autocommit=True) as conn,
+        ):
+
+            def send(name: str) -> None:
+                conn.execute(HOP_INSERT, [name, HOP_CHANNEL])
+
+            sent = _paced(count + warmup, 0.020, send)
+            delays = _delays(sent, warmup)
+            conn.execute("SELECT pg_notify(%s, %s)", [HOP_CHANNEL, HOP_STOP])
+        relay.wait(timeout=30)
+        return delays
+    finally:
+        if relay.poll() is None:
+            relay.kill()
+            relay.wait()
+
+
 def _first_job(url: str, kind: str, side: str) -> float:
     """ms from COMMIT (enqueue) to the handler's start, on a fresh worker idle for a second."""
     reset(url)
@@ -343,7 +387,7 @@ def run(quick: bool) -> dict[str, Any]:
     load_before = _load()
     rates: dict[tuple[str, str], list[float]] = {}
     sessions: dict[str, list[float]] = {"fork": [], "simple": []}
-    latency: dict[str, list[list[float]]] = {"ours": [], "plain": []}
+    latency: dict[str, list[list[float]]] = {"ours": [], "plain": [], "hop": []}
     first: dict[tuple[str, str], list[float]] = {}
     cpu: dict[tuple[str, str], list[dict[str, float]]] = {}
     with fresh_database() as url:
@@ -368,6 +412,7 @@ def run(quick: bool) -> dict[str, Any]:
             for side in sides:
                 run_latency = _ours_latency if side == "ours" else _plain_latency
                 latency[side].append(run_latency(url, lat_count, warmup))
+            latency["hop"].append(_hop_latency(url, lat_count, warmup))
             for kind in ("fork", "simple"):
                 for side in sides:
                     first.setdefault((kind, side), []).append(_first_job(url, kind, side))
@@ -440,6 +485,24 @@ def run(quick: bool) -> dict[str, Any]:
             ]
         )
     text = table(["measure", "photo-reactor", "plain RQ", "ours vs plain", "target"], rows)
+    hop_rows = [
+        [
+            name,
+            stats["ours"].fmt(digits=2),
+            stats["hop"].fmt(digits=2),
+            stats["plain"].fmt(digits=2),
+            f"+{stats['ours'].median - stats['hop'].median:.2f} ms",
+            f"+{stats['hop'].median - stats['plain'].median:.2f} ms",
+        ]
+        for name, stats in (("p50", p50), ("p99", p99))
+    ]
+    text += (
+        "\n\nLatency beside the bare hop (simple, warm, ms; the hop: one process enqueues each "
+        "notified photo to plain RQ at once, no claim, no lifecycle):\n\n"
+        + table(
+            ["", "photo-reactor", "bare hop", "plain RQ", "ours − hop", "hop − plain"], hop_rows
+        )
+    )
     cpu_rows = []
     names = {
         "ours": "photo-reactor",
@@ -471,7 +534,7 @@ def run(quick: bool) -> dict[str, Any]:
         "ratio": {k: ratio(k).as_dict() for k in ("fork", "simple")},
         "ratio_simple_vs_renewing": ratio("simple", base="renewing").as_dict(),
         "latency_ms": {
-            s: {"p50": p50[s].as_dict(), "p99": p99[s].as_dict()} for s in ("ours", "plain")
+            s: {"p50": p50[s].as_dict(), "p99": p99[s].as_dict()} for s in ("ours", "plain", "hop")
         },
         "first_job_ms": {f"{k}/{s}": Stat.of(v).as_dict() for (k, s), v in first.items()},
         "sessions_per_job": {k: Stat.of(v).as_dict() for k, v in sessions.items()},
