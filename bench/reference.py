@@ -5,10 +5,10 @@
   what that renewal saves.
 - `python -m bench.reference QUEUE` (the bare hop): one process that LISTENs on the channel
   `bench_hop` and enqueues each notification's payload to plain RQ's `bench.noop.stamp` at
-  once: no claim, no lifecycle. Its latency is the least that any process between a COMMIT
-  and an RQ queue adds on this machine: the notification, a wake-up, building the job and
-  the enqueue's round trip. Reads DATABASE_URL and REDIS_URL; prints `ready` once listening,
-  and exits on the payload `stop`.
+  once: no claim, no lifecycle. Its latency is what a minimal relay between a COMMIT and an
+  RQ queue adds on this machine: the notification, waking the relay, building the job with
+  RQ and the enqueue's round trip. Reads DATABASE_URL and REDIS_URL; prints `ready` once
+  listening, and exits on the payload `stop`.
 """
 
 from __future__ import annotations
