@@ -1,7 +1,8 @@
 """Workers end to end: photos committed → handler → `done`, beside plain RQ on the same class.
 
 Each measure runs ours and plain RQ side by side in one run (alternating order; the three
-latency sides of the list below in rotating order), with the same no-op function (`bench.noop`) on the same RQ worker class:
+latency sides of the list below in rotating order), with the same no-op function
+(`bench.noop`) on the same RQ worker class:
 
 - throughput: 5,000 photos (`--quick`: 500) inserted in 100-row transactions, 2 worker
   processes of `reactor.Worker` / `reactor.SimpleWorker` behind a `reactor run` (workers
