@@ -20,8 +20,8 @@ latency sides of the list below in rotating order), with the same no-op function
   (the insert's autocommit `execute` returned) → handler start; plain RQ: `enqueue` returned
   → handler start. The handler stamps its start (wall clock) into Redis. Beside them, the
   bare hop (`bench.reference`): each insert notifies with its photo id, and one process
-  enqueues it to plain RQ at once (no claim, no lifecycle), COMMIT → handler start: what any
-  process between Postgres and RQ adds, and so how much of the target's margin is left.
+  enqueues it to plain RQ at once (no claim, no lifecycle), COMMIT → handler start: what a
+  minimal relay between Postgres and RQ adds, and so how much of the target's margin is left.
 - first job: a freshly started worker, idle for a second, gets one photo (one job): COMMIT
   (enqueue) → handler start, for both classes.
 The machine's load average is recorded before and after, since other work skews figures.
@@ -399,7 +399,7 @@ def run(quick: bool) -> dict[str, Any]:
     load_before = _load()
     rates: dict[tuple[str, str], list[float]] = {}
     sessions: dict[str, list[float]] = {"fork": [], "simple": []}
-    latency: dict[str, list[list[float]]] = {"ours": [], "plain": [], "hop": []}
+    latency: dict[str, list[list[float]]] = {side: [] for side in LATENCY_SIDES}
     first: dict[tuple[str, str], list[float]] = {}
     cpu: dict[tuple[str, str], list[dict[str, float]]] = {}
     with fresh_database() as url:
@@ -545,9 +545,7 @@ def run(quick: bool) -> dict[str, Any]:
         "jobs_per_second": {f"{k}/{s}": Stat.of(v).as_dict() for (k, s), v in rates.items()},
         "ratio": {k: ratio(k).as_dict() for k in ("fork", "simple")},
         "ratio_simple_vs_renewing": ratio("simple", base="renewing").as_dict(),
-        "latency_ms": {
-            s: {"p50": p50[s].as_dict(), "p99": p99[s].as_dict()} for s in ("ours", "plain", "hop")
-        },
+        "latency_ms": {s: {"p50": p50[s].as_dict(), "p99": p99[s].as_dict()} for s in latency},
         "first_job_ms": {f"{k}/{s}": Stat.of(v).as_dict() for (k, s), v in first.items()},
         "sessions_per_job": {k: Stat.of(v).as_dict() for k, v in sessions.items()},
         "cpu_ms_per_job": {
