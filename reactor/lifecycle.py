@@ -4,12 +4,12 @@ The same statements run whether the lifecycle lives in the job (a plain `rq work
 `reactor.worker.perform`) or in the long-lived worker process (`reactor.Worker`,
 `reactor.SimpleWorker`):
 
-1. `start` — the fenced start: proceed only if the row is `active` at this attempt, or
-   `pending` at the attempt before (the claim's COMMIT was lost after the enqueue). Otherwise
-   the attempt was superseded or the row is finished: the handler must not run. A row the
-   claim stamped less than a quarter heartbeat interval ago is only read; any other is stamped
-   (`updated_at`), so the sweep cannot take a job that waited long in the queue for a dead
-   worker's before its first heartbeat.
+1. `start` — the fenced start, one statement: proceed only if the row is `active` at this
+   attempt, or `pending` at the attempt before (the claim's COMMIT was lost after the
+   enqueue). Otherwise the attempt was superseded or the row is finished: the handler must not
+   run. A row the claim stamped less than a quarter heartbeat interval ago is only read; any
+   other is stamped (`updated_at`), so the sweep cannot take a job that waited long in the
+   queue for a dead worker's before its first heartbeat.
 2. `Heartbeat` — a thread that touches `updated_at` every `heartbeat_seconds` while the
    handler runs, so the sweep does not rescue a live attempt.
 3. `finish` — the outcome, fenced by the attempt number (`state = 'active' AND attempts = N`):
@@ -52,6 +52,7 @@ __all__ = [
     "error_text",
     "finish",
     "note_done",
+    "refused",
     "start",
     "warm_up",
 ]
@@ -169,7 +170,7 @@ def _params(ref: JobRef) -> dict[str, Any]:
 
 
 def warm_up(store: Store) -> None:
-    """Rehearse an attempt's statements (peek, start, heartbeat, done) on a throwaway row
+    """Rehearse an attempt's statements (start, both ways; heartbeat; done) on a throwaway row
     that is rolled back, so the first real job pays for neither the session's first write nor
     the statements' first use.
 
@@ -180,8 +181,10 @@ def warm_up(store: Store) -> None:
     params = _params(ref)
 
     def attempt(conn: db.Connection) -> None:
-        conn.execute(queries.ATTEMPT_PEEK, {**params, "fresh": 1.0})
-        for query in (queries.ATTEMPT_START, queries.ATTEMPT_HEARTBEAT, queries.ATTEMPT_DONE):
+        # fresh: only read; then not fresh (0 s): stamped.
+        for fresh in (1.0, 0.0):
+            conn.execute(queries.ATTEMPT_START, {**params, "fresh": fresh})
+        for query in (queries.ATTEMPT_HEARTBEAT, queries.ATTEMPT_DONE):
             conn.execute(query, params)
 
     try:
@@ -192,32 +195,35 @@ def warm_up(store: Store) -> None:
 
 
 def attempt_params(settings: WorkerSettings, ref: JobRef) -> dict[str, Any]:
-    """The parameters of this attempt's statements (with the peek's `fresh` bound)."""
+    """The parameters of this attempt's statements (with the start's `fresh` bound)."""
     return {**_params(ref), "fresh": settings.heartbeat_seconds * HEARTBEAT_SLACK}
 
 
-def start(store: Store, settings: WorkerSettings, ref: JobRef, *, peek: bool = True) -> int | None:
+def start(store: Store, settings: WorkerSettings, ref: JobRef) -> int | None:
     """The fenced start; the row's `max_attempts`, or None when the attempt must not run.
 
     A row `active` at this attempt that the claim stamped less than `HEARTBEAT_SLACK`
-    heartbeat intervals ago is only read: no write, no WAL, no new row version. `peek=False`:
-    the caller peeked already and found the row not fresh.
+    heartbeat intervals ago is only read: no write, no WAL, no new row version.
 
     Raises:
         DatabaseError: Postgres stayed unreachable (the row is left to the stale rescue).
     """
-    params = _params(ref)
-    if peek:
-        _, row = store.execute(queries.ATTEMPT_PEEK, attempt_params(settings, ref))
-        if row is not None:
-            return int(row[0])
-    _, row = store.execute(queries.ATTEMPT_START, params)
+    _, row = store.execute(queries.ATTEMPT_START, attempt_params(settings, ref))
     if row is not None:
         return int(row[0])
-    _, current = store.execute(queries.ATTEMPT_STATE, params)
+    refused(store, ref)
+    return None
+
+
+def refused(store: Store, ref: JobRef) -> None:
+    """Log why the fenced start refused this attempt (the row's state now).
+
+    Raises:
+        DatabaseError: Postgres stayed unreachable.
+    """
+    _, current = store.execute(queries.ATTEMPT_STATE, _params(ref))
     why = "row missing" if current is None else f"row is {current[0]} at attempt {current[1]}"
     logger.info("attempt_skipped %s (%s)", describe(ref), why)
-    return None
 
 
 def note_done(ref: JobRef, changed: int) -> bool:

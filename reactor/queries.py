@@ -15,7 +15,6 @@ __all__ = [
     "ATTEMPT_DONE",
     "ATTEMPT_FAILED",
     "ATTEMPT_HEARTBEAT",
-    "ATTEMPT_PEEK",
     "ATTEMPT_RETRY",
     "ATTEMPT_START",
     "ATTEMPT_STATE",
@@ -566,31 +565,34 @@ UPDATE photo_jobs
 
 # -- the worker side: one attempt's lifecycle, every transition fenced by the attempt number --
 
-#: Fenced start of a row ATTEMPT_PEEK did not find fresh: the row is `active` at this attempt
-#: (stamped now), or `pending` at the attempt before (the claim's COMMIT was lost after the
-#: enqueue: this job takes the row over). No row: skip. Its commit does not wait for the WAL
-#: flush (`synchronous_commit` off for this statement's own transaction): it is on the job's
-#: latency path, and losing it in a server crash is harmless (the row keeps the claim's state,
-#: or stays pending and is dispatched again; the durable outcome write is fenced either way).
+#: The fenced start, in one round trip. A row `active` at this attempt whose `updated_at` is
+#: younger than `fresh` seconds (the claim stamped it a moment ago) is only read: no write, no
+#: new row version. Otherwise the row is stamped if it is `active` at this attempt, or
+#: `pending` at the attempt before (the claim's COMMIT was lost after the enqueue: this job
+#: takes the row over); a claim still committing is waited for (the row lock), then its row is
+#: stamped. No row: skip. The stamp's commit does not wait for the WAL flush
+#: (`synchronous_commit` off for this statement's own transaction): it is on the job's latency
+#: path, and losing it in a server crash is harmless (the row keeps the claim's state, or stays
+#: pending and is dispatched again; the durable outcome write is fenced either way).
 ATTEMPT_START = """
-UPDATE photo_jobs
-   SET state = 'active', attempts = %(attempt)s
-  FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
- WHERE photo_id = %(photo_id)s AND type = %(type)s
-   AND ((state = 'active' AND attempts = %(attempt)s)
-     OR (state = 'pending' AND attempts = %(attempt)s - 1))
-RETURNING max_attempts
-"""
-
-#: The fenced start's first look, without a write: a row `active` at this attempt whose
-#: `updated_at` is younger than `fresh` seconds (the claim stamped it a moment ago) needs no
-#: stamp at start; any other row goes through ATTEMPT_START.
-ATTEMPT_PEEK = """
-SELECT max_attempts
-  FROM photo_jobs
- WHERE photo_id = %(photo_id)s AND type = %(type)s
-   AND state = 'active' AND attempts = %(attempt)s
-   AND updated_at > now() - make_interval(secs => %(fresh)s)
+WITH fresh AS (
+     SELECT max_attempts
+       FROM photo_jobs
+      WHERE photo_id = %(photo_id)s AND type = %(type)s
+        AND state = 'active' AND attempts = %(attempt)s
+        AND updated_at > now() - make_interval(secs => %(fresh)s)),
+stamped AS (
+     UPDATE photo_jobs
+        SET state = 'active', attempts = %(attempt)s
+       FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
+      WHERE NOT EXISTS (SELECT FROM fresh)
+        AND photo_id = %(photo_id)s AND type = %(type)s
+        AND ((state = 'active' AND attempts = %(attempt)s)
+          OR (state = 'pending' AND attempts = %(attempt)s - 1))
+     RETURNING max_attempts)
+SELECT max_attempts FROM fresh
+ UNION ALL
+SELECT max_attempts FROM stamped
 """
 
 #: Why a start was refused (for the log line only).

@@ -51,7 +51,7 @@ from rq.worker.base import BaseWorker
 
 from reactor import db, lifecycle, registry
 from reactor.errors import ConfigError, DatabaseError
-from reactor.inflight import DONE, PEEK, InFlight
+from reactor.inflight import DONE, START, InFlight
 from reactor.jobs import ENTRY_POINT, JobRef, warm_up_ref
 from reactor.redact import redact
 from reactor.routes import Route, parse_routes
@@ -237,20 +237,23 @@ class _Lifecycle(KeyRenewal, BaseWorker):
         """Prepare and plan the overlapped statements on a row that does not exist, so the
         first job pays for neither (they change nothing)."""
         params = lifecycle.attempt_params(self.settings, warm_up_ref())
-        for statement in (PEEK, DONE):
+        for statement in (START, DONE):
             if self._inflight.send(statement, params):
                 self._inflight.receive()
 
     def _start(self, ref: JobRef, handler: str) -> tuple[Handoff, int]:
-        """Settle the fenced start whose read `_begin` sent (if it could): the settled handoff
-        and the row's max_attempts (0 if the attempt does not run)."""
-        peeked = self._inflight.receive()  # None too if nothing was sent
+        """Settle the fenced start that `_begin` sent (if it could): the settled handoff and
+        the row's max_attempts (0 if the attempt does not run)."""
+        started = self._inflight.receive()  # None too if nothing was sent
         try:
-            if peeked is not None and peeked.value is not None:
-                max_attempts: int | None = int(peeked.value)
+            if started is None:
+                # Not sent, or no answer: the fenced start on the store (retried).
+                max_attempts = lifecycle.start(self._store, self.settings, ref)
+            elif started.value is None:
+                lifecycle.refused(self._store, ref)
+                max_attempts = None
             else:
-                # Not fresh, or no answer: the rest of the fenced start on the store (retried).
-                max_attempts = lifecycle.start(self._store, self.settings, ref, peek=peeked is None)
+                max_attempts = int(started.value)
         except DatabaseError as exc:
             logger.error("attempt_unstarted %s error=%s", lifecycle.describe(ref), exc)
             return Handoff(ref, "unstarted", failure=exc), 0
@@ -302,10 +305,10 @@ class _Lifecycle(KeyRenewal, BaseWorker):
             self._inflight.send(DONE, lifecycle.attempt_params(self.settings, ref))
 
     def _begin(self, job: Job) -> Handoff | None:
-        """Send the fenced start's read of a `perform` job and return its handoff, still
-        `starting`; None for a job of another function.
+        """Send the fenced start of a `perform` job and return its handoff, still `starting`;
+        None for a job of another function.
 
-        The read runs while RQ does its own bookkeeping in Redis; the handoff settles before
+        The start runs while RQ does its own bookkeeping in Redis; the handoff settles before
         the horse is forked or the handler is called."""
         try:
             if job.func_name != ENTRY_POINT:
@@ -315,7 +318,7 @@ class _Lifecycle(KeyRenewal, BaseWorker):
             handler = str(job.kwargs["handler"])
         except Exception:
             return None  # not ours to judge: RQ runs (and fails) it as it is
-        self._inflight.send(PEEK, lifecycle.attempt_params(self.settings, ref))
+        self._inflight.send(START, lifecycle.attempt_params(self.settings, ref))
         handoff = Handoff(ref, "starting")
 
         def settle() -> None:

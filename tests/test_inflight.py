@@ -1,7 +1,7 @@
 """`reactor.inflight`: a statement sent without waiting, its result read later.
 
 Against a real Postgres, with and without prepared statements: answers and the fence, a
-statement error, a session that lost its prepared statements, and a session terminated with a
+start racing a claim that is still committing, a statement error, a session that lost its prepared statements, and a session terminated with a
 statement in flight (the store reconnects on the next send).
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from reactor.inflight import DONE, PEEK, InFlight
+from reactor.inflight import DONE, START, InFlight
 from reactor.lifecycle import Store
 from tests.support.env import Env
 from tests.support.waiting import wait_for
@@ -58,12 +58,12 @@ def test_answers_follow_the_fence(
     store: Store, conn: psycopg.Connection[Any], prepared: bool
 ) -> None:
     inflight = InFlight(store, prepared=prepared)
-    assert inflight.send(PEEK, params(2))
-    peeked = inflight.receive()
-    assert peeked is not None and (peeked.rows, peeked.value) == (1, "7")
-    assert inflight.send(PEEK, params(1))
-    peeked = inflight.receive()
-    assert peeked is not None and (peeked.rows, peeked.value) == (0, None)
+    assert inflight.send(START, params(2))
+    started = inflight.receive()
+    assert started is not None and (started.rows, started.value) == (1, "7")
+    assert inflight.send(START, params(1))
+    started = inflight.receive()
+    assert started is not None and (started.rows, started.value) == (0, None)
     assert inflight.send(DONE, params(1))  # a superseded attempt
     written = inflight.receive()
     assert written is not None and written.rows == 0
@@ -75,16 +75,45 @@ def test_answers_follow_the_fence(
     assert inflight.receive() is None  # nothing in flight
 
 
+@pytest.mark.parametrize("claim_ends", ["commit", "rollback"])
+def test_a_start_waits_for_a_claim_still_committing(
+    env: Env, store: Store, conn: psycopg.Connection[Any], prepared: bool, claim_ends: str
+) -> None:
+    """The enqueue precedes the claim's COMMIT, so a worker can start a job while its claim is
+    still open: the start waits for it. Committed, the row is started (stamped, as the start
+    read it pending); rolled back, the job takes the pending row over. Both ways it runs."""
+    conn.execute("UPDATE photo_jobs SET state = 'pending', attempts = 2 WHERE photo_id = 'p1'")
+    inflight = InFlight(store, prepared=prepared)
+    session = store.conn.info.backend_pid
+    with env.connect(autocommit=False) as claim:
+        claim.execute("UPDATE photo_jobs SET state = 'active', attempts = 3 WHERE photo_id = 'p1'")
+        assert inflight.send(START, params(3))
+        wait_for(
+            lambda: (
+                conn.execute(
+                    "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [session]
+                ).fetchone()
+                == ("Lock",)
+            ),
+            timeout=10,
+            what="the start waiting on the claim's row lock",
+        )
+        claim.commit() if claim_ends == "commit" else claim.rollback()
+    started = inflight.receive()
+    assert started is not None and (started.rows, started.value) == (1, "7")
+    assert state(conn) == ("active", 3)
+
+
 def test_a_statement_error_is_no_answer_and_the_connection_stays_usable(
     store: Store, conn: psycopg.Connection[Any], prepared: bool
 ) -> None:
     inflight = InFlight(store, prepared=prepared)
-    assert inflight.send(PEEK, {**params(2), "attempt": "two"})
+    assert inflight.send(START, {**params(2), "attempt": "two"})
     assert inflight.receive() is None
     session = store.conn.info.backend_pid
-    assert inflight.send(PEEK, params(2))
-    peeked = inflight.receive()
-    assert peeked is not None and peeked.value == "7"
+    assert inflight.send(START, params(2))
+    started = inflight.receive()
+    assert started is not None and started.value == "7"
     assert store.conn.info.backend_pid == session
 
 
@@ -92,14 +121,14 @@ def test_a_session_that_lost_its_prepared_statements_prepares_them_again(
     store: Store, conn: psycopg.Connection[Any]
 ) -> None:
     inflight = InFlight(store, prepared=True)
-    assert inflight.send(PEEK, params(2))
+    assert inflight.send(START, params(2))
     assert inflight.receive() is not None
     store.conn.execute("DEALLOCATE ALL")  # what a pooler's reset query does
-    assert inflight.send(PEEK, params(2))
+    assert inflight.send(START, params(2))
     assert inflight.receive() is None
-    assert inflight.send(PEEK, params(2))
-    peeked = inflight.receive()
-    assert peeked is not None and peeked.value == "7"
+    assert inflight.send(START, params(2))
+    started = inflight.receive()
+    assert started is not None and started.value == "7"
 
 
 def test_a_session_terminated_mid_statement_is_closed_and_the_next_send_reconnects(
@@ -149,15 +178,15 @@ def test_parameters_go_out_in_the_session_encoding(
     )
     assert latin1_store.conn.info.encoding == "iso8859-1"
     inflight = InFlight(latin1_store, prepared=prepared)
-    assert inflight.send(PEEK, params(2, "café"))
-    peeked = inflight.receive()
-    assert peeked is not None and peeked.rows == 1
+    assert inflight.send(START, params(2, "café"))
+    started = inflight.receive()
+    assert started is not None and started.rows == 1
     assert inflight.send(DONE, params(2, "café"))
     written = inflight.receive()
     assert written is not None and written.rows == 1
     # One the encoding cannot hold is not sent; psycopg's own path reports it.
     session = latin1_store.conn.info.backend_pid
-    assert not inflight.send(PEEK, params(2, "€"))
+    assert not inflight.send(START, params(2, "€"))
     assert latin1_store.conn.info.backend_pid == session
 
 
@@ -167,7 +196,7 @@ def test_a_nul_character_is_not_sent(
     # libpq would cut the value at the NUL, and the fence would match photo p1.
     inflight = InFlight(store, prepared=prepared)
     session = store.conn.info.backend_pid
-    assert not inflight.send(PEEK, params(2, "p1\x00x"))
+    assert not inflight.send(START, params(2, "p1\x00x"))
     assert not inflight.send(DONE, params(2, "p1\x00x"))
     assert not inflight.in_flight
     assert state(conn) == ("active", 2)
@@ -201,7 +230,7 @@ def test_an_exception_while_waiting_propagates_and_closes_the_connection(
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
     assert not inflight.in_flight
-    assert inflight.send(PEEK, params(2))
+    assert inflight.send(START, params(2))
     assert inflight.receive() is not None
     assert store.conn.info.backend_pid != session
 
@@ -217,9 +246,9 @@ def test_a_socket_numbered_above_fd_setsize_works(
     try:
         assert owner.conn.pgconn.socket > 1024
         inflight = InFlight(owner, prepared=prepared)
-        assert inflight.send(PEEK, params(2))
-        peeked = inflight.receive()
-        assert peeked is not None and peeked.value == "7"
+        assert inflight.send(START, params(2))
+        started = inflight.receive()
+        assert started is not None and started.value == "7"
     finally:
         owner.close()
         for fd in filler:
