@@ -697,3 +697,38 @@ def test_a_job_whose_claim_commit_was_lost_takes_the_row_over(
     assert worker.proc.wait(timeout=60) == 0, worker.output()
     assert row_of(conn, "p1") == ("done", 1, None, None)
     assert runs(conn, "p1") == [("p1", 1, "ok")]
+
+
+@pytest.mark.parametrize("worker_class", [*CLASSES.values(), "rq.worker.Worker"])
+@pytest.mark.parametrize(
+    "row", [("active", 2), ("pending", 2), ("done", 1)], ids=["superseded", "retrying", "done"]
+)
+def test_a_job_whose_attempt_is_not_the_row_s_does_not_run(
+    env: Env,
+    conn: psycopg.Connection[Any],
+    spawn: Callable[..., Process],
+    worker_class: str,
+    row: tuple[str, int],
+) -> None:
+    """A job dequeued late, after its row moved on (rescued as a new attempt, failed back to
+    pending, or finished by another job), is refused at its fenced start: its handler does not
+    run and the row keeps what the newer attempt wrote."""
+    submit(conn, "p1")
+    conn.execute("UPDATE photo_jobs SET state = %s, attempts = %s WHERE photo_id = 'p1'", list(row))
+    Queue("photo-process", connection=env.redis()).enqueue(
+        ENTRY_POINT,
+        "photo.process",
+        "p1",
+        1,
+        handler="tests.handlers.ok",
+        job_id=job_id("photo.process", "p1", 1),
+        meta={"type": "photo.process", "photo_id": "p1", "attempt": 1},
+    )
+    worker = start_worker(spawn, env, burst=True, extra_args=("--worker-class", worker_class))
+    assert worker.exit_code(timeout=60) == 0, worker.output()
+    job = Job.fetch(job_id("photo.process", "p1", 1), connection=env.redis())
+    assert job.return_value() == "skipped"
+    if worker_class in CLASSES.values():  # they log; a plain worker's job only returns
+        worker.wait_for_line("attempt_skipped")
+    assert runs(conn, "p1") == []
+    assert row_of(conn, "p1")[:2] == row

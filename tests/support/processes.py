@@ -72,8 +72,9 @@ class Process:
     def wait_for_line(self, text: str, timeout: float = 20.0) -> None:
         def seen() -> bool:
             if self.proc.poll() is not None and not any(text in line for line in self.lines):
-                self._reader.join(timeout=2)
-                raise AssertionError(f"{self.name} exited early:\n{self.output()}")
+                self._reader.join(timeout=2)  # the last lines may still be on their way
+                if not any(text in line for line in self.lines):
+                    raise AssertionError(f"{self.name} exited early:\n{self.output()}")
             return any(text in line for line in self.lines)
 
         wait_for(seen, timeout, what=f"{text!r} from {self.name}")
