@@ -5,11 +5,13 @@ The same statements run whether the lifecycle lives in the job (a plain `rq work
 `reactor.SimpleWorker`):
 
 1. `start` — the fenced start, one statement: proceed only if the row is `active` at this
-   attempt, or `pending` at the attempt before (the claim's COMMIT was lost after the
-   enqueue). Otherwise the attempt was superseded or the row is finished: the handler must not
-   run. A row the claim stamped less than a quarter heartbeat interval ago is only read; any
-   other is stamped (`updated_at`), so the sweep cannot take a job that waited long in the
-   queue for a dead worker's before its first heartbeat.
+   attempt, or at the attempt before (`pending`: a claim; `active`: the sweep's rescue), moved
+   on by the transaction that enqueued this job, which commits after the enqueue: the start
+   waits for it, and takes the row over if its COMMIT was lost. Otherwise the attempt was
+   superseded or the row is finished: the handler must not run. A row the claim stamped less
+   than a quarter heartbeat interval ago is only read; any other is stamped (`updated_at`), so
+   the sweep cannot take a job that waited long in the queue for a dead worker's before its
+   first heartbeat.
 2. `Heartbeat` — a thread that touches `updated_at` every `heartbeat_seconds` while the
    handler runs, so the sweep does not rescue a live attempt.
 3. `finish` — the outcome, fenced by the attempt number (`state = 'active' AND attempts = N`):
@@ -216,13 +218,14 @@ def start(store: Store, settings: WorkerSettings, ref: JobRef) -> int | None:
 
 
 def refused(store: Store, ref: JobRef) -> None:
-    """Log why the fenced start refused this attempt (the row's state now).
-
-    Raises:
-        DatabaseError: Postgres stayed unreachable.
-    """
-    _, current = store.execute(queries.ATTEMPT_STATE, _params(ref))
-    why = "row missing" if current is None else f"row is {current[0]} at attempt {current[1]}"
+    """Log why the fenced start refused this attempt (the row's state now). The refusal
+    stands whatever this read meets: it is for the log line only, and is tried once."""
+    try:
+        _, current = store.execute_once(queries.ATTEMPT_STATE, _params(ref))
+    except (DatabaseError, psycopg.Error) as exc:
+        why = f"row state unknown: {error_text(exc)}"
+    else:
+        why = "row missing" if current is None else f"row is {current[0]} at attempt {current[1]}"
     logger.info("attempt_skipped %s (%s)", describe(ref), why)
 
 

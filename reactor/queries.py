@@ -567,10 +567,11 @@ UPDATE photo_jobs
 
 #: The fenced start, in one round trip. A row `active` at this attempt whose `updated_at` is
 #: younger than `fresh` seconds (the claim stamped it a moment ago) is only read: no write, no
-#: new row version. Otherwise the row is stamped if it is `active` at this attempt, or
-#: `pending` at the attempt before (the claim's COMMIT was lost after the enqueue: this job
-#: takes the row over); a claim still committing is waited for (the row lock), then its row is
-#: stamped. No row: skip. The stamp's commit does not wait for the WAL flush
+#: new row version. Otherwise the row is stamped if it is `active` at this attempt, or at the
+#: attempt before, `pending` (a claim) or `active` (a rescue): the transaction that enqueued
+#: this job and moves the row to this attempt commits only after the enqueue, so it is waited
+#: for (the row lock) and its row then stamped; if its COMMIT was lost, this job takes the row
+#: over. No row: skip. The stamp's commit does not wait for the WAL flush
 #: (`synchronous_commit` off for this statement's own transaction): it is on the job's latency
 #: path, and losing it in a server crash is harmless (the row keeps the claim's state, or stays
 #: pending and is dispatched again; the durable outcome write is fenced either way).
@@ -588,7 +589,7 @@ stamped AS (
       WHERE NOT EXISTS (SELECT FROM fresh)
         AND photo_id = %(photo_id)s AND type = %(type)s
         AND ((state = 'active' AND attempts = %(attempt)s)
-          OR (state = 'pending' AND attempts = %(attempt)s - 1))
+          OR (state IN ('pending', 'active') AND attempts = %(attempt)s - 1))
      RETURNING max_attempts)
 SELECT max_attempts FROM fresh
  UNION ALL

@@ -12,7 +12,7 @@ For a job of `reactor.worker.perform`, the worker process, not the job:
 - does the fenced start before the horse is forked (or the handler called), then hands the
   attempt over to `perform` (`reactor.worker.hand_over`), which only calls the handler and
   reports how it ended through a pipe made before the fork (in memory in-process). The
-  start's read is sent before RQ marks the job started and read back before the fork
+  start is sent before RQ marks the job started and its answer read before the fork
   (`reactor.inflight`: no thread hand-off), so its round trip overlaps RQ's own;
 - heartbeats the row from one long-lived thread, told to beat after the fork and paused
   before the outcome is written (so no query is ever in flight at a fork, and never two at
@@ -154,7 +154,7 @@ class _Lifecycle(KeyRenewal, BaseWorker):
         except ConfigError as exc:
             self._settings_error = self._settings_error or exc
             prepared = False
-        # The fenced start's read and the `done` write, overlapped with RQ's Redis work.
+        # The fenced start and the `done` write, overlapped with RQ's Redis work.
         self._inflight = InFlight(self._store, prepared=prepared)
         self._checked = False
         self._heartbeat = lifecycle.Heartbeater(self._store, settings.heartbeat_seconds)

@@ -208,7 +208,7 @@ def test_job_timeout_is_a_failed_attempt(
 def test_a_job_timeout_while_the_fenced_start_waits_is_not_absorbed(
     env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
 ) -> None:
-    # In-process, the start's read is awaited inside RQ's job timeout: when it fires there,
+    # In-process, the start is awaited inside RQ's job timeout: when it fires there,
     # the handler must not run (it would run with no time limit left).
     conn.execute(
         "INSERT INTO photo_jobs (photo_id, type, state, attempts) VALUES"
@@ -216,7 +216,7 @@ def test_a_job_timeout_while_the_fenced_start_waits_is_not_absorbed(
     )
     start_ours(spawn, env, "simple", handler="ok")  # ready: its start-up writes are done
     with env.connect() as locker, locker.transaction():
-        locker.execute("LOCK TABLE photo_jobs IN ACCESS EXCLUSIVE MODE")  # the read waits
+        locker.execute("LOCK TABLE photo_jobs IN ACCESS EXCLUSIVE MODE")  # the start waits
         job = Queue("photo-process", connection=env.redis()).enqueue_call(
             ENTRY_POINT,
             args=("photo.process", "p1", 1),
@@ -701,7 +701,9 @@ def test_a_job_whose_claim_commit_was_lost_takes_the_row_over(
 
 @pytest.mark.parametrize("worker_class", [*CLASSES.values(), "rq.worker.Worker"])
 @pytest.mark.parametrize(
-    "row", [("active", 2), ("pending", 2), ("done", 1)], ids=["superseded", "retrying", "done"]
+    "row",
+    [("active", 2), ("pending", 1), ("pending", 2), ("done", 1)],
+    ids=["superseded", "failed-back", "retrying", "done"],
 )
 def test_a_job_whose_attempt_is_not_the_row_s_does_not_run(
     env: Env,
@@ -711,8 +713,8 @@ def test_a_job_whose_attempt_is_not_the_row_s_does_not_run(
     row: tuple[str, int],
 ) -> None:
     """A job dequeued late, after its row moved on (rescued as a new attempt, failed back to
-    pending, or finished by another job), is refused at its fenced start: its handler does not
-    run and the row keeps what the newer attempt wrote."""
+    pending by this attempt, retried, or finished by another job), is refused at its fenced
+    start: its handler does not run and the row keeps what the newer attempt wrote."""
     submit(conn, "p1")
     conn.execute("UPDATE photo_jobs SET state = %s, attempts = %s WHERE photo_id = 'p1'", list(row))
     Queue("photo-process", connection=env.redis()).enqueue(
