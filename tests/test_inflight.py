@@ -55,6 +55,20 @@ def state(conn: psycopg.Connection[Any]) -> tuple[Any, ...]:
     return tuple(row)
 
 
+def wait_for_lock(conn: psycopg.Connection[Any], session: int, statement: str) -> None:
+    """Wait until `session` waits on a lock (its statement in flight, on the server)."""
+    wait_for(
+        lambda: (
+            conn.execute(
+                "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [session]
+            ).fetchone()
+            == ("Lock",)
+        ),
+        timeout=10,
+        what=f"{statement} waiting on the row lock",
+    )
+
+
 def test_answers_follow_the_fence(
     store: Store, conn: psycopg.Connection[Any], prepared: bool
 ) -> None:
@@ -99,16 +113,7 @@ def test_a_start_waits_for_the_transaction_that_enqueued_its_job(
             " RETURNING updated_at"
         ).fetchone()
         assert inflight.send(START, params(3))
-        wait_for(
-            lambda: (
-                conn.execute(
-                    "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [session]
-                ).fetchone()
-                == ("Lock",)
-            ),
-            timeout=10,
-            what="the start waiting on the row lock",
-        )
+        wait_for_lock(conn, session, "the start")
         mover.commit() if ends == "commit" else mover.rollback()
     started = inflight.receive()
     assert started is not None and (started.rows, started.value) == (1, "7")
@@ -153,16 +158,7 @@ def test_a_session_terminated_mid_statement_is_closed_and_the_next_send_reconnec
         # The row is locked: the `done` waits on the server, in flight, until its session ends.
         locker.execute("SELECT 1 FROM photo_jobs WHERE photo_id = 'p1' FOR UPDATE")
         assert inflight.send(DONE, params(2))
-        wait_for(
-            lambda: (
-                conn.execute(
-                    "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [session]
-                ).fetchone()
-                == ("Lock",)
-            ),
-            timeout=10,
-            what="the done waiting on the row lock",
-        )
+        wait_for_lock(conn, session, "the done")
         conn.execute("SELECT pg_terminate_backend(%s)", [session])
         assert inflight.receive() is None
     assert state(conn) == ("active", 2)

@@ -678,12 +678,9 @@ def test_unimportable_handler_is_reported_at_start_and_fails_only_its_type(
     )
 
 
-@pytest.mark.parametrize("worker_class", [*CLASSES.values(), "rq.worker.Worker"])
-def test_a_job_whose_claim_commit_was_lost_takes_the_row_over(
-    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], worker_class: str
-) -> None:
-    # The reactor enqueued attempt 1 but its COMMIT was lost: the row is still pending at 0.
-    submit(conn, "p1")
+def burst_attempt_1(spawn: Callable[..., Process], env: Env, worker_class: str) -> Process:
+    """Enqueue attempt 1 of p1 as the reactor would, whatever its row says, and start a burst
+    worker of `worker_class` on it."""
     Queue("photo-process", connection=env.redis()).enqueue(
         ENTRY_POINT,
         "photo.process",
@@ -693,7 +690,16 @@ def test_a_job_whose_claim_commit_was_lost_takes_the_row_over(
         job_id=job_id("photo.process", "p1", 1),
         meta={"type": "photo.process", "photo_id": "p1", "attempt": 1},
     )
-    worker = start_worker(spawn, env, burst=True, extra_args=("--worker-class", worker_class))
+    return start_worker(spawn, env, burst=True, extra_args=("--worker-class", worker_class))
+
+
+@pytest.mark.parametrize("worker_class", [*CLASSES.values(), "rq.worker.Worker"])
+def test_a_job_whose_claim_commit_was_lost_takes_the_row_over(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], worker_class: str
+) -> None:
+    # The reactor enqueued attempt 1 but its COMMIT was lost: the row is still pending at 0.
+    submit(conn, "p1")
+    worker = burst_attempt_1(spawn, env, worker_class)
     assert worker.proc.wait(timeout=60) == 0, worker.output()
     assert row_of(conn, "p1") == ("done", 1, None, None)
     assert runs(conn, "p1") == [("p1", 1, "ok")]
@@ -717,16 +723,7 @@ def test_a_job_whose_attempt_is_not_the_row_s_does_not_run(
     start: its handler does not run and the row keeps what the newer attempt wrote."""
     submit(conn, "p1")
     conn.execute("UPDATE photo_jobs SET state = %s, attempts = %s WHERE photo_id = 'p1'", list(row))
-    Queue("photo-process", connection=env.redis()).enqueue(
-        ENTRY_POINT,
-        "photo.process",
-        "p1",
-        1,
-        handler="tests.handlers.ok",
-        job_id=job_id("photo.process", "p1", 1),
-        meta={"type": "photo.process", "photo_id": "p1", "attempt": 1},
-    )
-    worker = start_worker(spawn, env, burst=True, extra_args=("--worker-class", worker_class))
+    worker = burst_attempt_1(spawn, env, worker_class)
     assert worker.exit_code(timeout=60) == 0, worker.output()
     job = Job.fetch(job_id("photo.process", "p1", 1), connection=env.redis())
     assert job.return_value() == "skipped"
