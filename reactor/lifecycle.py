@@ -5,10 +5,12 @@ The same statements run whether the lifecycle lives in the job (a plain `rq work
 `reactor.SimpleWorker`):
 
 1. `start` — the fenced start, one statement: proceed only if the row is `active` at this
-   attempt, or at the attempt before (`pending`: a claim; `active`: the sweep's rescue), moved
-   on by the transaction that enqueued this job, which commits after the enqueue: the start
-   waits for it, and takes the row over if its COMMIT was lost. Otherwise the attempt was
-   superseded or the row is finished: the handler must not run. A row the claim stamped less
+   attempt, or `pending` at the attempt before (the claim that enqueued this job, which
+   commits after the enqueue: the start waits for it, and takes the row over if its COMMIT
+   was lost). Otherwise the row is read again once no transaction is moving it (the sweep's
+   rescue, from `active` at the attempt before, also commits after its enqueue): `active` at
+   this attempt, it starts; else the attempt was superseded or the row is finished, and the
+   handler must not run. A row the claim stamped less
    than a quarter heartbeat interval ago is only read; any other is stamped (`updated_at`), so
    the sweep cannot take a job that waited long in the queue for a dead worker's before its
    first heartbeat.
@@ -54,7 +56,7 @@ __all__ = [
     "error_text",
     "finish",
     "note_done",
-    "refused",
+    "recheck",
     "start",
     "warm_up",
 ]
@@ -213,20 +215,33 @@ def start(store: Store, settings: WorkerSettings, ref: JobRef) -> int | None:
     _, row = store.execute(queries.ATTEMPT_START, attempt_params(settings, ref))
     if row is not None:
         return int(row[0])
-    refused(store, ref)
-    return None
+    return recheck(store, settings, ref)
 
 
-def refused(store: Store, ref: JobRef) -> None:
-    """Log why the fenced start refused this attempt (the row's state now). The refusal
-    stands whatever this read meets: it is for the log line only, and is tried once."""
+def recheck(store: Store, settings: WorkerSettings, ref: JobRef) -> int | None:
+    """After `ATTEMPT_START` found the row at no attempt it may run: the row's `max_attempts`
+    if it is `active` at this attempt once no transaction is moving it (the sweep's rescue
+    that enqueued this job had not committed yet), else None, logged with the row's state.
+
+    A rescue whose COMMIT was lost leaves the row at the attempt before: the job is refused,
+    and the next sweep rescues the row again as this same attempt. A read that fails refuses
+    too (the row is then left to the sweep).
+    """
     try:
-        _, current = store.execute_once(queries.ATTEMPT_STATE, _params(ref))
+        _, current = store.execute(queries.ATTEMPT_RECHECK, _params(ref))
+        if current is None:
+            why = "row missing"
+        elif tuple(current) != ("active", ref.attempt):
+            why = f"row is {current[0]} at attempt {current[1]}"
+        else:
+            _, row = store.execute(queries.ATTEMPT_START, attempt_params(settings, ref))
+            if row is not None:
+                return int(row[0])
+            why = "row moved on again"
     except (DatabaseError, psycopg.Error) as exc:
         why = f"row state unknown: {error_text(exc)}"
-    else:
-        why = "row missing" if current is None else f"row is {current[0]} at attempt {current[1]}"
     logger.info("attempt_skipped %s (%s)", describe(ref), why)
+    return None
 
 
 def note_done(ref: JobRef, changed: int) -> bool:

@@ -15,9 +15,9 @@ __all__ = [
     "ATTEMPT_DONE",
     "ATTEMPT_FAILED",
     "ATTEMPT_HEARTBEAT",
+    "ATTEMPT_RECHECK",
     "ATTEMPT_RETRY",
     "ATTEMPT_START",
-    "ATTEMPT_STATE",
     "BACKLOG",
     "CLAIM_DUE",
     "CURRENT_MINUTE",
@@ -567,14 +567,14 @@ UPDATE photo_jobs
 
 #: The fenced start, in one round trip. A row `active` at this attempt whose `updated_at` is
 #: younger than `fresh` seconds (the claim stamped it a moment ago) is only read: no write, no
-#: new row version. Otherwise the row is stamped if it is `active` at this attempt, or at the
-#: attempt before, `pending` (a claim) or `active` (a rescue): the transaction that enqueued
-#: this job and moves the row to this attempt commits only after the enqueue, so it is waited
-#: for (the row lock) and its row then stamped; if its COMMIT was lost, this job takes the row
-#: over. No row: skip. The stamp's commit does not wait for the WAL flush
-#: (`synchronous_commit` off for this statement's own transaction): it is on the job's latency
-#: path, and losing it in a server crash is harmless (the row keeps the claim's state, or stays
-#: pending and is dispatched again; the durable outcome write is fenced either way).
+#: new row version. Otherwise the row is stamped if it is `active` at this attempt, or
+#: `pending` at the attempt before: the claim that enqueued this job commits after the
+#: enqueue, so it is waited for (the row lock) and its row then stamped; if its COMMIT was
+#: lost, this job takes the row over. No row: ATTEMPT_RECHECK. The stamp's commit does not wait
+#: for the WAL flush (`synchronous_commit` off for this statement's own transaction): it is on
+#: the job's latency path, and losing it in a server crash is harmless (the row keeps the
+#: claim's state, or stays pending and is dispatched again; the durable outcome write is fenced
+#: either way).
 ATTEMPT_START = """
 WITH fresh AS (
      SELECT max_attempts
@@ -589,16 +589,20 @@ stamped AS (
       WHERE NOT EXISTS (SELECT FROM fresh)
         AND photo_id = %(photo_id)s AND type = %(type)s
         AND ((state = 'active' AND attempts = %(attempt)s)
-          OR (state IN ('pending', 'active') AND attempts = %(attempt)s - 1))
+          OR (state = 'pending' AND attempts = %(attempt)s - 1))
      RETURNING max_attempts)
 SELECT max_attempts FROM fresh
  UNION ALL
 SELECT max_attempts FROM stamped
 """
 
-#: Why a start was refused (for the log line only).
-ATTEMPT_STATE = """
+#: The row as it is once no transaction is moving it (FOR SHARE waits for one), after
+#: ATTEMPT_START found it at no attempt it may run: the sweep's rescue moves a row from
+#: `active` at the attempt before to this one, and enqueues this job before its COMMIT. The
+#: lock ends with the statement.
+ATTEMPT_RECHECK = """
 SELECT state, attempts FROM photo_jobs WHERE photo_id = %(photo_id)s AND type = %(type)s
+   FOR SHARE
 """
 
 #: Heartbeat of a running attempt: keeps the sweep from rescuing it.

@@ -250,8 +250,7 @@ class _Lifecycle(KeyRenewal, BaseWorker):
                 # Not sent, or no answer: the fenced start on the store (retried).
                 max_attempts = lifecycle.start(self._store, self.settings, ref)
             elif started.value is None:
-                lifecycle.refused(self._store, ref)
-                max_attempts = None
+                max_attempts = lifecycle.recheck(self._store, self.settings, ref)
             else:
                 max_attempts = int(started.value)
         except DatabaseError as exc:

@@ -1,7 +1,7 @@
 """`reactor.inflight`: a statement sent without waiting, its result read later.
 
 Against a real Postgres, with and without prepared statements: answers and the fence, a start
-racing the claim or rescue that enqueued its job, a statement error, a session that lost its
+racing the claim that enqueued its job, a statement error, a session that lost its
 prepared statements, and a session terminated with a statement in flight (the store reconnects
 on the next send).
 """
@@ -91,35 +91,28 @@ def test_answers_follow_the_fence(
 
 
 @pytest.mark.parametrize("ends", ["commit", "rollback"])
-@pytest.mark.parametrize("before", ["pending", "active"], ids=["claim", "rescue"])
-def test_a_start_waits_for_the_transaction_that_enqueued_its_job(
-    env: Env,
-    store: Store,
-    conn: psycopg.Connection[Any],
-    prepared: bool,
-    before: str,
-    ends: str,
+def test_a_start_waits_for_the_claim_that_enqueued_its_job(
+    env: Env, store: Store, conn: psycopg.Connection[Any], prepared: bool, ends: str
 ) -> None:
-    """A claim (from `pending`) or a rescue (from `active` at the attempt before) enqueues the
-    job before its COMMIT, so a worker can start the job while that transaction is still open:
-    the start waits for it, then stamps the row (it read the row at the attempt before).
-    Rolled back (its COMMIT lost), the job takes the row over. Both ways it runs."""
-    conn.execute("UPDATE photo_jobs SET state = %s, attempts = 2 WHERE photo_id = 'p1'", [before])
+    """The enqueue precedes the claim's COMMIT, so a worker can start a job while its claim is
+    still open: the start waits for it, then stamps the row (it read the row pending).
+    Rolled back (its COMMIT lost), the job takes the pending row over. Both ways it runs."""
+    conn.execute("UPDATE photo_jobs SET state = 'pending', attempts = 2 WHERE photo_id = 'p1'")
     inflight = InFlight(store, prepared=prepared)
     session = store.conn.info.backend_pid
-    with env.connect(autocommit=False) as mover:
-        moved = mover.execute(
+    with env.connect(autocommit=False) as claim:
+        claimed = claim.execute(
             "UPDATE photo_jobs SET state = 'active', attempts = 3 WHERE photo_id = 'p1'"
             " RETURNING updated_at"
         ).fetchone()
         assert inflight.send(START, params(3))
         wait_for_lock(conn, session, "the start")
-        mover.commit() if ends == "commit" else mover.rollback()
+        claim.commit() if ends == "commit" else claim.rollback()
     started = inflight.receive()
     assert started is not None and (started.rows, started.value) == (1, "7")
     assert state(conn) == ("active", 3)
     stamped = conn.execute("SELECT updated_at FROM photo_jobs WHERE photo_id = 'p1'").fetchone()
-    assert moved is not None and stamped is not None and stamped[0] > moved[0]
+    assert claimed is not None and stamped is not None and stamped[0] > claimed[0]
 
 
 def test_a_statement_error_is_no_answer_and_the_connection_stays_usable(

@@ -678,17 +678,19 @@ def test_unimportable_handler_is_reported_at_start_and_fails_only_its_type(
     )
 
 
-def burst_attempt_1(spawn: Callable[..., Process], env: Env, worker_class: str) -> Process:
-    """Enqueue attempt 1 of p1 as the reactor would, whatever its row says, and start a burst
+def burst_attempt(
+    spawn: Callable[..., Process], env: Env, worker_class: str, attempt: int = 1
+) -> Process:
+    """Enqueue `attempt` of p1 as the reactor would, whatever its row says, and start a burst
     worker of `worker_class` on it."""
     Queue("photo-process", connection=env.redis()).enqueue(
         ENTRY_POINT,
         "photo.process",
         "p1",
-        1,
+        attempt,
         handler="tests.handlers.ok",
-        job_id=job_id("photo.process", "p1", 1),
-        meta={"type": "photo.process", "photo_id": "p1", "attempt": 1},
+        job_id=job_id("photo.process", "p1", attempt),
+        meta={"type": "photo.process", "photo_id": "p1", "attempt": attempt},
     )
     return start_worker(spawn, env, burst=True, extra_args=("--worker-class", worker_class))
 
@@ -699,7 +701,7 @@ def test_a_job_whose_claim_commit_was_lost_takes_the_row_over(
 ) -> None:
     # The reactor enqueued attempt 1 but its COMMIT was lost: the row is still pending at 0.
     submit(conn, "p1")
-    worker = burst_attempt_1(spawn, env, worker_class)
+    worker = burst_attempt(spawn, env, worker_class)
     assert worker.proc.wait(timeout=60) == 0, worker.output()
     assert row_of(conn, "p1") == ("done", 1, None, None)
     assert runs(conn, "p1") == [("p1", 1, "ok")]
@@ -723,7 +725,7 @@ def test_a_job_whose_attempt_is_not_the_row_s_does_not_run(
     start: its handler does not run and the row keeps what the newer attempt wrote."""
     submit(conn, "p1")
     conn.execute("UPDATE photo_jobs SET state = %s, attempts = %s WHERE photo_id = 'p1'", list(row))
-    worker = burst_attempt_1(spawn, env, worker_class)
+    worker = burst_attempt(spawn, env, worker_class)
     assert worker.exit_code(timeout=60) == 0, worker.output()
     job = Job.fetch(job_id("photo.process", "p1", 1), connection=env.redis())
     assert job.return_value() == "skipped"
@@ -731,3 +733,44 @@ def test_a_job_whose_attempt_is_not_the_row_s_does_not_run(
         worker.wait_for_line("attempt_skipped")
     assert runs(conn, "p1") == []
     assert row_of(conn, "p1")[:2] == row
+
+
+@pytest.mark.parametrize("worker_class", [*CLASSES.values(), "rq.worker.Worker"])
+@pytest.mark.parametrize("ends", ["commit", "rollback"])
+def test_a_job_started_before_its_rescue_commits_waits_for_it(
+    env: Env,
+    conn: psycopg.Connection[Any],
+    spawn: Callable[..., Process],
+    worker_class: str,
+    ends: str,
+) -> None:
+    """The sweep's rescue moves a row from attempt 1 to 2 and enqueues job 2 before its
+    COMMIT, so a worker can start job 2 while the rescue is still open. Its start waits:
+    committed, attempt 2 runs; rolled back (the COMMIT lost), job 2 is refused and the row
+    stays at attempt 1 for the next sweep (no attempt spent, nothing taken over)."""
+    submit(conn, "p1")
+    conn.execute("UPDATE photo_jobs SET state = 'active', attempts = 1 WHERE photo_id = 'p1'")
+    with env.connect(autocommit=False) as rescue:
+        rescue.execute("UPDATE photo_jobs SET attempts = 2 WHERE photo_id = 'p1'")
+        worker = burst_attempt(spawn, env, worker_class, attempt=2)
+        wait_for(
+            lambda: (
+                conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                ).fetchone()
+                == (1,)
+            ),
+            timeout=30,
+            what="the worker's start waiting on the rescue's row lock",
+        )
+        rescue.commit() if ends == "commit" else rescue.rollback()
+    assert worker.exit_code(timeout=60) == 0, worker.output()
+    if ends == "commit":
+        assert runs(conn, "p1") == [("p1", 2, "ok")]
+        assert row_of(conn, "p1")[:2] == ("done", 2)
+    else:
+        job = Job.fetch(job_id("photo.process", "p1", 2), connection=env.redis())
+        assert job.return_value() == "skipped"
+        assert runs(conn, "p1") == []
+        assert row_of(conn, "p1")[:2] == ("active", 1)
