@@ -152,4 +152,4 @@ def spawn(env: Env) -> Iterator[Callable[..., Process]]:
 
     yield start
     for proc in started:
-        proc.kill()
+        proc.kill_all()

@@ -293,7 +293,7 @@ def site(tmp_path: Path) -> Iterator[Site]:
         yield result
     finally:
         for proc in started:
-            proc.kill()
+            proc.kill_all()
         for sentinel in sentinels:
             sentinel.close()
         for server in result.redis_servers.values():

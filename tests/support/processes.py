@@ -57,6 +57,7 @@ class Process:
             stderr=subprocess.STDOUT,
             text=True,
             bufsize=1,
+            start_new_session=True,  # a process group of its own: `kill` reaches its children
         )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -103,8 +104,16 @@ class Process:
             return self.proc.wait()
 
     def kill(self) -> None:
+        """SIGKILL the process alone (a forking worker's work horse lives on, as it would)."""
         if self.proc.poll() is None:
             self.proc.kill()
+        self.proc.wait()
+
+    def kill_all(self) -> None:
+        """SIGKILL the process and everything it started (a work horse, a pool's workers),
+        which would otherwise outlive the test and write to a later test's Redis database."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
 
 
