@@ -57,7 +57,7 @@ class Process:
             stderr=subprocess.STDOUT,
             text=True,
             bufsize=1,
-            start_new_session=True,  # a process group of its own: `kill` reaches its children
+            start_new_session=True,  # a process group of its own: `kill_all` reaches its children
         )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
