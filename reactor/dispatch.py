@@ -252,18 +252,24 @@ class Dispatcher:
     # -- re-dispatching (the sweep's rescues) ------------------------------------------------
 
     def redispatch_lost(
-        self, refs: Sequence[JobRef], why: str, *, error: str | None = None
+        self,
+        refs: Sequence[JobRef],
+        why: str,
+        *,
+        error: str | None = None,
+        stale_after_seconds: float | None = None,
     ) -> BatchResult:
-        """Re-dispatch `refs`, rows whose job is gone from Redis or failed in RQ, as a new
-        attempt each, if they are still `active` at that attempt (re-checked under the lock).
-        A row whose attempts are spent is failed with `why` in `last_error` (`failed` counts
-        them); a re-dispatched row keeps its `last_error`, or takes `error` when given.
+        """Re-dispatch `refs`, rows whose job is gone from Redis or ended in RQ without an
+        outcome, as a new attempt each, if they are still `active` at that attempt (and, when
+        `stale_after_seconds` is given, still without a write for that long), re-checked under
+        the lock. A row whose attempts are spent is failed with `why` in `last_error` (`failed`
+        counts them); a re-dispatched row keeps its `last_error`, or takes `error` when given.
 
         Raises:
             EnqueueError: Redis failed (the rows were left as they were).
             DatabaseError: Postgres failed (likewise, unless the COMMIT was lost).
         """
-        return self._redispatch(refs, None, why, error)
+        return self._redispatch(refs, stale_after_seconds, why, error)
 
     def redispatch_stale(
         self, refs: Sequence[JobRef], stale_after_seconds: float, why: str

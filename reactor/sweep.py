@@ -9,9 +9,11 @@
    heartbeat for `stale_after` (the worker died). Rows whose job is still queued are waiting
    for a worker, not lost, and are left alone (rescuing them would only lengthen a queue that
    is already behind), unless the job sits in no queue at all (a worker took it and died
-   before starting it): that one is lost too. A job that ended `failed` in RQ without the
-   lifecycle recording an outcome (the worker could not import the handler or reach the
-   database) is re-dispatched the same way, with RQ's error in `last_error`;
+   before starting it): that one is lost too. A job that ended in RQ (finished, or `failed`:
+   the worker could not import the handler or reach the database) while its row is still
+   `active` is re-dispatched once the row has had no write for `stale_after`, a failed one
+   with RQ's error in `last_error`: the worker classes record the outcome just after RQ
+   records the job's end, and a rescue in between would run a finished attempt again;
 3. notes pending rows of types no route covers (left alone; warned about once per type, a few
    by name per sweep and the rest in one line).
 `refresh_backlog_metrics()` (called after each sweep when metrics are served) counts the
@@ -64,6 +66,9 @@ _JOB_LOST = "job lost: its RQ job vanished from Redis"
 #: `last_error` of a row whose job ended failed in RQ before the lifecycle recorded an outcome
 #: (followed by RQ's error).
 _JOB_FAILED_IN_RQ = "job failed in RQ without recording an outcome"
+#: `last_error` of a row failed because its job ended otherwise in RQ (finished, stopped,
+#: canceled) with no outcome recorded, and its attempts are spent.
+_JOB_ENDED = "job ended in RQ without recording an outcome"
 
 
 @dataclass(frozen=True)
@@ -157,11 +162,13 @@ class Sweeper:
 
     def _rescue(self, should_stop: Callable[[], bool]) -> tuple[int, int, int]:
         """One pass over the active rows, a page at a time, reading each page's job statuses
-        in one pipelined round trip. A row is re-dispatched when its job is gone from Redis
-        (missing, or finished/failed while the row is still active), or when its job was
-        started but the row has had no heartbeat for `stale_after` (the worker died). A row
-        whose job is still queued is only waiting for a worker, however long: rescuing it
-        would add work to a queue that is already behind.
+        in one pipelined round trip. A row is re-dispatched when its job is gone from Redis,
+        when its job ended in RQ (finished, failed, stopped) and the row has had no write for
+        `stale_after` (the worker classes write the outcome just after RQ records the end: a
+        rescue in that gap would run the attempt again), or when its job was started and the
+        row has had no heartbeat for `stale_after` (the worker died). A row whose job is still
+        queued is only waiting for a worker, however long: rescuing it would add work to a
+        queue that is already behind.
 
         Returns (rescued, lost, failed) row counts.
         """
@@ -191,17 +198,28 @@ class Sweeper:
                     break
                 refs = [JobRef(t, p, a) for t, p, a, _, _ in page]
                 statuses = self._rq.job_statuses(refs)
-                gone, dead, failed_in_rq = [], [], []
+                gone: list[JobRef] = []
+                ended: list[JobRef] = []
+                dead: list[JobRef] = []
+                failed_in_rq: list[JobRef] = []
                 for ref, status, (*_, stale) in zip(refs, statuses, page, strict=True):
-                    if status == FAILED:
-                        failed_in_rq.append(ref)
-                    elif status not in ALIVE_STATUSES:
+                    if status is None:
                         gone.append(ref)
+                    elif status not in ALIVE_STATUSES:
+                        # RQ records a job's end before the worker classes write its outcome:
+                        # only a row left without a write for stale_after is past that moment.
+                        if stale:
+                            (failed_in_rq if status == FAILED else ended).append(ref)
                     elif status == STARTED and stale:
                         dead.append(ref)
                     elif status == QUEUED and stale:
                         waiting.append(ref)
                 batch = self._dispatcher.redispatch_lost(gone, _JOB_LOST)
+                lost += batch.claimed
+                failed += batch.failed
+                batch = self._dispatcher.redispatch_lost(
+                    ended, _JOB_ENDED, stale_after_seconds=self._stale_after
+                )
                 lost += batch.claimed
                 failed += batch.failed
                 batch = self._redispatch_failed_in_rq(failed_in_rq)
@@ -245,7 +263,9 @@ class Sweeper:
             by_error.setdefault(why, []).append(ref)
         claimed = failed = 0
         for why, group in by_error.items():
-            batch = self._dispatcher.redispatch_lost(group, why, error=why)
+            batch = self._dispatcher.redispatch_lost(
+                group, why, error=why, stale_after_seconds=self._stale_after
+            )
             claimed += batch.claimed
             failed += batch.failed
         return BatchResult(claimed=claimed, failed=failed)

@@ -218,27 +218,36 @@ def run_sweep(env: Env, *args: str) -> dict[str, Any]:
 
 
 def make_stale(
-    conn: psycopg.Connection[object], photo_id: str, attempts: int, max_attempts: int = 5
+    conn: psycopg.Connection[object],
+    photo_id: str,
+    attempts: int,
+    max_attempts: int = 5,
+    written: str = "1 hour",
 ) -> None:
+    """Plant an active row last written `written` ago (by default a worker silent long ago)."""
     with conn.transaction():
-        # Bypass the updated_at trigger to plant a row whose worker went silent long ago.
+        # Bypass the updated_at trigger to plant the row's last write in the past.
         conn.execute("SET LOCAL session_replication_role = replica")
         conn.execute(
             "INSERT INTO photo_jobs (photo_id, type, state, attempts, max_attempts, updated_at)"
-            " VALUES (%s, 'photo.process', 'active', %s, %s, now() - interval '1 hour')",
-            [photo_id, attempts, max_attempts],
+            " VALUES (%s, 'photo.process', 'active', %s, %s, now() - %s::interval)",
+            [photo_id, attempts, max_attempts, written],
         )
 
 
 def plant_job(client: redis.Redis, photo_id: str, attempt: int, where: str) -> None:
     """Give a planted active row the RQ job its worker would have: `queued` in the queue,
-    `started` by a worker (out of the queue), or `orphan` (status queued, in no queue)."""
+    `started` by a worker (out of the queue), `orphan` (status queued, in no queue), or ended
+    (`finished`, `failed`: what RQ records before the worker classes write the outcome)."""
     ref = JobRef("photo.process", photo_id, attempt)
     Enqueuer(client, ROUTES).enqueue([ref])
-    if where in ("started", "orphan"):
+    if where != "queued":
         client.lrem("rq:queue:photo-process", 0, ref.job_id)
-    if where == "started":
-        Job.fetch(ref.job_id, connection=client).set_status(JobStatus.STARTED)
+    status = {"started": JobStatus.STARTED, "finished": JobStatus.FINISHED}.get(where)
+    if where == "failed":
+        status = JobStatus.FAILED
+    if status is not None:
+        Job.fetch(ref.job_id, connection=client).set_status(status)
 
 
 def test_rescue_distinguishes_dead_workers_waiting_jobs_and_orphans(env: Env) -> None:
@@ -268,6 +277,36 @@ def test_rescue_distinguishes_dead_workers_waiting_jobs_and_orphans(env: Env) ->
     )
     error = conn.execute("SELECT last_error FROM photo_jobs WHERE photo_id = 'spent'").fetchone()
     assert error == ("worker lost: no heartbeat for 60 s: attempt 5 of 5",)
+
+
+def test_a_job_rq_ended_is_rescued_only_once_its_row_had_no_write_for_stale_after(
+    env: Env,
+) -> None:
+    # The worker classes write the outcome just after RQ records the job's end: a row written
+    # a moment ago may have its outcome on the way, and rescuing it would run it again.
+    conn, client = env.connect(), env.redis()
+    for photo_id, written, where in (
+        ("fresh-finished", "0 s", "finished"),
+        ("fresh-failed", "0 s", "failed"),
+        ("old-finished", "1 hour", "finished"),
+        ("old-failed", "1 hour", "failed"),
+    ):
+        make_stale(conn, photo_id, 1, max_attempts=1 if where == "finished" else 5, written=written)
+        plant_job(client, photo_id, 1, where)
+    make_stale(conn, "fresh-vanished", 1, written="0 s")  # no job at all: lost at once
+    result = run_sweep(env, "--stale-after", "60")
+    assert (result["lost"], result["rescue_failed"], result["rescued"]) == (2, 1, 0)
+    assert rows(conn) == [
+        ("fresh-failed", "photo.process", "active", 1),
+        ("fresh-finished", "photo.process", "active", 1),
+        ("fresh-vanished", "photo.process", "active", 2),
+        ("old-failed", "photo.process", "active", 2),
+        ("old-finished", "photo.process", "failed", 1),
+    ]
+    error = conn.execute(
+        "SELECT last_error FROM photo_jobs WHERE photo_id = 'old-finished'"
+    ).fetchone()
+    assert error == ("job ended in RQ without recording an outcome: attempt 1 of 1",)
 
 
 def test_active_rows_whose_job_vanished_from_redis_are_redispatched(env: Env) -> None:

@@ -25,7 +25,7 @@ from tests.handlers import SCHEMA
 from tests.support.cli import run_cli
 from tests.support.env import Env
 from tests.support.processes import Process, start_reactor, start_worker
-from tests.support.rows import states
+from tests.support.rows import states, unwritten_for
 from tests.support.rq_state import queue_ids
 from tests.support.waiting import wait_for
 
@@ -245,9 +245,12 @@ def test_a_job_that_failed_in_rq_without_an_outcome_gets_rqs_error(
 ) -> None:
     # The worker reaches a database without photo_jobs: the lifecycle cannot record anything
     # and the RQ job ends `failed` with psycopg's error; the sweep must say so.
+    # Re-dispatched only once the row has had no write for stale_after (1 s here).
     submit(conn, "p1", max_attempts=2)
     for attempt in (1, 2):
-        dispatched = cli(env, "sweep", "--route", OK, "--stale-after", "3600")
+        if attempt > 1:
+            wait_for(lambda: unwritten_for(conn, 1), what="the row unwritten for 1 s")
+        dispatched = cli(env, "sweep", "--route", OK, "--stale-after", "1")
         assert dispatched.returncode == 0, dispatched.stderr
         row = conn.execute("SELECT state, attempts FROM photo_jobs").fetchone()
         assert row == ("active", attempt)
@@ -255,7 +258,8 @@ def test_a_job_that_failed_in_rq_without_an_outcome_gets_rqs_error(
         worker.proc.wait(timeout=60)
         status = env.redis().hget(f"rq:job:{job_id('photo.process', 'p1', attempt)}", "status")
         assert status == b"failed", worker.output()
-    final = cli(env, "sweep", "--route", OK, "--stale-after", "3600")
+    wait_for(lambda: unwritten_for(conn, 1), what="the row unwritten for 1 s")
+    final = cli(env, "sweep", "--route", OK, "--stale-after", "1")
     assert final.returncode == 0, final.stderr
     assert json.loads(final.stdout)["rescue_failed"] == 1
     row = conn.execute("SELECT state, last_error FROM photo_jobs").fetchone()
@@ -276,7 +280,8 @@ def test_the_sweep_records_rqs_error_on_a_re_dispatch(
     assert cli(env, "sweep", "--route", OK).returncode == 0
     worker = start_worker(spawn, env, burst=True, DATABASE_URL=empty_database)
     worker.proc.wait(timeout=60)
-    again = cli(env, "sweep", "--route", OK)
+    wait_for(lambda: unwritten_for(conn, 1), what="the row unwritten for 1 s")
+    again = cli(env, "sweep", "--route", OK, "--stale-after", "1")
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["lost"] == 1
     assert job_id("photo.process", "p1", 2) in queue_ids(env.redis())

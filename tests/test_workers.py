@@ -29,7 +29,7 @@ from tests.handlers import SCHEMA
 from tests.support.env import Env
 from tests.support.processes import Process, start_reactor, start_worker
 from tests.support.roles import as_role, throwaway_role
-from tests.support.rows import states
+from tests.support.rows import states, unwritten_for
 from tests.support.waiting import wait_for
 
 CLASSES = {"fork": "reactor.Worker", "simple": "reactor.SimpleWorker"}
@@ -421,6 +421,43 @@ def test_connection_terminated_between_jobs_and_mid_handler(
     wait_for(lambda: row_of(conn, "p2")[0] == "done", timeout=20, what="p2 done")
     assert row_of(conn, "p2")[:2] == ("done", 1)
     assert runs(conn, "p2") == [("p2", 1, "started"), ("p2", 1, "ok")]
+
+
+@pytest.mark.parametrize("then", ["resumes", "dies"])
+def test_a_sweep_between_rq_s_end_of_a_job_and_its_outcome_does_not_run_it_again(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], then: str
+) -> None:
+    # The work horse has RQ record the job finished and exits; the worker process writes the
+    # outcome after that. A worker stopped (SIGSTOP) in between holds a row that is active
+    # while RQ says finished: a sweep then must leave it, until stale_after has passed.
+    worker = start_ours(spawn, env, "fork", handler="gated")
+    submit(conn, "p1")
+    assert sweep(env, "gated", "--stale-after", "30")["enqueued"] == 1
+    wait_for(lambda: runs(conn, "p1") == [("p1", 1, "started")], timeout=20, what="attempt 1")
+    os.kill(worker.proc.pid, signal.SIGSTOP)
+    conn.execute("INSERT INTO gates VALUES ('p1:1')")
+    key = Job.key_for(job_id("photo.process", "p1", 1))
+    wait_for(lambda: env.redis().hget(key, "status") == b"finished", timeout=20, what="finished")
+    assert row_of(conn, "p1")[:2] == ("active", 1)  # the outcome is still to be written
+    result = sweep(env, "gated", "--stale-after", "30")
+    assert (result["lost"], result["rescued"], result["rescue_failed"]) == (0, 0, 0)
+    assert row_of(conn, "p1")[:2] == ("active", 1)
+    if then == "resumes":
+        os.kill(worker.proc.pid, signal.SIGCONT)
+        wait_for(lambda: row_of(conn, "p1")[0] == "done", timeout=20, what="done")
+        assert row_of(conn, "p1")[:2] == ("done", 1)
+        assert not env.redis().exists(Job.key_for(job_id("photo.process", "p1", 2)))
+        assert runs(conn, "p1") == [("p1", 1, "started"), ("p1", 1, "ok")]
+        return
+    # The worker dies before writing the outcome: the row is rescued once stale_after passed.
+    worker.kill()
+    wait_for(lambda: unwritten_for(conn, 1), what="the row unwritten for 1 s")
+    assert sweep(env, "gated", "--stale-after", "1")["lost"] == 1
+    assert row_of(conn, "p1")[:2] == ("active", 2)
+    conn.execute("INSERT INTO gates VALUES ('p1:2')")
+    start_ours(spawn, env, "fork", handler="gated")
+    wait_for(lambda: row_of(conn, "p1")[0] == "done", timeout=20, what="done")
+    assert row_of(conn, "p1")[:2] == ("done", 2)
 
 
 # -- deployment ------------------------------------------------------------------------------

@@ -32,3 +32,14 @@ def insert_rows(
         f"INSERT INTO photo_jobs ({names}) SELECT {values} FROM generate_series(1, %(n)s) AS i",
         {"prefix": prefix, "n": count, **columns},
     )
+
+
+def unwritten_for(conn: psycopg.Connection[Any], seconds: float) -> bool:
+    """Whether every active row has had no write for more than `seconds` (what the sweep's
+    `--stale-after` asks before it rescues a row whose job RQ has ended)."""
+    row = conn.execute(
+        "SELECT bool_and(updated_at < now() - make_interval(secs => %s))"
+        " FROM photo_jobs WHERE state = 'active'",
+        [seconds],
+    ).fetchone()
+    return bool(row and row[0])
