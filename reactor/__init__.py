@@ -1,6 +1,7 @@
 """photo-reactor: turn committed `photo_jobs` rows into RQ jobs, fast and exactly once per attempt.
 
-Public API: `submit` (producer side), `PermanentError` (raised by handlers), and the RQ worker
+Public API: `submit` (producer side) and the `InvalidJobError` it raises for a bad type or photo
+id, `PermanentError` (raised by handlers), and the RQ worker
 classes `Worker` and `SimpleWorker` (loaded on first use, so producers do not import RQ's
 worker machinery).
 """
@@ -10,13 +11,13 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from reactor.errors import PermanentError
+from reactor.errors import InvalidJobError, PermanentError
 from reactor.producer import submit
 
 if TYPE_CHECKING:
     from reactor.workers import SimpleWorker, Worker
 
-__all__ = ["PermanentError", "SimpleWorker", "Worker", "__version__", "submit"]
+__all__ = ["InvalidJobError", "PermanentError", "SimpleWorker", "Worker", "__version__", "submit"]
 
 __version__ = "0.1.0"
 

@@ -651,7 +651,25 @@ def worker_command(**options: Any) -> None:
         time.sleep(WORKER_RESTART_SECONDS)
 
 
+_GLOBAL_OPTIONS = frozenset(opt for param in cli.params for opt in param.opts)
+
+
 def main() -> None:
-    """Console-script entry point."""
-    cli(prog_name="reactor")
-    sys.exit(0)
+    """Console-script entry point: click's own errors (usage, bad option values) are one line
+    too, like ours."""
+    try:
+        code = cli.main(prog_name="reactor", standalone_mode=False)
+    except click.UsageError as exc:
+        hint = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx is not None else ""
+        if isinstance(exc, click.NoSuchOption) and exc.option_name in _GLOBAL_OPTIONS:
+            hint = f" ({exc.option_name} is a global option: give it before the command)"
+        message = redact(exc.format_message()).rstrip(".")
+        click.echo(f"reactor: error: {message}{hint}", err=True)
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        click.echo(f"reactor: error: {redact(exc.format_message())}", err=True)
+        sys.exit(exc.exit_code)
+    except click.Abort:
+        click.echo("reactor: aborted", err=True)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)

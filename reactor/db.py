@@ -248,16 +248,24 @@ def check_schema(conn: Connection) -> None:
         version = schema_version(conn)
         if not conn.autocommit:
             conn.rollback()
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise ConfigError(
+            f"cannot read the schema version: {describe_error(exc)} "
+            "(this role needs SELECT on reactor_migrations)"
+        ) from exc
     except psycopg.Error as exc:
         raise DatabaseError(f"cannot read the schema version: {describe_error(exc)}") from exc
+    # Named, because libpq's defaults may have reached a database the user did not mean.
+    where = f"{conn.info.dbname!r} on {conn.info.host}:{conn.info.port}"
     if version < LATEST_SCHEMA_VERSION:
         raise SchemaError(
-            f"database is not migrated (schema version {version}, "
-            f"need {LATEST_SCHEMA_VERSION}): run `reactor migrate`"
+            f"database is not migrated: {where} is at schema version {version}, "
+            f"this release needs {LATEST_SCHEMA_VERSION}: run `reactor migrate` against it "
+            "(or set DATABASE_URL)"
         )
     if version > LATEST_SCHEMA_VERSION:
         raise SchemaError(
-            f"database schema version {version} is newer than this release "
+            f"database schema version {version} of {where} is newer than this release "
             f"({LATEST_SCHEMA_VERSION}): upgrade photo-reactor"
         )
 

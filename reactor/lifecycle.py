@@ -229,8 +229,14 @@ def recheck(store: Store, settings: WorkerSettings, ref: JobRef) -> int | None:
     try:
         _, current = store.execute(queries.ATTEMPT_RECHECK, _params(ref))
         if current is None:
-            why = "row missing"
-        elif tuple(current) != ("active", ref.attempt):
+            # Deleted while its job waited, or, far more often, a worker whose DATABASE_URL
+            # is not its reactor's (sharing the Redis database of another deployment).
+            logger.warning(
+                "attempt_skipped %s (row missing: is DATABASE_URL the reactor's database?)",
+                describe(ref),
+            )
+            return None
+        if tuple(current) != ("active", ref.attempt):
             why = f"row is {current[0]} at attempt {current[1]}"
         else:
             _, row = store.execute(queries.ATTEMPT_START, attempt_params(settings, ref))
@@ -238,7 +244,8 @@ def recheck(store: Store, settings: WorkerSettings, ref: JobRef) -> int | None:
                 return int(row[0])
             why = "row moved on again"
     except (DatabaseError, psycopg.Error) as exc:
-        why = f"row state unknown: {error_text(exc)}"
+        logger.warning("attempt_skipped %s (row state unknown: %s)", describe(ref), error_text(exc))
+        return None
     logger.info("attempt_skipped %s (%s)", describe(ref), why)
     return None
 

@@ -279,7 +279,8 @@ SELECT DISTINCT photo_id
 #: The latest failed rows and rows that failed at least once and will be retried (or are being
 #: retried), newest first. Reads the table: an operator's query, not on the dispatch path.
 FAILURES = """
-SELECT type, photo_id, state, attempts, max_attempts, last_error, updated_at, next_retry_at
+SELECT type, photo_id, state, attempts, max_attempts, last_error, updated_at,
+       CASE WHEN state = 'pending' THEN next_retry_at END  -- a failed row retries never
   FROM photo_jobs
  WHERE (state = 'failed' OR (state IN ('pending', 'active') AND last_error IS NOT NULL))
    AND (%(type)s::text IS NULL OR type = %(type)s)
@@ -349,7 +350,9 @@ SELECT date_trunc('minute', updated_at) AS minute, type, state, count(*), sum(at
 #: after an error, newest first (last_error cut at 2,000 characters).
 RECENT_FAILURES = """
 SELECT f.type, f.photo_id, f.state, f.attempts, f.max_attempts, left(f.last_error, 2000),
-       f.updated_at, f.next_retry_at::text  -- text: 'infinity' has no Python datetime
+       f.updated_at,
+       CASE WHEN f.state = 'pending' THEN f.next_retry_at::text END  -- text: 'infinity' has
+                                                                    -- no Python datetime
   FROM ((SELECT * FROM photo_jobs
           WHERE state = 'failed'
           ORDER BY updated_at DESC LIMIT %(limit)s)

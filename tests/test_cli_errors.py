@@ -132,7 +132,8 @@ def test_failures_shows_the_latest_failed_and_retried_rows(env: Env) -> None:
         """
         INSERT INTO photo_jobs (photo_id, type, state, attempts, max_attempts, last_error,
                                 next_retry_at, updated_at)
-        VALUES ('f1', 'photo.process', 'failed', 5, 5, %(long)s, NULL, now() - interval '1 h'),
+        VALUES ('f1', 'photo.process', 'failed', 5, 5, %(long)s, now() - interval '2 h',
+                now() - interval '1 h'),
                ('r1', 'photo.process', 'pending', 2, 5, 'OSError: disk full',
                 now() + interval '1 h', now()),
                ('f2', 'other.type', 'failed', 1, 1, 'PermanentError: bad photo', NULL, now()),
@@ -165,6 +166,8 @@ def test_failures_shows_the_latest_failed_and_retried_rows(env: Env) -> None:
     ]
     full = json.loads(run_cli(env, "failures", "--json").stdout)["failures"]
     assert [f["last_error"] for f in full if f["photo_id"] == "f1"] == [long_error]
+    # A failed row keeps its last retry's time in the table; it is not shown as a retry.
+    assert [f["next_retry_at"] for f in full if f["photo_id"] == "f1"] == [None]
 
     conn.execute("DELETE FROM photo_jobs WHERE last_error IS NOT NULL")
     assert run_cli(env, "failures").stdout.strip() == "no failed or retried rows"
@@ -177,3 +180,18 @@ def test_the_demo_route_is_only_used_where_named() -> None:
     assert resolve_routes((), {}) == {}
     assert resolve_routes((), {"REACTOR_ROUTES": " "}) == {}
     assert list(resolve_routes((), {"REACTOR_ROUTES": DEMO_ROUTE})) == ["photo.process"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["requeue"], "give PHOTO_IDs or --failed (one of them) (see `reactor requeue --help`)"),
+        (["prune"], "give --done-older-than, --failed-older-than, or both"),
+        (["status", "--log-level", "info"], "--log-level is a global option"),
+        (["status", "--stale-after", "soon"], "Invalid value for '--stale-after'"),
+        (["no-such-command"], "No such command 'no-such-command'"),
+    ],
+)
+def test_usage_errors_are_one_line_and_exit_2(env: Env, args: list[str], message: str) -> None:
+    line = error_line(run_cli(env, *args), 2)
+    assert line.startswith("reactor: error: ") and message in line, line

@@ -153,7 +153,7 @@ def seed(conn: psycopg.Connection[Any]) -> None:
             " ('thumb-2', 'photo.thumb', 'pending', 0, NULL, NULL, now() - interval '5 s', now()),"
             " (%s, 'photo.thumb', 'failed', 5, %s, NULL, now() - interval '1 h',"
             "  now() - interval '3 min'),"
-            " ('old-fail', 'photo.process', 'failed', 5, 'RuntimeError: old', NULL,"
+            " ('old-fail', 'photo.process', 'failed', 5, 'RuntimeError: old', now() - interval '3 h',"
             "  now() - interval '3 h', now() - interval '2 h')",
             [EVIL_ID, EVIL_ERROR],
         )
@@ -348,6 +348,7 @@ def test_the_json_endpoint_reports_the_table(env: Env, spawn: Callable[..., Proc
     assert failures[0]["last_error"] == EVIL_ERROR
     assert (failures[0]["attempts"], failures[0]["max_attempts"]) == (5, 5)
     assert failures[1]["state"] == "pending" and failures[1]["next_retry_at"] is not None
+    assert failures[2]["state"] == "failed" and failures[2]["next_retry_at"] is None
     assert data["reactors"] == []
     queues = {q["name"]: q for q in data["queues"]}
     assert queues["photo-process"]["waiting"] == 2
