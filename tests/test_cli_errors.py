@@ -11,12 +11,14 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from reactor import submit
 from reactor.errors import InvalidJobError
 from reactor.routes import DEMO_ROUTE
 from tests.support.cli import run_cli
 from tests.support.env import Env
+from tests.support.roles import as_role, throwaway_role
 from tests.support.rows import states
 from tests.support.servers import free_port
 
@@ -195,3 +197,23 @@ def test_the_demo_route_is_only_used_where_named() -> None:
 def test_usage_errors_are_one_line_and_exit_2(env: Env, args: list[str], message: str) -> None:
     line = error_line(run_cli(env, *args), 2)
     assert line.startswith("reactor: error: ") and message in line, line
+
+
+def test_a_producer_with_the_grants_readme_lists_can_submit(env: Env) -> None:
+    with throwaway_role(env) as role:
+        url = as_role(env.database_url, role)
+        owner = env.connect()
+        owner.execute(sql.SQL("GRANT INSERT ON photo_jobs TO {}").format(sql.Identifier(role)))
+        line = error_line(run_cli(env, "submit", "p1", extra_env={"DATABASE_URL": url}), 2)
+        assert "this role needs SELECT on reactor_migrations" in line, line
+        owner.execute(
+            sql.SQL(
+                "GRANT SELECT ON reactor_migrations TO {0};"
+                " GRANT SELECT, UPDATE ON photo_jobs TO {0}"
+            ).format(sql.Identifier(role))
+        )
+        done = run_cli(env, "submit", "p1", "p2", extra_env={"DATABASE_URL": url})
+        assert done.returncode == 0, done.stderr
+        with psycopg.connect(url, autocommit=True) as producer:
+            submit(producer, "p3")  # the API needs no more
+        assert states(owner) == {"pending": 3}
