@@ -7,12 +7,13 @@ The same statements run whether the lifecycle lives in the job (a plain `rq work
 1. `start` — the fenced start (one statement when it may run): proceed only if the row is
    `active` at this attempt, or `pending` at the attempt before (the claim that enqueued this
    job, which commits after the enqueue: the start waits for it, and takes the row over if its
-   COMMIT was lost). Otherwise the row is read again once no transaction is moving it (the
-   sweep's rescue, from `active` at the attempt before, also commits after its enqueue):
-   `active` at this attempt, it starts; else the attempt was superseded or the row is finished,
-   and the handler must not run. A row the claim stamped less than a quarter heartbeat interval
-   ago is only read; any other is stamped (`updated_at`), so the sweep cannot take a job that
-   waited long in the queue for a dead worker's before its first heartbeat.
+   COMMIT was lost and the claim still could: due, attempts left, type not paused). Otherwise
+   the row is read again once no transaction is moving it (the sweep's rescue, from `active` at
+   the attempt before, also commits after its enqueue): `active` at this attempt, it starts;
+   else the attempt was superseded or the row is finished, and the handler must not run. A row
+   the claim stamped less than a quarter heartbeat interval ago is only read; any other is
+   stamped (`updated_at`), so the sweep cannot take a job that waited long in the queue for a
+   dead worker's before its first heartbeat.
 2. `Heartbeat` — a thread that touches `updated_at` every `heartbeat_seconds` while the
    handler runs, so the sweep does not rescue a live attempt.
 3. `finish` — the outcome, fenced by the attempt number (`state = 'active' AND attempts = N`):

@@ -573,7 +573,8 @@ UPDATE photo_jobs
 #: new row version. Otherwise the row is stamped if it is `active` at this attempt, or
 #: `pending` at the attempt before: the claim that enqueued this job commits after the
 #: enqueue, so it is waited for (the row lock) and its row then stamped; if its COMMIT was
-#: lost, this job takes the row over. No row: ATTEMPT_RECHECK. The stamp's commit does not wait
+#: lost, this job takes the row over, on the claim's own terms (due, attempts left, type not
+#: paused). No row: ATTEMPT_RECHECK. The stamp's commit does not wait
 #: for the WAL flush (`synchronous_commit` off for this statement's own transaction): it is on
 #: the job's latency path, and losing it in a server crash is harmless (the row keeps the
 #: claim's state, or stays pending and is dispatched again; the durable outcome write is fenced
@@ -592,7 +593,10 @@ stamped AS (
       WHERE NOT EXISTS (SELECT FROM fresh)
         AND photo_id = %(photo_id)s AND type = %(type)s
         AND ((state = 'active' AND attempts = %(attempt)s)
-          OR (state = 'pending' AND attempts = %(attempt)s - 1))
+          OR (state = 'pending' AND attempts = %(attempt)s - 1
+              AND attempts < max_attempts
+              AND coalesce(next_retry_at, created_at) <= now()
+              AND NOT EXISTS (SELECT FROM reactor_paused_types AS x WHERE x.type = %(type)s)))
      RETURNING max_attempts)
 SELECT max_attempts FROM fresh
  UNION ALL

@@ -745,6 +745,35 @@ def test_a_job_whose_claim_commit_was_lost_takes_the_row_over(
 
 
 @pytest.mark.parametrize("worker_class", [*CLASSES.values(), "rq.worker.Worker"])
+@pytest.mark.parametrize("because", ["paused", "not-due", "attempts-spent"])
+def test_a_job_whose_claim_commit_was_lost_takes_over_only_what_a_claim_would(
+    env: Env,
+    conn: psycopg.Connection[Any],
+    spawn: Callable[..., Process],
+    worker_class: str,
+    because: str,
+) -> None:
+    """The take-over of a pending row is the claim's: a job of a paused type, of a row not due
+    (requeued with a later run_at), or of a row whose attempts are spent does not run, and the
+    row stays pending for the reactor."""
+    submit(conn, "p1")
+    attempts = 0
+    if because == "paused":
+        env.cli_json("pause", "--route", route("ok"), "photo.process")
+    elif because == "not-due":
+        conn.execute("UPDATE photo_jobs SET next_retry_at = now() + interval '1 hour'")
+    else:  # attempt 1 of 1 failed back to pending (max_attempts lowered since)
+        attempts = 1
+        conn.execute("UPDATE photo_jobs SET attempts = 1, max_attempts = 1")
+    worker = burst_attempt(spawn, env, worker_class, attempt=attempts + 1)
+    assert worker.exit_code(timeout=60) == 0, worker.output()
+    job = Job.fetch(job_id("photo.process", "p1", attempts + 1), connection=env.redis())
+    assert job.return_value() == "skipped"
+    assert runs(conn, "p1") == []
+    assert row_of(conn, "p1")[:2] == ("pending", attempts)
+
+
+@pytest.mark.parametrize("worker_class", [*CLASSES.values(), "rq.worker.Worker"])
 @pytest.mark.parametrize(
     "row",
     [("active", 2), ("pending", 1), ("pending", 2), ("done", 1)],
