@@ -660,6 +660,9 @@ def main() -> None:
     try:
         code = cli.main(prog_name="reactor", standalone_mode=False)
     except click.UsageError as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":  # bare `reactor`: the help, as click shows it
+            exc.show()
+            sys.exit(exc.exit_code)
         hint = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx is not None else ""
         if isinstance(exc, click.NoSuchOption) and exc.option_name in _GLOBAL_OPTIONS:
             hint = f" ({exc.option_name} is a global option: give it before the command)"

@@ -243,6 +243,8 @@ def check_schema(conn: Connection) -> None:
 
     Raises:
         SchemaError: migrations are missing (or the database is newer than this code).
+        ConfigError: this role may not read the migration ledger.
+        DatabaseError: the version could not be read otherwise.
     """
     try:
         version = schema_version(conn)

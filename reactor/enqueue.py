@@ -45,7 +45,7 @@ from reactor.jobs import ENTRY_POINT, JobRef
 from reactor.redact import redact
 from reactor.routes import Route
 from reactor.rq_state import ALIVE_STATUSES, job_statuses
-from reactor.settings import FAILED_JOB_TTL_SECONDS
+from reactor.settings import FAILED_JOB_TTL_SECONDS, RESULT_TTL_SECONDS
 
 __all__ = ["SCRIPT_MAX_JOBS", "EnqueueResult", "Enqueuer"]
 
@@ -231,6 +231,7 @@ class Enqueuer:
             job_id=ref.job_id,
             meta=ref.meta(),
             failure_ttl=FAILED_JOB_TTL_SECONDS,
+            result_ttl=RESULT_TTL_SECONDS,
             timeout=self._job_timeout,
             description=f"{route.handler}({ref.photo_id!r}) [{ref.type} attempt {ref.attempt}]",
         )

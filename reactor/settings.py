@@ -27,6 +27,7 @@ __all__ = [
     "DEFAULT_STALE_AFTER_SECONDS",
     "DEFAULT_SWEEP_INTERVAL_SECONDS",
     "FAILED_JOB_TTL_SECONDS",
+    "RESULT_TTL_SECONDS",
     "ReactorSettings",
     "WorkerSettings",
 ]
@@ -44,6 +45,10 @@ DEFAULT_HEARTBEAT_SECONDS = 60.0
 DEFAULT_PRUNE_BATCH_SIZE = 500
 #: How long RQ keeps a failed job in its failed registry (the database row is the truth).
 FAILED_JOB_TTL_SECONDS = 7 * 24 * 3600
+#: How long RQ keeps a finished job (RQ's default), set on every job so that a worker's
+#: `--results-ttl 0` cannot delete it before the worker classes write its outcome: the sweep
+#: re-dispatches the row of a job missing from Redis at once.
+RESULT_TTL_SECONDS = 500
 
 
 @dataclass(frozen=True)

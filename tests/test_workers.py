@@ -429,8 +429,15 @@ def test_a_sweep_between_rq_s_end_of_a_job_and_its_outcome_does_not_run_it_again
 ) -> None:
     # The work horse has RQ record the job finished and exits; the worker process writes the
     # outcome after that. A worker stopped (SIGSTOP) in between holds a row that is active
-    # while RQ says finished: a sweep then must leave it, until stale_after has passed.
-    worker = start_ours(spawn, env, "fork", handler="gated")
+    # while RQ says finished: a sweep then must leave it, until stale_after has passed. With
+    # `--results-ttl 0` the job must still be there (a missing job is re-dispatched at once).
+    worker = start_worker(
+        spawn,
+        env,
+        extra_args=("--worker-class", CLASSES["fork"], "--results-ttl", "0"),
+        REACTOR_ROUTES=route("gated"),
+    )
+    worker.wait_for_line("Listening on")
     submit(conn, "p1")
     assert sweep(env, "gated", "--stale-after", "30")["enqueued"] == 1
     wait_for(lambda: runs(conn, "p1") == [("p1", 1, "started")], timeout=20, what="attempt 1")
@@ -742,6 +749,18 @@ def test_a_job_whose_claim_commit_was_lost_takes_the_row_over(
     assert worker.proc.wait(timeout=60) == 0, worker.output()
     assert row_of(conn, "p1") == ("done", 1, None, None)
     assert runs(conn, "p1") == [("p1", 1, "ok")]
+
+
+def test_a_job_without_a_row_is_skipped_with_a_warning(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], kind: str
+) -> None:
+    # In practice a worker whose DATABASE_URL is not its reactor's: it must say so.
+    worker = burst_attempt(spawn, env, CLASSES[kind])
+    assert worker.exit_code(timeout=60) == 0, worker.output()
+    worker.wait_for_line("attempt_skipped")
+    (line,) = [line for line in worker.lines if "attempt_skipped" in line]
+    assert "row missing: is DATABASE_URL the reactor's database?" in line
+    assert runs(conn, "p1") == []
 
 
 @pytest.mark.parametrize("worker_class", [*CLASSES.values(), "rq.worker.Worker"])
