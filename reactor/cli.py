@@ -240,9 +240,30 @@ def resolve_routes(
     return dict(parse_routes(texts))
 
 
+def _doorbell_conflict(options: dict[str, Any]) -> None:
+    """`--no-listen` and a `--doorbell` other than poll-only, both asked for: neither wins
+    silently.
+
+    Raises:
+        ConfigError: both were given (as flags or in the environment).
+    """
+    ctx = click.get_current_context(silent=True)
+    if ctx is None or not options["no_listen"] or options["doorbell"] == "poll-only":
+        return
+    if ctx.get_parameter_source("doorbell") in (
+        ParameterSource.COMMANDLINE,
+        ParameterSource.ENVIRONMENT,
+    ):
+        raise ConfigError(
+            f"--no-listen (REACTOR_NO_LISTEN) means --doorbell poll-only, but --doorbell "
+            f"(REACTOR_DOORBELL) is {options['doorbell']}: give one of them"
+        )
+
+
 def _settings(options: dict[str, Any]) -> ReactorSettings:
     run_only: dict[str, Any] = {}
     if "doorbell" in options:
+        _doorbell_conflict(options)
         run_only = {
             "sweep_interval_seconds": options["sweep_interval"],
             "doorbell": DoorbellMode.POLL_ONLY
@@ -510,7 +531,12 @@ def prune(database_url: str, done_older_than: str | None, failed_older_than: str
 @_database_option
 @click.argument("photo_ids", nargs=-1, required=True)
 @click.option("--type", "job_type", default=DEFAULT_JOB_TYPE, show_default=True)
-@click.option("--max-attempts", type=click.IntRange(min=1), default=None)
+@click.option(
+    "--max-attempts",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Attempts before a row fails (new rows: 5; re-armed rows keep theirs).",
+)
 def submit_command(
     database_url: str, photo_ids: tuple[str, ...], job_type: str, max_attempts: int | None
 ) -> None:
@@ -544,6 +570,7 @@ def submit_command(
     default=9180,
     show_default=True,
     show_envvar=True,
+    help="Port the dashboard listens on.",
 )
 @click.option(
     "--refresh",

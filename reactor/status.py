@@ -127,6 +127,8 @@ def format_status(status: Status) -> str:
             f"{t.type:<24} {c['pending']:>9} {c['active']:>9} {c['done']:>9} {c['failed']:>9}"
             f"  {', '.join(details)}".rstrip()
         )
+    if not status.types:
+        lines.append("(no rows yet: `reactor submit PHOTO_ID`, or your producers' submit())")
     if status.routes:
         lines.append("routes (recorded by the reactors; `reactor run --route` records them):")
     for r in status.routes:

@@ -217,3 +217,18 @@ def test_a_producer_with_the_grants_readme_lists_can_submit(env: Env) -> None:
         with psycopg.connect(url, autocommit=True) as producer:
             submit(producer, "p3")  # the API needs no more
         assert states(owner) == {"pending": 3}
+
+
+@pytest.mark.parametrize(
+    ("args", "extra_env"),
+    [
+        (["--doorbell", "plain"], {"REACTOR_NO_LISTEN": "1"}),
+        (["--no-listen", "--doorbell", "adaptive"], {}),
+        (["--no-listen"], {"REACTOR_DOORBELL": "plain"}),
+    ],
+)
+def test_no_listen_with_another_doorbell_is_refused(
+    env: Env, args: list[str], extra_env: dict[str, str]
+) -> None:
+    line = error_line(run_cli(env, "run", *args, extra_env=extra_env), 2)
+    assert "--no-listen (REACTOR_NO_LISTEN) means --doorbell poll-only" in line, line

@@ -188,3 +188,10 @@ def test_job_side_modules_import_nothing_heavy() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
     )
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_status_of_an_empty_table_says_so() -> None:
+    from reactor.status import Status, format_status
+
+    lines = format_status(Status([], [], [], [])).splitlines()
+    assert lines[1].startswith("(no rows yet"), lines
