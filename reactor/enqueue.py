@@ -6,15 +6,18 @@ Guarantee: an attempt's job is enqueued at most once. RQ builds the batch's comm
 those commands (built on a pipeline that is never sent) only if none of the batch's job keys
 exists, and otherwise writes nothing; a script runs atomically, like MULTI/EXEC, and the claim
 is still open, so the round trip saved is taken off the dispatch latency. A larger batch, the
-throughput-bound case, is checked with one `EXISTS` and sent as MULTI/EXEC, which runs the
-commands natively (replaying them in Lua costs more a job; figures in bench/README.md).
-Either way Redis takes the whole batch or nothing of it.
+throughput-bound case, is checked with one `EXISTS` under WATCH of its job keys and sent as
+MULTI/EXEC, which runs the commands natively (replaying them in Lua costs more a job; figures
+in bench/README.md): a job written between the check and the write (a request of an earlier
+try that timed out, landing late) makes EXEC write nothing. Either way Redis takes the whole
+batch or nothing of it.
 
 When some job of the batch exists (rare), each job's status decides: a job that is alive
 (queued, started, scheduled, deferred) was enqueued by an earlier claim whose COMMIT was lost,
 and is not enqueued again (RQ would overwrite it and run it twice). A job left over from an
 earlier life of the row (finished or failed, kept by RQ for a while, then the row was re-armed
-with its attempts reset) is deleted and replaced. The rest go out as one MULTI/EXEC pipeline.
+with its attempts reset) is deleted and replaced. The rest go out as one MULTI/EXEC pipeline,
+the statuses read under WATCH as above (read again if a job changed meanwhile).
 Statuses are read with `HGET` (`reactor.rq_state`) and leftovers deleted by key: the reactor
 never unpickles anything from Redis (a job's fields are pickles, and whoever can write to
 Redis writes them).
@@ -49,6 +52,9 @@ from reactor.settings import FAILED_JOB_TTL_SECONDS, RESULT_TTL_SECONDS
 
 __all__ = ["SCRIPT_MAX_JOBS", "EnqueueResult", "Enqueuer"]
 
+#: How often the careful path reads the statuses again when a job of the batch changed
+#: meanwhile, before it gives up (the batch is rolled back and claimed again).
+WATCH_TRIES = 3
 #: Batches up to this size go out through the script (one round trip: cheaper for a few jobs);
 #: larger ones through `EXISTS`, then MULTI/EXEC (cheaper for a backlog's batch).
 SCRIPT_MAX_JOBS = 100
@@ -142,11 +148,7 @@ class Enqueuer:
             if len(refs) > SCRIPT_MAX_JOBS:
                 # A backlog's batch: one `EXISTS` is a small part of its time, and MULTI/EXEC
                 # runs the commands natively (cheaper than the script's replay).
-                written = not self._client.exists(*keys)
-                if written:
-                    with self._client.pipeline(transaction=True) as pipe:
-                        self._add_enqueues(pipe, by_queue)
-                        pipe.execute()
+                written = self._write_if_new(keys, by_queue)
             else:
                 # A few jobs, the latency-bound case: check and write in one round trip.
                 with self._client.pipeline(transaction=False) as plan:
@@ -162,24 +164,56 @@ class Enqueuer:
             return self._enqueue_fresh(refs)
         return EnqueueResult(enqueued=len(refs), by_type=Counter(ref.type for ref in refs))
 
-    def _enqueue_fresh(self, refs: Sequence[JobRef]) -> EnqueueResult:
-        """Some job of the batch exists: enqueue only the attempts whose job is not alive."""
-        statuses = job_statuses(self._client, refs)
-        fresh = [
-            ref for ref, status in zip(refs, statuses, strict=True) if status not in ALIVE_STATUSES
-        ]
-        leftovers = [
-            ref
-            for ref, status in zip(refs, statuses, strict=True)
-            if status is not None and status not in ALIVE_STATUSES
-        ]
-        try:
-            with self._client.pipeline(transaction=True) as pipe:
-                for ref in leftovers:
-                    # A terminal job of an earlier life of the row holds this id.
-                    self._add_delete(pipe, ref)
-                self._add_enqueues(pipe, self._by_queue(fresh))
+    def _write_if_new(self, keys: list[str], by_queue: Mapping[str, list[JobRef]]) -> bool:
+        """Write the batch with MULTI/EXEC if none of `keys` exists, checked with EXISTS under
+        WATCH: a write of one of them in between (a request of an earlier try that timed out,
+        landing late) makes EXEC write nothing. Returns whether the batch was written."""
+        with self._client.pipeline(transaction=True) as pipe:
+            try:
+                pipe.watch(*keys)  # type: ignore[no-untyped-call]
+                if pipe.exists(*keys):
+                    return False
+                pipe.multi()
+                self._add_enqueues(pipe, by_queue)
                 pipe.execute()
+            except redis.WatchError:
+                return False
+        return True
+
+    def _enqueue_fresh(self, refs: Sequence[JobRef]) -> EnqueueResult:
+        """Some job of the batch exists: enqueue only the attempts whose job is not alive.
+        The statuses are read under WATCH of the batch's job keys, so a job written after the
+        read makes the write abort, and the statuses are read again."""
+        keys = [Job.key_for(ref.job_id) for ref in refs]
+        try:
+            for _ in range(WATCH_TRIES):
+                with self._client.pipeline(transaction=True) as pipe:
+                    pipe.watch(*keys)  # type: ignore[no-untyped-call]
+                    statuses = job_statuses(self._client, refs)
+                    fresh = [
+                        ref
+                        for ref, status in zip(refs, statuses, strict=True)
+                        if status not in ALIVE_STATUSES
+                    ]
+                    leftovers = [
+                        ref
+                        for ref, status in zip(refs, statuses, strict=True)
+                        if status is not None and status not in ALIVE_STATUSES
+                    ]
+                    pipe.multi()
+                    for ref in leftovers:
+                        # A terminal job of an earlier life of the row holds this id.
+                        self._add_delete(pipe, ref)
+                    self._add_enqueues(pipe, self._by_queue(fresh))
+                    try:
+                        pipe.execute()
+                    except redis.WatchError:
+                        continue
+                    break
+            else:
+                raise EnqueueError(
+                    "Redis enqueue failed: the batch's jobs kept changing", rows=len(refs)
+                )
         except redis.RedisError as exc:
             raise EnqueueError(f"Redis enqueue failed: {redact(str(exc))}", rows=len(refs)) from exc
         return EnqueueResult(

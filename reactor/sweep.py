@@ -33,13 +33,14 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 import psycopg
 
 from reactor import queries
 from reactor.db import Connection, translate_error
 from reactor.dispatch import BatchResult, Dispatcher
-from reactor.errors import EnqueueError
+from reactor.errors import EnqueueError, StatementError
 from reactor.jobs import JobRef
 from reactor.metrics import Metrics
 from reactor.routes import Route
@@ -84,6 +85,34 @@ class SweepResult:
     #: Types with pending rows and no route (the first `MAX_UNROUTED_REPORTED`).
     unrouted_types: tuple[str, ...] = field(default=())
     more: bool = False
+
+
+def _row_by_row(
+    redispatch: Callable[..., BatchResult], refs: list[JobRef], *args: Any, **kwargs: Any
+) -> BatchResult:
+    """`redispatch(refs, *args, **kwargs)`; if the statement fails for a reason of its rows (a
+    trigger of the user's, say), each row again on its own, leaving the ones that fail as they
+    are (logged), so one row cannot hold up every rescue after it."""
+    if not refs:
+        return BatchResult()
+    try:
+        return redispatch(refs, *args, **kwargs)
+    except StatementError as exc:
+        if len(refs) == 1:
+            logger.error(
+                "rescue_refused type=%s photo_id=%r attempt=%d error=%s (left as it is)",
+                refs[0].type,
+                refs[0].photo_id,
+                refs[0].attempt,
+                exc,
+            )
+            return BatchResult()
+    claimed = failed = 0
+    for ref in refs:
+        batch = _row_by_row(redispatch, [ref], *args, **kwargs)
+        claimed += batch.claimed
+        failed += batch.failed
+    return BatchResult(claimed=claimed, failed=failed)
 
 
 class Sweeper:
@@ -214,18 +243,23 @@ class Sweeper:
                         dead.append(ref)
                     elif status == QUEUED and stale:
                         waiting.append(ref)
-                batch = self._dispatcher.redispatch_lost(gone, _JOB_LOST)
+                dispatcher = self._dispatcher
+                batch = _row_by_row(dispatcher.redispatch_lost, gone, _JOB_LOST)
                 lost += batch.claimed
                 failed += batch.failed
-                batch = self._dispatcher.redispatch_lost(
-                    ended, _JOB_ENDED, stale_after_seconds=self._stale_after
+                batch = _row_by_row(
+                    dispatcher.redispatch_lost,
+                    ended,
+                    _JOB_ENDED,
+                    stale_after_seconds=self._stale_after,
                 )
                 lost += batch.claimed
                 failed += batch.failed
                 batch = self._redispatch_failed_in_rq(failed_in_rq)
                 lost += batch.claimed
                 failed += batch.failed
-                batch = self._dispatcher.redispatch_stale(
+                batch = _row_by_row(
+                    dispatcher.redispatch_stale,
                     dead,
                     self._stale_after,
                     f"worker lost: no heartbeat for {self._stale_after:g} s",
@@ -241,8 +275,10 @@ class Sweeper:
             orphaned = self._rq.orphaned(waiting)
             gone = [ref for ref, orphan in zip(waiting, orphaned, strict=True) if orphan]
             for start in range(0, len(gone), self._batch_size):
-                batch = self._dispatcher.redispatch_lost(
-                    gone[start : start + self._batch_size], _JOB_LOST
+                batch = _row_by_row(
+                    self._dispatcher.redispatch_lost,
+                    gone[start : start + self._batch_size],
+                    _JOB_LOST,
                 )
                 lost += batch.claimed
                 failed += batch.failed
@@ -263,8 +299,12 @@ class Sweeper:
             by_error.setdefault(why, []).append(ref)
         claimed = failed = 0
         for why, group in by_error.items():
-            batch = self._dispatcher.redispatch_lost(
-                group, why, error=why, stale_after_seconds=self._stale_after
+            batch = _row_by_row(
+                self._dispatcher.redispatch_lost,
+                group,
+                why,
+                error=why,
+                stale_after_seconds=self._stale_after,
             )
             claimed += batch.claimed
             failed += batch.failed

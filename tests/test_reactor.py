@@ -141,6 +141,45 @@ def test_a_batch_with_an_existing_job_is_written_only_through_the_careful_path(
         assert Job.fetch(ref.job_id, connection=client).get_status() == JobStatus.QUEUED
 
 
+class _RacedEnqueuer(Enqueuer):
+    """An enqueuer whose `race_on`-th batch build first lets `other` run: another writer (a
+    request of an earlier try that timed out, landing late) writes the same jobs between this
+    enqueuer's existence check and its write."""
+
+    def __init__(self, client: redis.Redis, race_on: int, other: Callable[[], object]) -> None:
+        super().__init__(client, ROUTES)
+        self._builds, self._race_on, self._other = 0, race_on, other
+
+    def _add_enqueues(self, pipe: Any, by_queue: Any) -> None:
+        self._builds += 1
+        if self._builds == self._race_on:
+            self._other()
+        super()._add_enqueues(pipe, by_queue)
+
+
+@pytest.mark.parametrize("path", ["exists-multi", "careful"])
+def test_jobs_written_between_the_check_and_the_write_are_not_enqueued_twice(
+    env: Env, path: str
+) -> None:
+    client = env.redis()
+    if path == "exists-multi":  # a large batch: EXISTS, then MULTI/EXEC (its 1st build)
+        refs = [JobRef("photo.process", f"p{i}", 1) for i in range(SCRIPT_MAX_JOBS + 1)]
+        raced, race_on = refs, 1
+    else:  # one job exists: the careful path (its build comes after the script's)
+        alive = JobRef("photo.process", "alive", 1)
+        Enqueuer(client, ROUTES).enqueue([alive])
+        raced = [JobRef("photo.process", f"p{i}", 1) for i in range(2)]
+        refs, race_on = [alive, *raced], 2
+    other = Enqueuer(env.redis(), ROUTES)
+    enqueuer = _RacedEnqueuer(client, race_on, lambda: other.enqueue(raced))
+
+    result = enqueuer.enqueue(refs)
+
+    assert (result.enqueued, result.already_enqueued) == (0, len(refs))
+    ids = queue_ids(client)
+    assert sorted(ids) == sorted(ref.job_id for ref in refs)  # each once
+
+
 def test_three_reactors_and_four_writers_dispatch_each_row_once(
     env: Env, spawn: Callable[..., Process]
 ) -> None:
@@ -307,6 +346,29 @@ def test_a_job_rq_ended_is_rescued_only_once_its_row_had_no_write_for_stale_afte
         "SELECT last_error FROM photo_jobs WHERE photo_id = 'old-finished'"
     ).fetchone()
     assert error == ("job ended in RQ without recording an outcome: attempt 1 of 1",)
+
+
+def test_a_row_whose_rescue_fails_does_not_hold_up_the_others(env: Env) -> None:
+    # A trigger of the user's refuses one row's re-dispatch: the rest of its batch, and the
+    # pages after it, are still rescued; that row stays as it was.
+    conn, client = env.connect(), env.redis()
+    for photo_id in ("a-ok", "b-poison", "c-ok"):
+        make_stale(conn, photo_id, 1)
+        plant_job(client, photo_id, 1, "started")
+    conn.execute(
+        "CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$"
+        " BEGIN IF NEW.photo_id = 'b-poison' THEN RAISE EXCEPTION 'no rescue for %', NEW.photo_id;"
+        " END IF; RETURN NEW; END $$;"
+        " CREATE TRIGGER refuse_poison BEFORE UPDATE ON photo_jobs"
+        " FOR EACH ROW EXECUTE FUNCTION refuse_poison()"
+    )
+    result = run_sweep(env, "--stale-after", "60", "--batch-size", "2")
+    assert result["rescued"] == 2
+    assert rows(conn) == [
+        ("a-ok", "photo.process", "active", 2),
+        ("b-poison", "photo.process", "active", 1),
+        ("c-ok", "photo.process", "active", 2),
+    ]
 
 
 def test_active_rows_whose_job_vanished_from_redis_are_redispatched(env: Env) -> None:
