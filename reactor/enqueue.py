@@ -6,7 +6,7 @@ Guarantee: an attempt's job is enqueued at most once. RQ builds the batch's comm
 those commands (built on a pipeline that is never sent) only if none of the batch's job keys
 exists, and otherwise writes nothing; a script runs atomically, like MULTI/EXEC, and the claim
 is still open, so the round trip saved is taken off the dispatch latency. A larger batch, the
-throughput-bound case, is checked with one `EXISTS` under WATCH of its job keys and sent as
+throughput-bound case, is checked with `EXISTS` under WATCH of its job keys and sent as
 MULTI/EXEC, which runs the commands natively (replaying them in Lua costs more a job; figures
 in bench/README.md): a job written between the check and the write (a request of an earlier
 try that timed out, landing late) makes EXEC write nothing. Either way Redis takes the whole
@@ -17,7 +17,7 @@ When some job of the batch exists (rare), each job's status decides: a job that 
 and is not enqueued again (RQ would overwrite it and run it twice). A job left over from an
 earlier life of the row (finished or failed, kept by RQ for a while, then the row was re-armed
 with its attempts reset) is deleted and replaced. The rest go out as one MULTI/EXEC pipeline,
-the statuses read under WATCH as above (read again if a job changed meanwhile).
+the jobs to be written watched as above (and every status read again if one changed).
 Statuses are read with `HGET` (`reactor.rq_state`) and leftovers deleted by key: the reactor
 never unpickles anything from Redis (a job's fields are pickles, and whoever can write to
 Redis writes them).
@@ -52,8 +52,8 @@ from reactor.settings import FAILED_JOB_TTL_SECONDS, RESULT_TTL_SECONDS
 
 __all__ = ["SCRIPT_MAX_JOBS", "EnqueueResult", "Enqueuer"]
 
-#: How often the careful path reads the statuses again when a job of the batch changed
-#: meanwhile, before it gives up (the batch is rolled back and claimed again).
+#: Tries of the careful path when a job it is about to write changes meanwhile, before it gives
+#: up (the batch is rolled back and claimed again).
 WATCH_TRIES = 3
 #: Batches up to this size go out through the script (one round trip: cheaper for a few jobs);
 #: larger ones through `EXISTS`, then MULTI/EXEC (cheaper for a backlog's batch).
@@ -167,7 +167,9 @@ class Enqueuer:
     def _write_if_new(self, keys: list[str], by_queue: Mapping[str, list[JobRef]]) -> bool:
         """Write the batch with MULTI/EXEC if none of `keys` exists, checked with EXISTS under
         WATCH: a write of one of them in between (a request of an earlier try that timed out,
-        landing late) makes EXEC write nothing. Returns whether the batch was written."""
+        landing late) makes EXEC write nothing. False: some key exists, or the write was
+        aborted (a key changed; redis-py also reports a connection lost under WATCH so), and
+        the careful path decides job by job."""
         with self._client.pipeline(transaction=True) as pipe:
             try:
                 pipe.watch(*keys)  # type: ignore[no-untyped-call]
@@ -182,46 +184,56 @@ class Enqueuer:
 
     def _enqueue_fresh(self, refs: Sequence[JobRef]) -> EnqueueResult:
         """Some job of the batch exists: enqueue only the attempts whose job is not alive.
-        The statuses are read under WATCH of the batch's job keys, so a job written after the
-        read makes the write abort, and the statuses are read again."""
-        keys = [Job.key_for(ref.job_id) for ref in refs]
+        Only the jobs to be written are watched (alive ones change all the time: their workers
+        write to them), and their statuses read again under WATCH: a job written in between
+        makes this try write nothing, and the next one reads every status again."""
         try:
             for _ in range(WATCH_TRIES):
-                with self._client.pipeline(transaction=True) as pipe:
-                    pipe.watch(*keys)  # type: ignore[no-untyped-call]
-                    statuses = job_statuses(self._client, refs)
-                    fresh = [
-                        ref
-                        for ref, status in zip(refs, statuses, strict=True)
-                        if status not in ALIVE_STATUSES
-                    ]
-                    leftovers = [
-                        ref
-                        for ref, status in zip(refs, statuses, strict=True)
-                        if status is not None and status not in ALIVE_STATUSES
-                    ]
-                    pipe.multi()
-                    for ref in leftovers:
-                        # A terminal job of an earlier life of the row holds this id.
-                        self._add_delete(pipe, ref)
-                    self._add_enqueues(pipe, self._by_queue(fresh))
-                    try:
-                        pipe.execute()
-                    except redis.WatchError:
-                        continue
+                statuses = job_statuses(self._client, refs)
+                fresh = [
+                    (ref, status)
+                    for ref, status in zip(refs, statuses, strict=True)
+                    if status not in ALIVE_STATUSES
+                ]
+                if self._write_fresh(fresh):
                     break
             else:
                 raise EnqueueError(
-                    "Redis enqueue failed: the batch's jobs kept changing", rows=len(refs)
+                    "Redis enqueue failed: the batch's jobs kept changing (or Redis failed "
+                    "under WATCH)",
+                    rows=len(refs),
                 )
         except redis.RedisError as exc:
             raise EnqueueError(f"Redis enqueue failed: {redact(str(exc))}", rows=len(refs)) from exc
+        leftovers = sum(1 for _, status in fresh if status is not None)
         return EnqueueResult(
             enqueued=len(fresh),
             already_enqueued=len(refs) - len(fresh),
-            replaced=len(leftovers),
-            by_type=Counter(ref.type for ref in fresh),
+            replaced=leftovers,
+            by_type=Counter(ref.type for ref, _ in fresh),
         )
+
+    def _write_fresh(self, fresh: list[tuple[JobRef, bytes | None]]) -> bool:
+        """Replace the leftovers and enqueue the missing jobs of `fresh` (each with the status
+        read before), if none of them changed since; False if one did (nothing written)."""
+        if not fresh:
+            return True
+        refs = [ref for ref, _ in fresh]
+        with self._client.pipeline(transaction=True) as pipe:
+            try:
+                pipe.watch(*(Job.key_for(ref.job_id) for ref in refs))  # type: ignore[no-untyped-call]
+                if job_statuses(self._client, refs) != [status for _, status in fresh]:
+                    return False
+                pipe.multi()
+                for ref, status in fresh:
+                    if status is not None:
+                        # A terminal job of an earlier life of the row holds this id.
+                        self._add_delete(pipe, ref)
+                self._add_enqueues(pipe, self._by_queue(refs))
+                pipe.execute()
+            except redis.WatchError:
+                return False
+        return True
 
     def _add_delete(self, pipe: Pipeline, ref: JobRef) -> None:
         """Delete a terminal job by its keys, as `Job.delete` does, without reading it:

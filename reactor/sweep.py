@@ -85,34 +85,8 @@ class SweepResult:
     #: Types with pending rows and no route (the first `MAX_UNROUTED_REPORTED`).
     unrouted_types: tuple[str, ...] = field(default=())
     more: bool = False
-
-
-def _row_by_row(
-    redispatch: Callable[..., BatchResult], refs: list[JobRef], *args: Any, **kwargs: Any
-) -> BatchResult:
-    """`redispatch(refs, *args, **kwargs)`; if the statement fails for a reason of its rows (a
-    trigger of the user's, say), each row again on its own, leaving the ones that fail as they
-    are (logged), so one row cannot hold up every rescue after it."""
-    if not refs:
-        return BatchResult()
-    try:
-        return redispatch(refs, *args, **kwargs)
-    except StatementError as exc:
-        if len(refs) == 1:
-            logger.error(
-                "rescue_refused type=%s photo_id=%r attempt=%d error=%s (left as it is)",
-                refs[0].type,
-                refs[0].photo_id,
-                refs[0].attempt,
-                exc,
-            )
-            return BatchResult()
-    claimed = failed = 0
-    for ref in refs:
-        batch = _row_by_row(redispatch, [ref], *args, **kwargs)
-        claimed += batch.claimed
-        failed += batch.failed
-    return BatchResult(claimed=claimed, failed=failed)
+    #: Rows whose re-dispatch failed alone (left as they were, for the next sweep).
+    rescue_refused: int = 0
 
 
 class Sweeper:
@@ -138,6 +112,8 @@ class Sweeper:
         self._stale_after = stale_after_seconds
         self._warned_unrouted: set[str] = set()
         self._unrouted_log = LogThrottle(burst=1, interval_seconds=UNROUTED_SUMMARY_SECONDS)
+        self._refused = 0  # rows whose re-dispatch failed alone, this sweep
+        self._refused_log = LogThrottle(burst=10, interval_seconds=60.0)
         self._metrics = metrics or Metrics()
 
     def replace_connection(self, conn: Connection) -> None:
@@ -155,6 +131,7 @@ class Sweeper:
             DatabaseError: Postgres failed (the caller reconnects).
         """
         claimed = enqueued = rescued = rescue_failed = lost = failures = 0
+        self._refused = 0
         more = False
         try:
             drained = self._dispatcher.drain(self._types, should_stop, slice_seconds)
@@ -174,17 +151,26 @@ class Sweeper:
         metrics.rescued.labels("lost").inc(lost)
         metrics.rescue_failed.inc(rescue_failed)
         result = SweepResult(
-            claimed, enqueued, rescued, rescue_failed, lost, failures, tuple(unrouted), more
+            claimed,
+            enqueued,
+            rescued,
+            rescue_failed,
+            lost,
+            failures,
+            tuple(unrouted),
+            more,
+            rescue_refused=self._refused,
         )
-        if claimed or rescued or rescue_failed or lost or failures:
+        if claimed or rescued or rescue_failed or lost or failures or self._refused:
             logger.info(
                 "sweep_done claimed=%d enqueued=%d rescued=%d rescue_failed=%d lost=%d "
-                "enqueue_failures=%d",
+                "rescue_refused=%d enqueue_failures=%d",
                 claimed,
                 enqueued,
                 rescued,
                 rescue_failed,
                 lost,
+                self._refused,
                 failures,
             )
         return result
@@ -244,10 +230,10 @@ class Sweeper:
                     elif status == QUEUED and stale:
                         waiting.append(ref)
                 dispatcher = self._dispatcher
-                batch = _row_by_row(dispatcher.redispatch_lost, gone, _JOB_LOST)
+                batch = self._row_by_row(dispatcher.redispatch_lost, gone, _JOB_LOST)
                 lost += batch.claimed
                 failed += batch.failed
-                batch = _row_by_row(
+                batch = self._row_by_row(
                     dispatcher.redispatch_lost,
                     ended,
                     _JOB_ENDED,
@@ -258,7 +244,7 @@ class Sweeper:
                 batch = self._redispatch_failed_in_rq(failed_in_rq)
                 lost += batch.claimed
                 failed += batch.failed
-                batch = _row_by_row(
+                batch = self._row_by_row(
                     dispatcher.redispatch_stale,
                     dead,
                     self._stale_after,
@@ -275,7 +261,7 @@ class Sweeper:
             orphaned = self._rq.orphaned(waiting)
             gone = [ref for ref, orphan in zip(waiting, orphaned, strict=True) if orphan]
             for start in range(0, len(gone), self._batch_size):
-                batch = _row_by_row(
+                batch = self._row_by_row(
                     self._dispatcher.redispatch_lost,
                     gone[start : start + self._batch_size],
                     _JOB_LOST,
@@ -288,6 +274,38 @@ class Sweeper:
             logger.warning("rows_rescued stale=%d lost=%d failed=%d", rescued, lost, failed)
         return rescued, lost, failed
 
+    def _row_by_row(
+        self, redispatch: Callable[..., BatchResult], refs: list[JobRef], *args: Any, **kwargs: Any
+    ) -> BatchResult:
+        """`redispatch(refs, *args, **kwargs)`; if the statement fails (a trigger of the user's
+        refusing one row, say), each row again on its own: rows that fail alone are left as they
+        are until the next sweep (counted in `rescue_refused`, logged a few times a minute), so
+        one row cannot hold up every rescue after it."""
+        if not refs:
+            return BatchResult()
+        try:
+            return redispatch(refs, *args, **kwargs)
+        except StatementError as exc:
+            if len(refs) == 1:
+                self._refused += 1
+                if self._refused_log.allow():
+                    ref = refs[0]
+                    logger.error(
+                        "rescue_refused type=%s photo_id=%r attempt=%d error=%s suppressed=%d",
+                        ref.type,
+                        ref.photo_id,
+                        ref.attempt,
+                        exc,
+                        self._refused_log.suppressed(),
+                    )
+                return BatchResult()
+        claimed = failed = 0
+        for ref in refs:
+            batch = self._row_by_row(redispatch, [ref], *args, **kwargs)
+            claimed += batch.claimed
+            failed += batch.failed
+        return BatchResult(claimed=claimed, failed=failed)
+
     def _redispatch_failed_in_rq(self, refs: list[JobRef]) -> BatchResult:
         """Re-dispatch rows whose job failed in RQ without an outcome, each with RQ's error
         (one statement per distinct error: these are rare, and the errors differ)."""
@@ -299,7 +317,7 @@ class Sweeper:
             by_error.setdefault(why, []).append(ref)
         claimed = failed = 0
         for why, group in by_error.items():
-            batch = _row_by_row(
+            batch = self._row_by_row(
                 self._dispatcher.redispatch_lost,
                 group,
                 why,
