@@ -21,7 +21,7 @@ from reactor.dispatch import Dispatcher
 from reactor.enqueue import Enqueuer
 from reactor.jobs import ENTRY_POINT, JobRef
 from reactor.routes import parse_routes
-from reactor.settings import FAILED_JOB_TTL_SECONDS
+from reactor.settings import FAILED_JOB_TTL_SECONDS, RESULT_TTL_SECONDS
 
 ROUTES = parse_routes(["photo.process=reactor.demo.process_photo"])
 BATCH = 500
@@ -57,6 +57,7 @@ def _ceiling(url: str, rows: int) -> float:
                     job_id=r.job_id,
                     meta=r.meta(),
                     failure_ttl=FAILED_JOB_TTL_SECONDS,
+                    result_ttl=RESULT_TTL_SECONDS,
                     description=f"reactor.demo.process_photo({r.photo_id!r})",
                 )
                 for r in refs[start : start + BATCH]
