@@ -79,6 +79,14 @@ class BatchResult:
     already_enqueued: int = 0
     failed: int = 0
 
+    def __add__(self, other: BatchResult) -> BatchResult:
+        return BatchResult(
+            self.claimed + other.claimed,
+            self.enqueued + other.enqueued,
+            self.already_enqueued + other.already_enqueued,
+            self.failed + other.failed,
+        )
+
 
 @dataclass(frozen=True)
 class DrainResult:

@@ -188,7 +188,7 @@ class Sweeper:
         Returns (rescued, lost, failed) row counts.
         """
         conn = self._conn
-        rescued = lost = failed = 0
+        dead_rows = lost_rows = BatchResult()
         try:
             with conn.transaction():
                 row = conn.execute(queries.DATABASE_NOW).fetchone()
@@ -230,28 +230,20 @@ class Sweeper:
                     elif status == QUEUED and stale:
                         waiting.append(ref)
                 dispatcher = self._dispatcher
-                batch = self._row_by_row(dispatcher.redispatch_lost, gone, _JOB_LOST)
-                lost += batch.claimed
-                failed += batch.failed
-                batch = self._row_by_row(
+                lost_rows += self._row_by_row(dispatcher.redispatch_lost, gone, _JOB_LOST)
+                lost_rows += self._row_by_row(
                     dispatcher.redispatch_lost,
                     ended,
                     _JOB_ENDED,
                     stale_after_seconds=self._stale_after,
                 )
-                lost += batch.claimed
-                failed += batch.failed
-                batch = self._redispatch_failed_in_rq(failed_in_rq)
-                lost += batch.claimed
-                failed += batch.failed
-                batch = self._row_by_row(
+                lost_rows += self._redispatch_failed_in_rq(failed_in_rq)
+                dead_rows += self._row_by_row(
                     dispatcher.redispatch_stale,
                     dead,
                     self._stale_after,
                     f"worker lost: no heartbeat for {self._stale_after:g} s",
                 )
-                rescued += batch.claimed
-                failed += batch.failed
                 last = page[-1]
                 after = (last[3], last[0], last[1])
                 if len(page) < self._batch_size:
@@ -261,15 +253,15 @@ class Sweeper:
             orphaned = self._rq.orphaned(waiting)
             gone = [ref for ref, orphan in zip(waiting, orphaned, strict=True) if orphan]
             for start in range(0, len(gone), self._batch_size):
-                batch = self._row_by_row(
+                lost_rows += self._row_by_row(
                     self._dispatcher.redispatch_lost,
                     gone[start : start + self._batch_size],
                     _JOB_LOST,
                 )
-                lost += batch.claimed
-                failed += batch.failed
         except psycopg.Error as exc:
             raise translate_error(exc, "rescue pass failed", conn) from exc
+        rescued, lost = dead_rows.claimed, lost_rows.claimed
+        failed = dead_rows.failed + lost_rows.failed
         if rescued or lost or failed:
             logger.warning("rows_rescued stale=%d lost=%d failed=%d", rescued, lost, failed)
         return rescued, lost, failed
@@ -299,12 +291,9 @@ class Sweeper:
                         self._refused_log.suppressed(),
                     )
                 return BatchResult()
-        claimed = failed = 0
-        for ref in refs:
-            batch = self._row_by_row(redispatch, [ref], *args, **kwargs)
-            claimed += batch.claimed
-            failed += batch.failed
-        return BatchResult(claimed=claimed, failed=failed)
+        return sum(
+            (self._row_by_row(redispatch, [ref], *args, **kwargs) for ref in refs), BatchResult()
+        )
 
     def _redispatch_failed_in_rq(self, refs: list[JobRef]) -> BatchResult:
         """Re-dispatch rows whose job failed in RQ without an outcome, each with RQ's error
@@ -315,18 +304,16 @@ class Sweeper:
         for ref, text in zip(refs, self._rq.failure_texts(refs), strict=True):
             why = f"{_JOB_FAILED_IN_RQ}: {text or 'RQ recorded no error'}"
             by_error.setdefault(why, []).append(ref)
-        claimed = failed = 0
+        total = BatchResult()
         for why, group in by_error.items():
-            batch = self._row_by_row(
+            total += self._row_by_row(
                 self._dispatcher.redispatch_lost,
                 group,
                 why,
                 error=why,
                 stale_after_seconds=self._stale_after,
             )
-            claimed += batch.claimed
-            failed += batch.failed
-        return BatchResult(claimed=claimed, failed=failed)
+        return total
 
     def refresh_backlog_metrics(self) -> None:
         """Set the backlog and oldest-due gauges. Counting is O(pending + active rows), so the
