@@ -1,6 +1,8 @@
 """Claim rows and hand them to RQ as one unit: claim, enqueue, COMMIT.
 
-`Dispatcher.drain()` claims the due pending rows of the given types batch by batch; the sweep
+`Dispatcher.drain()` claims the due pending rows of the given types batch by batch;
+`dispatch_notified()` enqueues the jobs of rows named by their notification, then claims them
+(a round trip sooner in the queue; why that is safe is in its docstring); the sweep
 re-dispatches rows whose job is lost (`redispatch_lost`) or whose worker died
 (`redispatch_stale`) through the same unit. The work connection is its owner's (the reactor
 opens it, hands it in, and hands in a new one with `replace_connection` after a reconnect);
@@ -8,8 +10,9 @@ the dispatcher opens only the prefetch connection below, and closes it in `close
 
 Guarantees:
 - A row is never `active` without its job in Redis: the enqueue happens inside the claiming
-  transaction, before COMMIT; if it fails, the transaction rolls back and the rows stay as they
-  were (`pending`, or `active` at the old attempt for a rescue).
+  transaction, before COMMIT (or before the claim, for notified rows); if it fails, the
+  transaction rolls back and the rows stay as they were (`pending`, or `active` at the old
+  attempt for a rescue).
 - No double dispatch of one attempt: rows are claimed with `FOR UPDATE SKIP LOCKED`, and if the
   COMMIT is lost after the enqueue, the next claim of the same attempt finds the job alive in
   Redis and does not enqueue it again (see `reactor.enqueue`).
@@ -29,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -45,6 +48,7 @@ from reactor.errors import DatabaseError, EnqueueError, ReactorError, StatementE
 from reactor.jobs import JobRef, warm_up_ref
 from reactor.metrics import Metrics
 from reactor.routes import Route
+from reactor.throttle import LogThrottle
 
 __all__ = ["BatchResult", "Dispatcher", "DrainResult", "Quarantine"]
 
@@ -137,6 +141,7 @@ class Dispatcher:
         #: Types whose claim failed with a statement error, and until when they are skipped.
         self.quarantined: dict[str, Quarantine] = {}
         self._executor: ThreadPoolExecutor | None = None
+        self._confirm_log = LogThrottle(burst=10, interval_seconds=60.0)
 
     def replace_connection(self, conn: Connection) -> None:
         """Work on `conn` from now on (after a reconnect; the old one is the caller's to close)."""
@@ -256,6 +261,75 @@ class Dispatcher:
 
     def _claim_params(self, job_type: str) -> dict[str, Any]:
         return {"type": job_type, "limit": self._batch_size}
+
+    # -- notified rows: enqueue first, claim after --------------------------------------------
+
+    def dispatch_notified(self, refs: Sequence[JobRef]) -> BatchResult:
+        """Dispatch rows named by their insert's notification (`refs`: attempt 1 of each):
+        enqueue the jobs that do not exist yet, then claim those rows (`CLAIM_NOTIFIED`).
+
+        The job is in the queue one Postgres round trip sooner than through a claim. Until the
+        claim commits the row is `pending` at attempt 0 with its job queued, which is safe: the
+        job's fenced start takes such a row over on the claim's terms (due, attempts left, type
+        not paused), and a claim of the same attempt by any reactor finds the job alive and
+        does not enqueue it again. A row the claim leaves out (taken over by its worker
+        already, paused, changed) keeps its job; a job that finds its row not startable is
+        skipped, and a later claim of the row replaces it. `claimed` counts the jobs written:
+        each row is dispatched, by this claim or by its job's start.
+
+        Raises:
+            EnqueueError: Redis failed (the caller drains the types instead).
+            DatabaseError: the connection failed (the jobs written are taken over by their
+                workers, or found alive by the next claim).
+        """
+        quarantined = self.quarantined
+        refs = [r for r in refs if r.type in self._routes and r.type not in quarantined]
+        if not refs:
+            return BatchResult()
+        started = time.perf_counter()
+        try:
+            written = self._enqueuer.enqueue_new(refs)
+        except EnqueueError:
+            self._metrics.enqueue_failures.inc()
+            raise
+        if not written:
+            return BatchResult(already_enqueued=len(refs))
+        self._metrics.enqueue_seconds.observe(time.perf_counter() - started)
+        for job_type, count in Counter(ref.type for ref in written).items():
+            self._metrics.dispatched.labels(job_type).inc(count)
+        self._confirm(written)
+        return BatchResult(
+            claimed=len(written), enqueued=len(written), already_enqueued=len(refs) - len(written)
+        )
+
+    def _confirm(self, refs: Sequence[JobRef]) -> None:
+        """Claim the rows of `refs`, whose jobs are queued (`CLAIM_NOTIFIED`)."""
+        conn = self._conn
+        if conn.info.transaction_status is not TransactionStatus.IDLE:
+            _abandon(conn)
+            raise DatabaseError("claim refused: the connection was inside a transaction")
+        params = {"photo_ids": [r.photo_id for r in refs], "types": [r.type for r in refs]}
+        started = time.perf_counter()
+        try:
+            with conn.pipeline():
+                conn.execute(queries.CLAIM_NOTIFIED, params)
+                conn.commit()
+        except psycopg.Error as exc:
+            error = db.translate_error(exc, "claim of notified rows failed", conn)
+            _abandon(conn)
+            if not isinstance(error, StatementError):
+                raise error from exc
+            # Only an optimisation failed: the jobs are queued and their workers take the rows
+            # over (or fail on the same row, as a claim would).
+            if self._confirm_log.allow():
+                logger.warning(
+                    "notified_claim_failed rows=%d error=%s suppressed=%d",
+                    len(refs),
+                    error,
+                    self._confirm_log.suppressed(),
+                )
+            return
+        self._metrics.claim_seconds.observe(time.perf_counter() - started)
 
     # -- re-dispatching (the sweep's rescues) ------------------------------------------------
 

@@ -22,6 +22,10 @@ Statuses are read with `HGET` (`reactor.rq_state`) and leftovers deleted by key:
 never unpickles anything from Redis (a job's fields are pickles, and whoever can write to
 Redis writes them).
 
+`enqueue_new` writes the jobs of rows not claimed yet (named by their notification) through
+the same script, and never replaces a job: one that exists was written by another reactor that
+heard the same notification, or has run.
+
 This module only writes jobs; reading what RQ holds for the sweep is `reactor.rq_state`, and
 the Redis client comes from `reactor.redis_url.connect_redis`.
 """
@@ -151,18 +155,53 @@ class Enqueuer:
                 written = self._write_if_new(keys, by_queue)
             else:
                 # A few jobs, the latency-bound case: check and write in one round trip.
-                with self._client.pipeline(transaction=False) as plan:
-                    self._add_enqueues(plan, by_queue)
-                    argv: list[Any] = []
-                    for args, _options in plan.command_stack:  # never sent: the script runs them
-                        argv.append(len(args))
-                        argv.extend(args)
-                written = self._enqueue_if_new(keys=keys, args=argv) == 0
+                written = self._script_write(keys, by_queue)
         except redis.RedisError as exc:
             raise EnqueueError(f"Redis enqueue failed: {redact(str(exc))}", rows=len(refs)) from exc
         if not written:
             return self._enqueue_fresh(refs)
         return EnqueueResult(enqueued=len(refs), by_type=Counter(ref.type for ref in refs))
+
+    def enqueue_new(self, refs: Sequence[JobRef]) -> list[JobRef]:
+        """Enqueue the jobs of `refs` whose job does not exist at all, whatever its status:
+        the jobs of rows not claimed yet, which only the claim that follows (or the job's
+        own fenced start) makes theirs. A job that exists was written by another reactor
+        that heard the same notification, or has run already; either way it is not replaced.
+
+        Returns:
+            The refs whose jobs this call wrote.
+
+        Raises:
+            EnqueueError: Redis failed; some jobs may have been written (a later claim of
+                their attempt finds them alive and does not enqueue them again).
+            KeyError: a ref's type has no route.
+        """
+        written: list[JobRef] = []
+        try:
+            for start in range(0, len(refs), SCRIPT_MAX_JOBS):
+                chunk = refs[start : start + SCRIPT_MAX_JOBS]
+                keys = [Job.key_for(ref.job_id) for ref in chunk]
+                if self._script_write(keys, self._by_queue(chunk)):
+                    written.extend(chunk)
+                elif len(chunk) > 1:
+                    # Some job exists (rare): one by one, so that the others still go out.
+                    for ref in chunk:
+                        if self._script_write([Job.key_for(ref.job_id)], self._by_queue([ref])):
+                            written.append(ref)
+        except redis.RedisError as exc:
+            raise EnqueueError(f"Redis enqueue failed: {redact(str(exc))}", rows=len(refs)) from exc
+        return written
+
+    def _script_write(self, keys: list[str], by_queue: Mapping[str, list[JobRef]]) -> bool:
+        """Write the batch with the enqueue script, in one round trip, if none of `keys`
+        exists. False: some key exists, and nothing was written."""
+        with self._client.pipeline(transaction=False) as plan:
+            self._add_enqueues(plan, by_queue)
+            argv: list[Any] = []
+            for args, _options in plan.command_stack:  # never sent: the script runs them
+                argv.append(len(args))
+                argv.extend(args)
+        return bool(self._enqueue_if_new(keys=keys, args=argv) == 0)
 
     def _write_if_new(self, keys: list[str], by_queue: Mapping[str, list[JobRef]]) -> bool:
         """Write the batch with MULTI/EXEC if none of `keys` exists, checked with EXISTS under

@@ -6,8 +6,9 @@ The same statements run whether the lifecycle lives in the job (a plain `rq work
 
 1. `start` — the fenced start (one statement when it may run): proceed only if the row is
    `active` at this attempt, or `pending` at the attempt before (the claim that enqueued this
-   job, which commits after the enqueue: the start waits for it, and takes the row over if its
-   COMMIT was lost and the claim still could: due, attempts left, type not paused). Otherwise
+   job commits after the enqueue, or, for a row named by its notification, is made after it:
+   the start waits for a claim in flight, and takes the row over if none came yet or its
+   COMMIT was lost, and the claim still could: due, attempts left, type not paused). Otherwise
    the row is read again once no transaction is moving it (the sweep's rescue, from `active` at
    the attempt before, also commits after its enqueue): `active` at this attempt, it starts;
    else the attempt was superseded or the row is finished, and the handler must not run. A row

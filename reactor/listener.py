@@ -1,7 +1,8 @@
 """The LISTEN connection: a dedicated autocommit session that waits for wake-up hints.
 
-A notification is only a hint (its payload is a job type); the table is the truth, so the
-listener never needs to be exact: it reports which types were named, and the caller drains.
+A notification is only a hint (its payload names a job type, or a row: sql/0010); the table is
+the truth, so the listener never needs to be exact: it reports the payloads, and the caller
+dispatches what they name.
 Notifications that psycopg buffered while the connection was busy are returned first. An idle
 connection is probed with `SELECT 1` every `LIVENESS_SECONDS`, and TCP keepalives (set in
 `reactor.db.connect`) catch a peer that died silently. Any failure is a `DatabaseError`; the

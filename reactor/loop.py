@@ -7,8 +7,10 @@
    next sweep (interval ± 10 % jitter), the earliest future `next_retry_at` of a routed type,
    the end of the short gap after a hinted drain found nothing, a stop request};
 3. does the first of: a sweep, if it is due; a drain of every type (at start, after a
-   reconnect or an arm, after a drain cut by its time slice, or a row became due); a drain of
-   the notified types; a poll (a drain of every type, while the doorbell is not armed);
+   reconnect or an arm, after a drain cut by its time slice, or a row became due); the
+   notified rows (their jobs enqueued, then the rows claimed: `Dispatcher.dispatch_notified`)
+   and a drain of the notified types; a poll (a drain of every type, while the doorbell is
+   not armed);
 4. tells the doorbell how many rows the drain claimed, and gives the keys back if it says so;
 and returns a `Turn`, which says what it did.
 
@@ -53,10 +55,11 @@ import tenacity
 from redis.sentinel import MasterNotFoundError
 
 from reactor import db, queries
-from reactor.dispatch import Dispatcher, DrainResult
+from reactor.dispatch import BatchResult, Dispatcher, DrainResult
 from reactor.doorbell import Action, ArmOutcome, Doorbell
 from reactor.enqueue import Enqueuer
 from reactor.errors import ConfigError, DatabaseError, EnqueueError, StatementError
+from reactor.jobs import JobRef
 from reactor.listener import Listener
 from reactor.metrics import HealthCheck, Metrics, serve
 from reactor.redact import redact
@@ -113,7 +116,7 @@ class Work(str, enum.Enum):
     #: A drain of every type: at start, after a reconnect or an arm, after a drain cut by its
     #: time slice, or because a row became due.
     DRAIN = "drain"
-    #: A drain of the notified types.
+    #: The notified rows and a drain of the notified types.
     HINTS = "hints"
     #: A drain of every type because the doorbell is not armed.
     POLL = "poll"
@@ -479,9 +482,10 @@ class Reactor:
         waiting = time.monotonic()
         payloads = self._wait(deadline - now)
         waited = time.monotonic() - waiting
-        types = self._hints(self._routed(payloads))
-        if types or (payloads and not self._hinted):
-            bell.rung(routed=bool(types))
+        hinted, notified = self._routed(payloads)
+        types = self._hints(hinted)
+        if types or notified or (payloads and not self._hinted):
+            bell.rung(routed=bool(types or notified))
         if self.stopper.requested:
             return Turn(waited=waited, notifications=len(payloads), arm=arm)
 
@@ -500,9 +504,10 @@ class Reactor:
         elif self._backlog or (self._next_due is not None and now >= self._next_due):
             work, drained = Work.DRAIN, self._types
             result = self._drain(drained)
-        elif types:
-            work, drained = Work.HINTS, tuple(types)
-            result = self._drain(drained)
+        elif types or notified:
+            work = Work.HINTS
+            drained = tuple(dict.fromkeys([*types, *(ref.type for ref in notified)]))
+            result = self._dispatch_notified(notified, types)
             if not result.claimed:
                 # Hints that find nothing (a NOTIFY flood costs us a claim each): the next
                 # ones wait a little and are drained together.
@@ -580,22 +585,33 @@ class Reactor:
             self.metrics.notifications.inc(len(payloads))
         return payloads
 
-    def _routed(self, payloads: list[str]) -> set[str]:
+    def _routed(self, payloads: list[str]) -> tuple[set[str], list[JobRef]]:
+        """The routed types named alone, and the routed rows named one by one (their first
+        attempts), in `payloads` (the forms are in sql/0010)."""
         types = set()
+        rows: dict[tuple[str, str], JobRef] = {}
         for payload in payloads:
-            if payload in self.routes:
-                types.add(payload)
-            elif payload not in self._warned_unknown and len(self._warned_unknown) < 1000:
+            job_type, by_row, photo_id = payload.partition(" ")
+            if job_type in self.routes:
+                if not by_row:
+                    types.add(job_type)
+                    continue
+                if 0 < len(photo_id.encode()) <= 255:
+                    rows.setdefault((job_type, photo_id), JobRef(job_type, photo_id, 1))
+                    continue
+            # Rows of a type routed elsewhere are reported by their type, once.
+            unknown = job_type if by_row and job_type not in self.routes else payload
+            if unknown not in self._warned_unknown and len(self._warned_unknown) < 1000:
                 # A hint for a type we do not route (or garbage on the channel): ignore it,
                 # saying so a few times a minute at most (anyone may NOTIFY).
-                self._warned_unknown.add(payload)
+                self._warned_unknown.add(unknown)
                 if self._ignored_log.allow():
                     logger.warning(
                         "notification_ignored payload=%r (no route) suppressed=%d",
                         payload[:200],
                         self._ignored_log.suppressed(),
                     )
-        return types
+        return types, list(rows.values())
 
     def _hints(self, types: set[str]) -> set[str]:
         """The notified types to drain now: none while the gap after an empty hinted drain
@@ -606,6 +622,28 @@ class Reactor:
         types |= self._hinted
         self._hinted = set()
         return types
+
+    def _dispatch_notified(self, refs: list[JobRef], types: set[str]) -> DrainResult:
+        """Dispatch the rows named by their notifications, jobs first (`Dispatcher.
+        dispatch_notified`), then drain the types named alone. If Redis refuses the rows'
+        jobs, their types are drained instead, which retries until Redis answers."""
+        assert self._dispatcher is not None
+        early = BatchResult()
+        if refs:
+            try:
+                early = self._dispatcher.dispatch_notified(refs)
+            except EnqueueError as exc:
+                logger.warning("notified_enqueue_failed rows=%d error=%s", len(refs), exc)
+                types = types | {ref.type for ref in refs}
+            if early.claimed:
+                logger.info(
+                    "batch_dispatched claimed=%d enqueued=%d already_enqueued=%d notified=true",
+                    early.claimed,
+                    early.enqueued,
+                    early.already_enqueued,
+                )
+        result = self._drain(types) if types else DrainResult()
+        return result.add(early) if refs else result
 
     def _drain(self, types: Iterable[str]) -> DrainResult:
         """Drain `types` for up to one slice, retrying while Redis refuses."""

@@ -20,6 +20,7 @@ __all__ = [
     "ATTEMPT_START",
     "BACKLOG",
     "CLAIM_DUE",
+    "CLAIM_NOTIFIED",
     "CURRENT_MINUTE",
     "DATABASE_NOW",
     "DOORBELL_ARM",
@@ -94,6 +95,27 @@ UPDATE photo_jobs AS j
             FOR UPDATE SKIP LOCKED))
    AND j.state = 'pending'
 RETURNING j.type, j.photo_id, j.attempts, j.state
+"""
+
+#: Claim the given rows (photo ids and types, pairwise), whose first attempt's jobs were just
+#: enqueued: each that is still `pending` at attempt 0, due, not locked and of a type not
+#: paused becomes `active` at attempt 1. A row left out is the worker's to take over when its
+#: job starts (a locked row: most likely that worker, right now), or stays `pending` and its
+#: job is skipped. The COMMIT does not wait for the WAL flush: a lost one leaves the row
+#: `pending` with its job queued, which the worker takes over just the same.
+CLAIM_NOTIFIED = """
+UPDATE photo_jobs AS j
+   SET state = 'active', attempts = 1
+ WHERE j.ctid = ANY (ARRAY(
+         SELECT p.ctid
+           FROM unnest(%(photo_ids)s::text[], %(types)s::text[]) AS n(photo_id, type)
+           JOIN photo_jobs AS p ON p.photo_id = n.photo_id AND p.type = n.type
+          WHERE p.state = 'pending' AND p.attempts = 0
+            AND coalesce(p.next_retry_at, p.created_at) <= now()
+            AND NOT EXISTS (SELECT FROM reactor_paused_types AS x WHERE x.type = p.type)
+            FOR UPDATE OF p SKIP LOCKED))
+   AND j.state = 'pending' AND j.attempts = 0
+   AND set_config('synchronous_commit', 'off', true) IS NOT NULL
 """
 
 #: Seconds until the earliest pending row of the given types becomes due (NULL if none).
@@ -572,13 +594,13 @@ UPDATE photo_jobs
 #: younger than `fresh` seconds (the claim stamped it a moment ago) is only read: no write, no
 #: new row version. Otherwise the row is stamped if it is `active` at this attempt, or
 #: `pending` at the attempt before: the claim that enqueued this job commits after the
-#: enqueue, so it is waited for (the row lock) and its row then stamped; if its COMMIT was
-#: lost, this job takes the row over, on the claim's own terms (due, attempts left, type not
-#: paused). No row: ATTEMPT_RECHECK. The stamp's commit does not wait
-#: for the WAL flush (`synchronous_commit` off for this statement's own transaction): it is on
-#: the job's latency path, and losing it in a server crash is harmless (the row keeps the
-#: claim's state, or stays pending and is dispatched again; the durable outcome write is fenced
-#: either way).
+#: enqueue (a notified row's claim is even made after it), so a claim in flight is waited for
+#: (the row lock) and its row then stamped; if no claim came yet or its COMMIT was lost, this
+#: job takes the row over, on the claim's own terms (due, attempts left, type not paused). No
+#: row: ATTEMPT_RECHECK. The stamp's commit does not wait for the WAL flush
+#: (`synchronous_commit` off for this statement's own transaction): it is on the job's latency
+#: path, and losing it in a server crash is harmless (the row keeps the claim's state, or stays
+#: pending and is dispatched again; the durable outcome write is fenced either way).
 ATTEMPT_START = """
 WITH fresh AS (
      SELECT max_attempts

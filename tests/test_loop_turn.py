@@ -150,3 +150,90 @@ def test_a_sweep_turn_drains_and_rescues(env: Env, make_reactor: Callable[..., R
     assert (turn.sweep.claimed, turn.sweep.lost, turn.claimed) == (1, 1, 1)
     assert state_of(conn, "missed") == ("active", 1)
     assert state_of(conn, "vanished") == ("active", 2)
+
+
+def armed_reactor(make_reactor: Callable[..., Reactor], **settings: Any) -> Reactor:
+    """A reactor past its start-up drain, armed and waiting for notifications."""
+    reactor = make_reactor(**settings)
+    turn_until(reactor, lambda t: t.arm is ArmOutcome.ARMED)
+    return reactor
+
+
+def test_a_notified_row_is_enqueued_before_it_is_claimed(
+    env: Env, make_reactor: Callable[..., Reactor]
+) -> None:
+    conn, locker = env.connect(), env.connect(autocommit=False)
+    reactor = armed_reactor(make_reactor)
+    conn.execute(INSERT, ["locked"])
+    # Another session holds the row: the claim skips it, so what the turn did first shows.
+    locker.execute("SELECT FROM photo_jobs WHERE photo_id = 'locked' FOR UPDATE")
+    turn = reactor.turn()
+    assert (turn.notifications, turn.work, turn.claimed) == (1, Work.HINTS, 1)
+    locker.rollback()
+    expected = job_id("photo.process", "locked", 1)
+    assert queued(env) == [expected]
+    # Queued, not yet claimed: the job's fenced start may take such a row over, and any
+    # claim of attempt 1 finds the job alive and does not enqueue it again.
+    assert state_of(conn, "locked") == ("pending", 0)
+    turn = turn_until(reactor, lambda t: t.claimed > 0)
+    assert turn.work in (Work.POLL, Work.DRAIN)
+    assert state_of(conn, "locked") == ("active", 1)
+    assert queued(env) == [expected]
+
+
+def test_two_reactors_hearing_one_notification_enqueue_its_job_once(
+    env: Env, make_reactor: Callable[..., Reactor]
+) -> None:
+    conn = env.connect()
+    first = armed_reactor(make_reactor)
+    second = make_reactor()
+    turn_until(second, lambda t: t.arm is ArmOutcome.HELD_ELSEWHERE)
+    conn.execute(INSERT, ["both"])
+    turns = [first.turn(), second.turn()]
+    assert [t.notifications for t in turns] == [1, 1]
+    assert sorted(t.claimed for t in turns) == [0, 1], "one of them wrote the job"
+    assert queued(env) == [job_id("photo.process", "both", 1)]
+    assert state_of(conn, "both") == ("active", 1)
+
+
+def test_a_notified_row_whose_enqueue_fails_is_drained_once_redis_takes_it(
+    env: Env, make_reactor: Callable[..., Reactor], caplog: pytest.LogCaptureFixture
+) -> None:
+    conn, client = env.connect(), env.redis()
+    reactor = armed_reactor(make_reactor)
+    # Redis is full (noeviction, as RQ asks): it refuses every write until memory is freed.
+    client.config_set("maxmemory", 1)
+    try:
+        conn.execute(INSERT, ["refused"])
+        fixed = threading.Timer(0.5, client.config_set, ["maxmemory", 0])
+        fixed.start()
+        try:
+            turn = reactor.turn()
+        finally:
+            fixed.join()
+    finally:
+        client.config_set("maxmemory", 0)
+    # The row's type was drained instead, retried with backoff until Redis took the batch.
+    assert "notified_enqueue_failed rows=1" in caplog.text
+    assert (turn.work, turn.claimed) == (Work.HINTS, 1)
+    assert state_of(conn, "refused") == ("active", 1)
+    assert queued(env) == [job_id("photo.process", "refused", 1)]
+
+
+def test_rows_named_by_a_stray_notification_are_left_to_their_fence(
+    env: Env, make_reactor: Callable[..., Reactor]
+) -> None:
+    """Anyone may NOTIFY: a row named that is not at attempt 0 (here: done) gets a job that
+    its fenced start will skip, and is not claimed."""
+    conn = env.connect()
+    reactor = armed_reactor(make_reactor)
+    conn.execute(
+        "INSERT INTO photo_jobs (photo_id, type, state, attempts)"
+        " VALUES ('finished', 'photo.process', 'done', 1)"
+    )
+    conn.execute("SELECT pg_notify('photo_jobs', 'photo.process finished')")
+    conn.execute("SELECT pg_notify('photo_jobs', 'photo.process ' || repeat('x', 256))")
+    turn = reactor.turn()
+    assert turn.notifications == 2
+    assert state_of(conn, "finished") == ("done", 1)
+    assert queued(env) == [job_id("photo.process", "finished", 1)]
