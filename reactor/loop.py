@@ -527,7 +527,10 @@ class Reactor:
         if released:
             self._unlock_doorbell()
         self._backlog = result.more
-        self._due_known = False
+        if work is not Work.HINTS or types:
+            # A type's notification may be a retry moving into pending, due later; rows named
+            # one by one were due, and are dispatched now: the next due time is as it was.
+            self._due_known = False
         self.health.succeeded()
         return Turn(
             waited=waited,

@@ -1,5 +1,5 @@
--- 0010: an INSERT of a few rows names each row in its notification, so that a reactor can
--- enqueue their jobs before it claims them.
+-- 0010: a transaction's first few inserted rows are named in their notifications, so that a
+-- reactor can enqueue their jobs before it claims them.
 --
 -- Runnable as-is: psql -X -v ON_ERROR_STOP=1 -1 -f sql/0010_notify_inserted_rows.sql
 --
@@ -8,9 +8,10 @@
 --   'TYPE PHOTO_ID'  this row was inserted pending, due, at attempt 0. A type has no spaces
 --                    (photo_jobs_type_check), so the first space ends it; the photo id is the
 --                    rest, whatever it holds.
--- Per statement and type: up to 8 such rows are named one by one; more rows, or any row that
--- is not due or not at attempt 0, and the statement sends the type alone, as before (a large
--- batch is cheaper to claim in one statement than to name row by row). Retries and requeues
+-- An INSERT names its rows one by one when every pending row it inserted is due at attempt 0
+-- and the transaction names no more than 8 rows in all; otherwise it sends their types alone,
+-- as before (a large batch is cheaper to claim in one statement than to name row by row, and
+-- a transaction's notifications are written under the commit lock). Retries and requeues
 -- (the UPDATE trigger) still send the type alone.
 --
 -- Reactors of earlier releases read 'TYPE PHOTO_ID' as an unknown type and ignore it; they
@@ -25,25 +26,29 @@ CREATE OR REPLACE FUNCTION public.photo_jobs_notify_inserted() RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = public, pg_temp
 AS $$
+DECLARE
+    -- Rows this transaction has named so far (a setting local to the transaction).
+    named integer := coalesce(nullif(current_setting('photo_jobs.rows_named', true), ''), '0');
+    pending integer;
+    by_row boolean;
 BEGIN
-    -- A 0-row statement also fires a statement trigger; the query below sends nothing then.
-    PERFORM pg_notify('photo_jobs', p.payload)
-       FROM (SELECT n.type,
-                    count(*) <= 8
-                    AND bool_and(n.attempts = 0
-                                 AND coalesce(n.next_retry_at, n.created_at) <= now())
-                        AS by_row,
-                    array_agg(n.photo_id) AS photo_ids
-               FROM photo_jobs_new AS n
-              WHERE n.state = 'pending'
-              GROUP BY n.type) AS t
-       CROSS JOIN LATERAL (
-             SELECT t.type || ' ' || r.photo_id AS payload
-               FROM unnest(t.photo_ids) AS r(photo_id)
-              WHERE t.by_row
-              UNION ALL
-             SELECT t.type
-              WHERE NOT t.by_row) AS p;
+    SELECT count(*),
+           bool_and(n.attempts = 0 AND coalesce(n.next_retry_at, n.created_at) <= now())
+      INTO pending, by_row
+      FROM photo_jobs_new AS n
+     WHERE n.state = 'pending';
+    IF pending = 0 THEN
+        RETURN NULL;  -- a 0-row statement (or one of rows not pending) also fires the trigger
+    END IF;
+    IF by_row AND named + pending <= 8 THEN
+        PERFORM pg_notify('photo_jobs', n.type || ' ' || n.photo_id)
+           FROM photo_jobs_new AS n
+          WHERE n.state = 'pending';
+        PERFORM set_config('photo_jobs.rows_named', (named + pending)::text, true);
+    ELSE
+        PERFORM pg_notify('photo_jobs', t.type)
+           FROM (SELECT DISTINCT n.type FROM photo_jobs_new AS n WHERE n.state = 'pending') AS t;
+    END IF;
     RETURN NULL;
 END;
 $$;

@@ -41,6 +41,16 @@ def test_up_to_eight_rows_are_named_one_by_one_more_by_their_type(notes: Notific
         f"photo.process x {i}" for i in range(1, 9)
     ]
     assert notes.sent_by(in_tx(insert(9, "y"))) == ["photo.process"]
+    # Eight per transaction: the statements after them name their types.
+    singles = [
+        f"INSERT INTO photo_jobs (photo_id, type) VALUES ('z{i}', '{t}')"
+        for i, t in enumerate(["photo.process"] * 7 + ["photo.thumb"] * 3)
+    ]
+    assert sorted(notes.sent_by(in_tx(*singles))) == [
+        *(f"photo.process z{i}" for i in range(7)),
+        "photo.thumb",
+        "photo.thumb z7",
+    ]
 
 
 def test_rows_not_due_or_past_attempt_zero_are_named_by_their_type(notes: Notifications) -> None:
@@ -50,12 +60,12 @@ def test_rows_not_due_or_past_attempt_zero_are_named_by_their_type(notes: Notifi
         "t"
     ]
     assert notes.sent_by(in_tx(retried)) == ["t"]
-    # One such row sends the type alone for its whole statement; other types are apart.
+    # One such row makes its whole statement send types alone.
     mixed = (
         "INSERT INTO photo_jobs (photo_id, type, next_retry_at) VALUES"
         " ('b', 't', NULL), ('c', 't', now() + '1 h'), ('d', 'u', NULL)"
     )
-    assert sorted(notes.sent_by(in_tx(mixed))) == ["t", "u d"]
+    assert sorted(notes.sent_by(in_tx(mixed))) == ["t", "u"]
 
 
 def test_bulk_insert_select_notifies_once(notes: Notifications) -> None:
