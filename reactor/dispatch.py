@@ -1,4 +1,4 @@
-"""Claim rows and hand them to RQ as one unit: claim, enqueue, COMMIT.
+"""Claim rows and hand them to RQ, never a row `active` without its job: claim, enqueue, COMMIT.
 
 `Dispatcher.drain()` claims the due pending rows of the given types batch by batch;
 `dispatch_notified()` enqueues the jobs of rows named by their notification, then claims them
@@ -264,7 +264,7 @@ class Dispatcher:
 
     # -- notified rows: enqueue first, claim after --------------------------------------------
 
-    def dispatch_notified(self, refs: Sequence[JobRef]) -> BatchResult:
+    def dispatch_notified(self, refs: Sequence[JobRef]) -> tuple[BatchResult, set[str]]:
         """Dispatch rows named by their insert's notification (`refs`: attempt 1 of each):
         enqueue the jobs that do not exist yet, then claim those rows (`CLAIM_NOTIFIED`).
 
@@ -274,8 +274,11 @@ class Dispatcher:
         not paused), and a claim of the same attempt by any reactor finds the job alive and
         does not enqueue it again. A row the claim leaves out (taken over by its worker
         already, paused, changed) keeps its job; a job that finds its row not startable is
-        skipped, and a later claim of the row replaces it. `claimed` counts the jobs written:
-        each row is dispatched, by this claim or by its job's start.
+        skipped, and a later claim of the row replaces it. `claimed` counts the jobs written.
+
+        Returns:
+            What was done, and the types of the rows whose job existed already (not written,
+            not claimed: the caller drains them).
 
         Raises:
             EnqueueError: Redis failed (the caller drains the types instead).
@@ -285,22 +288,24 @@ class Dispatcher:
         quarantined = self.quarantined
         refs = [r for r in refs if r.type in self._routes and r.type not in quarantined]
         if not refs:
-            return BatchResult()
+            return BatchResult(), set()
         started = time.perf_counter()
         try:
             written = self._enqueuer.enqueue_new(refs)
         except EnqueueError:
             self._metrics.enqueue_failures.inc()
             raise
+        unwritten = {r.type for r in set(refs).difference(written)}
         if not written:
-            return BatchResult(already_enqueued=len(refs))
+            return BatchResult(already_enqueued=len(refs)), unwritten
         self._metrics.enqueue_seconds.observe(time.perf_counter() - started)
         for job_type, count in Counter(ref.type for ref in written).items():
             self._metrics.dispatched.labels(job_type).inc(count)
         self._confirm(written)
-        return BatchResult(
+        result = BatchResult(
             claimed=len(written), enqueued=len(written), already_enqueued=len(refs) - len(written)
         )
+        return result, unwritten
 
     def _confirm(self, refs: Sequence[JobRef]) -> None:
         """Claim the rows of `refs`, whose jobs are queued (`CLAIM_NOTIFIED`)."""

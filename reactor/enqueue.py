@@ -1,4 +1,4 @@
-"""Hand a batch of claimed attempts to RQ, only if none of its jobs exists yet.
+"""Hand a batch of attempts to RQ, only if none of its jobs exists yet.
 
 Guarantee: an attempt's job is enqueued at most once. RQ builds the batch's commands
 (`Queue.enqueue_many`: RQ stays the author of its job format). A batch of up to
@@ -23,8 +23,8 @@ never unpickles anything from Redis (a job's fields are pickles, and whoever can
 Redis writes them).
 
 `enqueue_new` writes the jobs of rows not claimed yet (named by their notification) through
-the same script, and never replaces a job: one that exists was written by another reactor that
-heard the same notification, or has run.
+the same script, and never replaces a job (the caller claims such rows, then enqueues them
+here the usual way).
 
 This module only writes jobs; reading what RQ holds for the sweep is `reactor.rq_state`, and
 the Redis client comes from `reactor.redis_url.connect_redis`.
@@ -165,8 +165,9 @@ class Enqueuer:
     def enqueue_new(self, refs: Sequence[JobRef]) -> list[JobRef]:
         """Enqueue the jobs of `refs` whose job does not exist at all, whatever its status:
         the jobs of rows not claimed yet, which only the claim that follows (or the job's
-        own fenced start) makes theirs. A job that exists was written by another reactor
-        that heard the same notification, or has run already; either way it is not replaced.
+        own fenced start) makes theirs. A job that exists (written by another reactor that
+        heard the same notification, run already, or left from an earlier life of the row)
+        is not replaced: the caller claims such rows the careful way.
 
         Returns:
             The refs whose jobs this call wrote.

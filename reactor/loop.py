@@ -95,6 +95,10 @@ HINT_DRAIN_GAP_SECONDS = 0.01
 #: Look up the next due time before any wait that may last longer than this (not before
 #: every 1 ms poll: a poll finds rows that became due anyway).
 NEXT_DUE_LOOKUP_SECONDS = 0.05
+#: Rows named by notifications that one turn enqueues before claiming them; the types of any
+#: more are drained (claimed first) instead, so a flood of named rows, which anyone who can
+#: connect may send, costs at most this many jobs a turn.
+NAMED_ROWS_MAX = 100
 #: Check at most this often (or every sweep, if sweeps come sooner) that the routes are still
 #: recorded as this reactor's and their liveness lock held (behind a transaction pooler, the
 #: server session holding it can be closed). The check rides on turns that wake anyway: a
@@ -527,10 +531,7 @@ class Reactor:
         if released:
             self._unlock_doorbell()
         self._backlog = result.more
-        if work is not Work.HINTS or types:
-            # A type's notification may be a retry moving into pending, due later; rows named
-            # one by one were due, and are dispatched now: the next due time is as it was.
-            self._due_known = False
+        self._due_known = False
         self.health.succeeded()
         return Turn(
             waited=waited,
@@ -599,8 +600,11 @@ class Reactor:
                 if not by_row:
                     types.add(job_type)
                     continue
-                if 0 < len(photo_id.encode()) <= 255:
-                    rows.setdefault((job_type, photo_id), JobRef(job_type, photo_id, 1))
+                if photo_id:
+                    if len(rows) < NAMED_ROWS_MAX:
+                        rows.setdefault((job_type, photo_id), JobRef(job_type, photo_id, 1))
+                    else:
+                        types.add(job_type)  # a flood: claimed the usual way
                     continue
             # Rows of a type routed elsewhere are reported by their type, once.
             unknown = job_type if by_row and job_type not in self.routes else payload
@@ -628,16 +632,21 @@ class Reactor:
 
     def _dispatch_notified(self, refs: list[JobRef], types: set[str]) -> DrainResult:
         """Dispatch the rows named by their notifications, jobs first (`Dispatcher.
-        dispatch_notified`), then drain the types named alone. If Redis refuses the rows'
-        jobs, their types are drained instead, which retries until Redis answers."""
+        dispatch_notified`), then drain the types named alone and those of the rows whose jobs
+        were not written (they existed, or Redis refused them: the drain retries until Redis
+        answers)."""
         assert self._dispatcher is not None
         early = BatchResult()
         if refs:
             try:
-                early = self._dispatcher.dispatch_notified(refs)
+                early, unwritten = self._dispatcher.dispatch_notified(refs)
             except EnqueueError as exc:
                 logger.warning("notified_enqueue_failed rows=%d error=%s", len(refs), exc)
-                types = types | {ref.type for ref in refs}
+                unwritten = {ref.type for ref in refs}
+            # A job that exists already (another reactor's, or of an earlier life of the row)
+            # was not written, nor its row claimed: the drain claims it, replacing a job that
+            # ended, finding another reactor's alive.
+            types = types | unwritten
             if early.claimed:
                 logger.info(
                     "batch_dispatched claimed=%d enqueued=%d already_enqueued=%d notified=true",

@@ -12,7 +12,9 @@
 -- and the transaction names no more than 8 rows in all; otherwise it sends their types alone,
 -- as before (a large batch is cheaper to claim in one statement than to name row by row, and
 -- a transaction's notifications are written under the commit lock). Retries and requeues
--- (the UPDATE trigger) still send the type alone.
+-- (the UPDATE trigger) still send the type alone. Pauses are not looked at here (writers need
+-- no rights on reactor_paused_types): a row of a paused type may be named, and its job is then
+-- skipped at its fenced start, the row left pending.
 --
 -- Reactors of earlier releases read 'TYPE PHOTO_ID' as an unknown type and ignore it; they
 -- would dispatch such rows only when polling or sweeping. Stop them before applying this

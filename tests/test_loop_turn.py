@@ -223,8 +223,8 @@ def test_a_notified_row_whose_enqueue_fails_is_drained_once_redis_takes_it(
 def test_rows_named_by_a_stray_notification_are_left_to_their_fence(
     env: Env, make_reactor: Callable[..., Reactor]
 ) -> None:
-    """Anyone may NOTIFY: a row named that is not at attempt 0 (here: done) gets a job that
-    its fenced start will skip, and is not claimed."""
+    """Anyone may NOTIFY: a row named that is not at attempt 0 (here: done), or that does not
+    exist, gets a job that its fenced start will skip, and nothing is claimed."""
     conn = env.connect()
     reactor = armed_reactor(make_reactor)
     conn.execute(
@@ -236,4 +236,38 @@ def test_rows_named_by_a_stray_notification_are_left_to_their_fence(
     turn = reactor.turn()
     assert turn.notifications == 2
     assert state_of(conn, "finished") == ("done", 1)
-    assert queued(env) == [job_id("photo.process", "finished", 1)]
+    assert sorted(queued(env)) == sorted(
+        job_id("photo.process", photo_id, 1) for photo_id in ("finished", "x" * 256)
+    )
+    assert conn.execute("SELECT count(*) FROM photo_jobs").fetchone() == (1,)
+
+
+def test_a_named_row_whose_job_id_is_held_by_an_ended_job_is_claimed_by_the_drain(
+    env: Env, make_reactor: Callable[..., Reactor]
+) -> None:
+    """A job of an earlier life of the row (deleted and inserted again while RQ still keeps
+    the finished job) holds attempt 1's id: the named path does not replace it, the drain
+    does."""
+    conn, client = env.connect(), env.redis()
+    reactor = armed_reactor(make_reactor)
+    key = "rq:job:" + job_id("photo.process", "again", 1)
+    client.hset(key, mapping={"status": "finished"})
+    conn.execute(INSERT, ["again"])
+    turn = reactor.turn()
+    assert (turn.work, turn.claimed) == (Work.HINTS, 1)
+    assert state_of(conn, "again") == ("active", 1)
+    assert queued(env) == [job_id("photo.process", "again", 1)]
+    assert client.hget(key, "status") == b"queued"
+
+
+def test_a_flood_of_named_rows_gets_at_most_a_hundred_jobs_a_turn(
+    env: Env, make_reactor: Callable[..., Reactor]
+) -> None:
+    conn = env.connect()
+    reactor = armed_reactor(make_reactor)
+    conn.execute(
+        "SELECT pg_notify('photo_jobs', 'photo.process fake-' || i) FROM generate_series(1, 150) i"
+    )
+    turn = reactor.turn()
+    assert (turn.notifications, turn.work, turn.claimed) == (150, Work.HINTS, 100)
+    assert len(queued(env)) == 100

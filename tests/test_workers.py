@@ -24,7 +24,11 @@ from rq import Worker as RqWorker
 from rq.job import Job
 
 from reactor import submit
+from reactor.doorbell import ArmOutcome
 from reactor.jobs import ENTRY_POINT, job_id
+from reactor.loop import Reactor, Work
+from reactor.routes import parse_routes
+from reactor.settings import ReactorSettings
 from tests.handlers import SCHEMA
 from tests.support.env import Env
 from tests.support.processes import Process, start_reactor, start_worker
@@ -859,3 +863,30 @@ def test_a_job_started_before_its_rescue_commits_waits_for_it(
         assert job.return_value() == "skipped"
         assert runs(conn, "p1") == []
         assert row_of(conn, "p1")[:2] == ("active", 1)
+
+
+@pytest.mark.parametrize("worker_class", [*CLASSES.values(), "rq.worker.Worker"])
+def test_a_notified_row_left_unclaimed_by_the_reactor_is_taken_over_by_its_job(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], worker_class: str
+) -> None:
+    """The reactor enqueues a notified row's job before it claims the row; when that claim
+    skips the row (another session holds it), the job's fenced start takes it over."""
+    reactor = Reactor(ReactorSettings(env.database_url, env.redis_url, parse_routes([route("ok")])))
+    reactor.start()
+    try:
+        # The start-up drain, quiet polls, then the arm: a handful of turns.
+        assert any(reactor.turn().arm is ArmOutcome.ARMED for _ in range(20)), "never armed"
+        locker = env.connect(autocommit=False)
+        submit(conn, "p1")
+        locker.execute("SELECT FROM photo_jobs WHERE photo_id = 'p1' FOR UPDATE")
+        turn = reactor.turn()
+        assert (turn.work, turn.claimed) == (Work.HINTS, 1)
+        assert row_of(conn, "p1")[:2] == ("pending", 0)
+        worker = start_worker(spawn, env, burst=True, extra_args=("--worker-class", worker_class))
+        locker.rollback()
+        assert worker.exit_code(timeout=60) == 0, worker.output()
+        assert row_of(conn, "p1") == ("done", 1, None, None)
+        assert runs(conn, "p1") == [("p1", 1, "ok")]
+        assert Queue("photo-process", connection=env.redis()).count == 0
+    finally:
+        reactor.close()
