@@ -101,8 +101,10 @@ RETURNING j.type, j.photo_id, j.attempts, j.state
 #: enqueued: each that is still `pending` at attempt 0, due, not locked and of a type not
 #: paused becomes `active` at attempt 1. A row left out is the worker's to take over when its
 #: job starts (a locked row: most likely that worker, right now), or stays `pending` and its
-#: job is skipped. The COMMIT waits for the WAL flush like any claim's: a worker may start the
-#: handler as soon as it sees the row `active`, so that state must survive a crash.
+#: job is skipped. The COMMIT does not wait for the WAL flush (`synchronous_commit` off for
+#: this transaction), as the fenced start's stamp does not: a worker waiting for the row lock
+#: would wait for the flush too. A server crash that loses it leaves the row `pending` at
+#: attempt 0, and attempt 1 is dispatched again, as after a lost stamp of a start.
 CLAIM_NOTIFIED = """
 UPDATE photo_jobs AS j
    SET state = 'active', attempts = 1
@@ -115,6 +117,7 @@ UPDATE photo_jobs AS j
             AND NOT EXISTS (SELECT FROM reactor_paused_types AS x WHERE x.type = p.type)
             FOR UPDATE OF p SKIP LOCKED))
    AND j.state = 'pending' AND j.attempts = 0
+   AND set_config('synchronous_commit', 'off', true) IS NOT NULL
 """
 
 #: Seconds until the earliest pending row of the given types becomes due (NULL if none).
