@@ -151,11 +151,7 @@ class Dispatcher:
 
     def _claim(self, conn: Connection, query: str, params: Mapping[str, Any]) -> list[Row]:
         """Run the claiming UPDATE; its transaction stays open (locks held) until `_deliver`."""
-        if conn.info.transaction_status is not TransactionStatus.IDLE:
-            # Another claim's transaction is still open here: claiming now would commit those
-            # rows with ours, whether or not their jobs were enqueued. Give them back instead.
-            _abandon(conn)
-            raise DatabaseError("claim refused: the connection was inside a transaction")
+        _require_idle(conn)
         started = time.perf_counter()
         try:
             # Pipeline mode sends the BEGIN together with the claim: one round trip, not two.
@@ -302,6 +298,12 @@ class Dispatcher:
         for job_type, count in Counter(ref.type for ref in written).items():
             self._metrics.dispatched.labels(job_type).inc(count)
         self._confirm(written)
+        logger.info(
+            "batch_dispatched claimed=%d enqueued=%d already_enqueued=%d notified=true",
+            len(written),
+            len(written),
+            len(refs) - len(written),
+        )
         result = BatchResult(
             claimed=len(written), enqueued=len(written), already_enqueued=len(refs) - len(written)
         )
@@ -310,9 +312,7 @@ class Dispatcher:
     def _confirm(self, refs: Sequence[JobRef]) -> None:
         """Claim the rows of `refs`, whose jobs are queued (`CLAIM_NOTIFIED`)."""
         conn = self._conn
-        if conn.info.transaction_status is not TransactionStatus.IDLE:
-            _abandon(conn)
-            raise DatabaseError("claim refused: the connection was inside a transaction")
+        _require_idle(conn)
         params = {"photo_ids": [r.photo_id for r in refs], "types": [r.type for r in refs]}
         started = time.perf_counter()
         try:
@@ -518,6 +518,14 @@ class Dispatcher:
         if self._prefetch_conn is not None:
             self._prefetch_conn.close()
             self._prefetch_conn = None
+
+
+def _require_idle(conn: Connection) -> None:
+    """Refuse to claim on a connection whose transaction is open: another claim's, which would
+    be committed with ours whether or not its jobs were enqueued. Its rows are given back."""
+    if conn.info.transaction_status is not TransactionStatus.IDLE:
+        _abandon(conn)
+        raise DatabaseError("claim refused: the connection was inside a transaction")
 
 
 def _abandon(conn: Connection) -> None:

@@ -647,13 +647,6 @@ class Reactor:
             # was not written, nor its row claimed: the drain claims it, replacing a job that
             # ended, finding another reactor's alive.
             types = types | unwritten
-            if early.claimed:
-                logger.info(
-                    "batch_dispatched claimed=%d enqueued=%d already_enqueued=%d notified=true",
-                    early.claimed,
-                    early.enqueued,
-                    early.already_enqueued,
-                )
         result = self._drain(types) if types else DrainResult()
         return result.add(early) if refs else result
 
