@@ -1,8 +1,9 @@
 """Claim rows and hand them to RQ, never a row `active` without its job: claim, enqueue, COMMIT.
 
 `Dispatcher.drain()` claims the due pending rows of the given types batch by batch;
-`dispatch_notified()` enqueues the jobs of rows named by their notification, then claims them
-(a round trip sooner in the queue; why that is safe is in its docstring); the sweep
+`enqueue_notified()` enqueues the jobs of rows named by their notification and
+`claim_notified()` claims them afterwards (a round trip sooner in the queue; why that is safe
+is in the former's docstring); the sweep
 re-dispatches rows whose job is lost (`redispatch_lost`) or whose worker died
 (`redispatch_stale`) through the same unit. The work connection is its owner's (the reactor
 opens it, hands it in, and hands in a new one with `replace_connection` after a reconnect);
@@ -260,9 +261,9 @@ class Dispatcher:
 
     # -- notified rows: enqueue first, claim after --------------------------------------------
 
-    def dispatch_notified(self, refs: Sequence[JobRef]) -> tuple[BatchResult, set[str]]:
-        """Dispatch rows named by their insert's notification (`refs`: attempt 1 of each):
-        enqueue the jobs that do not exist yet, then claim those rows (`CLAIM_NOTIFIED`).
+    def enqueue_notified(self, refs: Sequence[JobRef]) -> tuple[list[JobRef], set[str]]:
+        """Enqueue the jobs of rows named by their insert's notification (`refs`: attempt 1 of
+        each) that do not exist yet; `claim_notified` claims those rows afterwards.
 
         The job is in the queue one Postgres round trip sooner than through a claim. Until the
         claim commits the row is `pending` at attempt 0 with its job queued, which is safe: the
@@ -270,44 +271,51 @@ class Dispatcher:
         not paused), and a claim of the same attempt by any reactor finds the job alive and
         does not enqueue it again. A row the claim leaves out (taken over by its worker
         already, paused, changed) keeps its job; a job that finds its row not startable is
-        skipped, and a later claim of the row replaces it. `claimed` counts the jobs written.
+        skipped, and a later claim of the row replaces it.
 
         Returns:
-            What was done, and the types of the rows whose job existed already (not written,
-            not claimed: the caller drains them).
+            The refs whose jobs were written, and the types of the rows whose job existed
+            already (not written, not to be claimed here: the caller drains them).
 
         Raises:
             EnqueueError: Redis failed (the caller drains the types instead).
-            DatabaseError: the connection failed (the jobs written are taken over by their
-                workers, or found alive by the next claim).
         """
         quarantined = self.quarantined
         refs = [r for r in refs if r.type in self._routes and r.type not in quarantined]
         if not refs:
-            return BatchResult(), set()
+            return [], set()
         started = time.perf_counter()
         try:
             written = self._enqueuer.enqueue_new(refs)
         except EnqueueError:
             self._metrics.enqueue_failures.inc()
             raise
-        unwritten = {r.type for r in set(refs).difference(written)}
+        if written:
+            self._metrics.enqueue_seconds.observe(time.perf_counter() - started)
+            for job_type, count in Counter(ref.type for ref in written).items():
+                self._metrics.dispatched.labels(job_type).inc(count)
+        return written, {r.type for r in set(refs).difference(written)}
+
+    def claim_notified(self, written: Sequence[JobRef], already_enqueued: int = 0) -> BatchResult:
+        """Claim the rows whose jobs `enqueue_notified` wrote (`CLAIM_NOTIFIED`); counts them
+        as claimed, whether this claim or their worker's fenced start made them `active`.
+
+        Raises:
+            DatabaseError: the connection failed (the jobs written are taken over by their
+                workers, or found alive by the next claim).
+        """
         if not written:
-            return BatchResult(already_enqueued=len(refs)), unwritten
-        self._metrics.enqueue_seconds.observe(time.perf_counter() - started)
-        for job_type, count in Counter(ref.type for ref in written).items():
-            self._metrics.dispatched.labels(job_type).inc(count)
+            return BatchResult(already_enqueued=already_enqueued)
         self._confirm(written)
         logger.info(
             "batch_dispatched claimed=%d enqueued=%d already_enqueued=%d notified=true",
             len(written),
             len(written),
-            len(refs) - len(written),
+            already_enqueued,
         )
-        result = BatchResult(
-            claimed=len(written), enqueued=len(written), already_enqueued=len(refs) - len(written)
+        return BatchResult(
+            claimed=len(written), enqueued=len(written), already_enqueued=already_enqueued
         )
-        return result, unwritten
 
     def _confirm(self, refs: Sequence[JobRef]) -> None:
         """Claim the rows of `refs`, whose jobs are queued (`CLAIM_NOTIFIED`)."""

@@ -8,9 +8,9 @@
    the end of the short gap after a hinted drain found nothing, a stop request};
 3. does the first of: a sweep, if it is due; a drain of every type (at start, after a
    reconnect or an arm, after a drain cut by its time slice, or a row became due); the
-   notified rows (their jobs enqueued, then the rows claimed: `Dispatcher.dispatch_notified`)
-   and a drain of the notified types; a poll (a drain of every type, while the doorbell is
-   not armed);
+   notified rows (their jobs enqueued at once, and those of rows named during the next few
+   ms, then the rows claimed) and a drain of the notified types; a poll (a drain of every
+   type, while the doorbell is not armed);
 4. tells the doorbell how many rows the drain claimed, and gives the keys back if it says so;
 and returns a `Turn`, which says what it did.
 
@@ -55,7 +55,7 @@ import tenacity
 from redis.sentinel import MasterNotFoundError
 
 from reactor import db, queries
-from reactor.dispatch import BatchResult, Dispatcher, DrainResult
+from reactor.dispatch import Dispatcher, DrainResult
 from reactor.doorbell import Action, ArmOutcome, Doorbell
 from reactor.enqueue import Enqueuer
 from reactor.errors import ConfigError, DatabaseError, EnqueueError, StatementError
@@ -95,6 +95,12 @@ HINT_DRAIN_GAP_SECONDS = 0.01
 #: Look up the next due time before any wait that may last longer than this (not before
 #: every 1 ms poll: a poll finds rows that became due anyway).
 NEXT_DUE_LOOKUP_SECONDS = 0.05
+#: How long after enqueuing the rows named by notifications the reactor claims them, enqueuing
+#: rows named meanwhile at once. RQ's worker picks a job up within a few ms; until then the
+#: reactor and its Postgres session stay off the CPUs that the pick-up needs (on a machine whose
+#: cores they share, a claim made at once slows the job's start down). The job's fenced start
+#: takes its row over if it comes first.
+CLAIM_NAMED_AFTER_SECONDS = 0.005
 #: Rows named by notifications that one turn enqueues before claiming them; the types of any
 #: more are drained (claimed first) instead, so a flood of named rows, which anyone who can
 #: connect may send, costs at most this many jobs a turn.
@@ -485,6 +491,7 @@ class Reactor:
         )
         waiting = time.monotonic()
         payloads = self._wait(deadline - now)
+        notifications = len(payloads)
         waited = time.monotonic() - waiting
         hinted, notified = self._routed(payloads)
         types = self._hints(hinted)
@@ -511,7 +518,8 @@ class Reactor:
         elif types or notified:
             work = Work.HINTS
             drained = tuple(dict.fromkeys([*types, *(ref.type for ref in notified)]))
-            result = self._dispatch_notified(notified, types)
+            result, more_notifications = self._dispatch_notified(notified, types)
+            notifications += more_notifications
             if not result.claimed:
                 # Hints that find nothing (a NOTIFY flood costs us a claim each): the next
                 # ones wait a little and are drained together.
@@ -535,7 +543,7 @@ class Reactor:
         self.health.succeeded()
         return Turn(
             waited=waited,
-            notifications=len(payloads),
+            notifications=notifications,
             arm=arm,
             work=work,
             drained=drained,
@@ -589,9 +597,12 @@ class Reactor:
             self.metrics.notifications.inc(len(payloads))
         return payloads
 
-    def _routed(self, payloads: list[str]) -> tuple[set[str], list[JobRef]]:
+    def _routed(
+        self, payloads: list[str], room: int = NAMED_ROWS_MAX
+    ) -> tuple[set[str], list[JobRef]]:
         """The routed types named alone, and the routed rows named one by one (their first
-        attempts), in `payloads` (the forms are in sql/0010)."""
+        attempts, at most `room`; the types of any more count as named alone), in `payloads`
+        (the forms are in sql/0010)."""
         types = set()
         rows: dict[tuple[str, str], JobRef] = {}
         for payload in payloads:
@@ -601,7 +612,7 @@ class Reactor:
                     types.add(job_type)
                     continue
                 if photo_id:
-                    if len(rows) < NAMED_ROWS_MAX:
+                    if len(rows) < room:
                         rows.setdefault((job_type, photo_id), JobRef(job_type, photo_id, 1))
                     else:
                         types.add(job_type)  # a flood: claimed the usual way
@@ -630,25 +641,47 @@ class Reactor:
         self._hinted = set()
         return types
 
-    def _dispatch_notified(self, refs: list[JobRef], types: set[str]) -> DrainResult:
-        """Dispatch the rows named by their notifications, jobs first (`Dispatcher.
-        dispatch_notified`), then drain the types named alone and those of the rows whose jobs
-        were not written (they existed, or Redis refused them: the drain retries until Redis
-        answers)."""
+    def _dispatch_notified(self, refs: list[JobRef], types: set[str]) -> tuple[DrainResult, int]:
+        """Dispatch the rows named by their notifications: enqueue their jobs at once
+        (`Dispatcher.enqueue_notified`), keep listening for `CLAIM_NAMED_AFTER_SECONDS` and
+        enqueue the rows named meanwhile at once too, then claim them all in one statement
+        (`Dispatcher.claim_notified`). Then drain the types named alone and those of the rows
+        whose jobs were not written (they existed, or Redis refused them: the drain retries
+        until Redis answers). A notification of a type alone, or a stop, ends the wait early.
+
+        Returns:
+            What was done, and how many notifications the wait read.
+        """
         assert self._dispatcher is not None
-        early = BatchResult()
-        if refs:
-            try:
-                early, unwritten = self._dispatcher.dispatch_notified(refs)
-            except EnqueueError as exc:
-                logger.warning("notified_enqueue_failed rows=%d error=%s", len(refs), exc)
-                unwritten = {ref.type for ref in refs}
-            # A job that exists already (another reactor's, or of an earlier life of the row)
-            # was not written, nor its row claimed: the drain claims it, replacing a job that
-            # ended, finding another reactor's alive.
-            types = types | unwritten
+        dispatcher = self._dispatcher
+        written: list[JobRef] = []
+        already = notifications = 0
+        deadline = time.monotonic() + CLAIM_NAMED_AFTER_SECONDS
+        while True:
+            if refs:
+                try:
+                    enqueued, unwritten = dispatcher.enqueue_notified(refs)
+                except EnqueueError as exc:
+                    logger.warning("notified_enqueue_failed rows=%d error=%s", len(refs), exc)
+                    enqueued, unwritten = [], {ref.type for ref in refs}
+                written += enqueued
+                already += len(refs) - len(enqueued)
+                # A job that exists already (another reactor's, or of an earlier life of the
+                # row) was not written, nor will its row be claimed here: the drain claims it,
+                # replacing a job that ended, finding another reactor's alive.
+                types |= unwritten
+            left = deadline - time.monotonic()
+            if types or not written or left <= 0 or self.stopper.requested:
+                break
+            payloads = self._wait(left)
+            notifications += len(payloads)
+            hinted, refs = self._routed(payloads, NAMED_ROWS_MAX - len(written))
+            types = self._hints(hinted)
+            if types or refs:
+                self._bell.rung(routed=True)
+        early = dispatcher.claim_notified(written, already)
         result = self._drain(types) if types else DrainResult()
-        return result.add(early) if refs else result
+        return result.add(early), notifications
 
     def _drain(self, types: Iterable[str]) -> DrainResult:
         """Drain `types` for up to one slice, retrying while Redis refuses."""

@@ -8,12 +8,14 @@ waits for something that never comes ends the test instead of hanging it.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
 import pytest
 
+from reactor import loop
 from reactor.doorbell import RECHECK_SECONDS, ArmOutcome, DoorbellMode
 from reactor.jobs import job_id
 from reactor.listener import Listener
@@ -59,6 +61,13 @@ def queued(env: Env) -> list[str]:
     """Job ids waiting in the photo-process queue."""
     ids = env.redis().lrange("rq:queue:photo-process", 0, -1)
     return [i.decode() if isinstance(i, bytes) else i for i in ids]
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.005)
 
 
 def turn_until(reactor: Reactor, done: Callable[[Turn], bool], turns: int = 20) -> Turn:
@@ -179,6 +188,52 @@ def test_a_notified_row_is_enqueued_before_it_is_claimed(
     assert turn.work in (Work.POLL, Work.DRAIN)
     assert state_of(conn, "locked") == ("active", 1)
     assert queued(env) == [expected]
+
+
+def test_rows_named_while_the_claim_waits_are_enqueued_at_once_and_claimed_together(
+    env: Env, make_reactor: Callable[..., Reactor], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The claim of named rows waits a few ms (here stretched to a minute), so that it does not
+    compete with the job's pick-up; rows named meanwhile are enqueued at once, and a type
+    notified alone ends the wait."""
+    monkeypatch.setattr(loop, "CLAIM_NAMED_AFTER_SECONDS", WATCHDOG_SECONDS)
+    conn, writer = env.connect(), env.connect()
+    reactor = armed_reactor(make_reactor)
+    first, second = (job_id("photo.process", p, 1) for p in ("first", "second"))
+
+    errors: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            write_during_the_wait()
+        except BaseException as exc:  # reported by the test's thread
+            errors.append(exc)
+            reactor.stopper.request()
+
+    def write_during_the_wait() -> None:
+        wait_for(lambda: queued(env) == [first])
+        writer.execute(INSERT, ["second"])
+        wait_for(lambda: queued(env) == [first, second])
+        # Both queued, neither claimed yet.
+        assert [state_of(writer, p) for p in ("first", "second")] == [("pending", 0)] * 2
+        # Nine rows in one transaction: notified by their type alone.
+        writer.execute(
+            "INSERT INTO photo_jobs (photo_id, type)"
+            " SELECT 'many-' || i, 'photo.process' FROM generate_series(1, 9) i"
+        )
+
+    conn.execute(INSERT, ["first"])
+    writing = threading.Thread(target=write)
+    writing.start()
+    started = time.monotonic()
+    turn = reactor.turn()
+    writing.join()
+    assert not errors, errors
+    assert time.monotonic() - started < WATCHDOG_SECONDS / 2, "the type's notification ended it"
+    assert (turn.notifications, turn.work, turn.claimed) == (3, Work.HINTS, 11)
+    states = conn.execute("SELECT DISTINCT state, attempts FROM photo_jobs").fetchall()
+    assert states == [("active", 1)]
+    assert len(queued(env)) == 11
 
 
 def test_two_reactors_hearing_one_notification_enqueue_its_job_once(
