@@ -471,7 +471,7 @@ def run(quick: bool) -> dict[str, Any]:
                 f"simple, warm: COMMIT (enqueue) → handler start, {name} ms",
                 stats["ours"].fmt(digits=2),
                 stats["plain"].fmt(digits=2),
-                f"+{stats['ours'].median - stats['plain'].median:.2f} ms",
+                f"{stats['ours'].median - stats['plain'].median:+.2f} ms",
                 f"≤ +{margin} ms",
             ]
         )
@@ -482,7 +482,7 @@ def run(quick: bool) -> dict[str, Any]:
                 f"{kind}: first job of a fresh idle worker, ms",
                 ours.fmt(digits=1),
                 plain.fmt(digits=1),
-                f"+{ours.median - plain.median:.1f} ms",
+                f"{ours.median - plain.median:+.1f} ms",
                 "≤ +10 ms",
             ]
         )
@@ -503,8 +503,8 @@ def run(quick: bool) -> dict[str, Any]:
             stats["ours"].fmt(digits=2),
             stats["hop"].fmt(digits=2),
             stats["plain"].fmt(digits=2),
-            f"+{stats['ours'].median - stats['hop'].median:.2f} ms",
-            f"+{stats['hop'].median - stats['plain'].median:.2f} ms",
+            f"{stats['ours'].median - stats['hop'].median:+.2f} ms",
+            f"{stats['hop'].median - stats['plain'].median:+.2f} ms",
         ]
         for name, stats in (("p50", p50), ("p99", p99))
     ]
