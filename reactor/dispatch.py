@@ -49,6 +49,7 @@ from reactor.errors import DatabaseError, EnqueueError, ReactorError, StatementE
 from reactor.jobs import JobRef, warm_up_ref
 from reactor.metrics import Metrics
 from reactor.routes import Route
+from reactor.rq_state import ALIVE_STATUSES
 from reactor.throttle import LogThrottle
 
 __all__ = ["BatchResult", "Dispatcher", "DrainResult", "Quarantine"]
@@ -261,21 +262,21 @@ class Dispatcher:
 
     # -- notified rows: enqueue first, claim after --------------------------------------------
 
-    def enqueue_notified(self, refs: Sequence[JobRef]) -> tuple[list[JobRef], set[str]]:
+    def enqueue_notified(self, refs: Sequence[JobRef]) -> tuple[list[JobRef], list[JobRef]]:
         """Enqueue the jobs of rows named by their insert's notification (`refs`: attempt 1 of
         each) that do not exist yet; `claim_notified` claims those rows afterwards.
 
         The job is in the queue one Postgres round trip sooner than through a claim. Until the
         claim commits the row is `pending` at attempt 0 with its job queued, which is safe: the
         job's fenced start takes such a row over on the claim's terms (due, attempts left, type
-        not paused), and a claim of the same attempt by any reactor finds the job alive and
-        does not enqueue it again. A row the claim leaves out (taken over by its worker
-        already, paused, changed) keeps its job; a job that finds its row not startable is
-        skipped, and a later claim of the row replaces it.
+        not paused), and a drain's claim of the same attempt finds the job alive and does not
+        enqueue it again. A row the claim leaves out (taken over by its worker already, paused,
+        changed) keeps its job; a job that finds its row not startable is skipped, and a later
+        claim of the row replaces it. Refs of quarantined types are left to later drains.
 
         Returns:
-            The refs whose jobs were written, and the types of the rows whose job existed
-            already (not written, not to be claimed here: the caller drains them).
+            The refs whose jobs were written, and those whose job existed already (not written,
+            not to be claimed here: the caller drains their types).
 
         Raises:
             EnqueueError: Redis failed (the caller drains the types instead).
@@ -283,7 +284,7 @@ class Dispatcher:
         quarantined = self.quarantined
         refs = [r for r in refs if r.type in self._routes and r.type not in quarantined]
         if not refs:
-            return [], set()
+            return [], []
         started = time.perf_counter()
         try:
             written = self._enqueuer.enqueue_new(refs)
@@ -294,11 +295,19 @@ class Dispatcher:
             self._metrics.enqueue_seconds.observe(time.perf_counter() - started)
             for job_type, count in Counter(ref.type for ref in written).items():
                 self._metrics.dispatched.labels(job_type).inc(count)
-        return written, {r.type for r in set(refs).difference(written)}
+        kept = set(written)
+        return written, [ref for ref in refs if ref not in kept]
 
     def claim_notified(self, written: Sequence[JobRef], already_enqueued: int = 0) -> BatchResult:
         """Claim the rows whose jobs `enqueue_notified` wrote (`CLAIM_NOTIFIED`); counts them
         as claimed, whether this claim or their worker's fenced start made them `active`.
+
+        A job may have run already, and its row been armed again (requeued, or deleted and
+        inserted anew), before this claim: the claim would then make the row's new life
+        `active` with an ended job. So the claim reads the jobs' statuses while it holds the
+        rows' locks (a job's fenced start waits for them, so no job can run meanwhile), and
+        rolls back if any claimed row's job is no longer alive: those rows are left to their
+        workers' fenced starts and to the drains, which replace an ended job.
 
         Raises:
             DatabaseError: the connection failed (the jobs written are taken over by their
@@ -318,19 +327,40 @@ class Dispatcher:
         )
 
     def _confirm(self, refs: Sequence[JobRef]) -> None:
-        """Claim the rows of `refs`, whose jobs are queued (`CLAIM_NOTIFIED`)."""
+        """Claim the rows of `refs`, whose jobs are queued (`CLAIM_NOTIFIED`), if every job of
+        a row it claims is still alive."""
         conn = self._conn
         _require_idle(conn)
         params = {"photo_ids": [r.photo_id for r in refs], "types": [r.type for r in refs]}
         started = time.perf_counter()
         try:
             with conn.pipeline():
-                conn.execute(queries.CLAIM_NOTIFIED, params)
-                conn.commit()
-        except psycopg.Error as exc:
-            error = db.translate_error(exc, "claim of notified rows failed", conn)
+                claimed = conn.execute(queries.CLAIM_NOTIFIED, params).fetchall()
+            if claimed:
+                refs_claimed = [JobRef(t, p, 1) for t, p in claimed]
+                statuses = self._enqueuer.statuses(refs_claimed)
+                ended = [
+                    r
+                    for r, s in zip(refs_claimed, statuses, strict=True)
+                    if s not in ALIVE_STATUSES
+                ]
+                if ended:
+                    conn.rollback()
+                    logger.info(
+                        "notified_claim_dropped rows=%d ended=%s (jobs ended before the claim, "
+                        "their rows armed again: left to the drains)",
+                        len(claimed),
+                        ",".join(r.job_id for r in ended[:5]),
+                    )
+                    return
+            conn.commit()
+        except (psycopg.Error, EnqueueError) as exc:
+            if isinstance(exc, EnqueueError):
+                error: ReactorError = exc
+            else:
+                error = db.translate_error(exc, "claim of notified rows failed", conn)
             _abandon(conn)
-            if not isinstance(error, StatementError):
+            if isinstance(error, DatabaseError) and not isinstance(error, StatementError):
                 raise error from exc
             # Only an optimisation failed: the jobs are queued and their workers take the rows
             # over (or fail on the same row, as a claim would).

@@ -193,6 +193,14 @@ class Enqueuer:
             raise EnqueueError(f"Redis enqueue failed: {redact(str(exc))}", rows=len(refs)) from exc
         return written
 
+    def statuses(self, refs: Sequence[JobRef]) -> list[bytes | None]:
+        """The RQ status of each attempt's job (None: no such job), in one round trip.
+
+        Raises:
+            EnqueueError: Redis failed.
+        """
+        return job_statuses(self._client, refs)
+
     def _script_write(self, keys: list[str], by_queue: Mapping[str, list[JobRef]]) -> bool:
         """Write the batch with the enqueue script, in one round trip, if none of `keys`
         exists. False: some key exists, and nothing was written."""

@@ -517,8 +517,7 @@ class Reactor:
             result = self._drain(drained)
         elif types or notified:
             work = Work.HINTS
-            drained = tuple(dict.fromkeys([*types, *(ref.type for ref in notified)]))
-            result, more_notifications = self._dispatch_notified(notified, types)
+            result, more_notifications, drained = self._dispatch_notified(notified, types)
             notifications += more_notifications
             if not result.claimed:
                 # Hints that find nothing (a NOTIFY flood costs us a claim each): the next
@@ -641,35 +640,38 @@ class Reactor:
         self._hinted = set()
         return types
 
-    def _dispatch_notified(self, refs: list[JobRef], types: set[str]) -> tuple[DrainResult, int]:
+    def _dispatch_notified(
+        self, refs: list[JobRef], types: set[str]
+    ) -> tuple[DrainResult, int, tuple[str, ...]]:
         """Dispatch the rows named by their notifications: enqueue their jobs at once
         (`Dispatcher.enqueue_notified`), keep listening for `CLAIM_NAMED_AFTER_SECONDS` and
         enqueue the rows named meanwhile at once too, then claim them all in one statement
-        (`Dispatcher.claim_notified`). Then drain the types named alone and those of the rows
-        whose jobs were not written (they existed, or Redis refused them: the drain retries
-        until Redis answers). A notification of a type alone, or a stop, ends the wait early.
+        (`Dispatcher.claim_notified`). Then drain the types to drain: those named alone, and
+        those of the rows whose jobs were not written (they existed, or Redis refused them:
+        the drain retries until Redis answers). A type to drain, or a stop, ends the wait.
 
         Returns:
-            What was done, and how many notifications the wait read.
+            What was done, how many notifications the wait read, and the types drained.
         """
         assert self._dispatcher is not None
         dispatcher = self._dispatcher
+        drained = dict.fromkeys([*types, *(ref.type for ref in refs)])
         written: list[JobRef] = []
         already = notifications = 0
         deadline = time.monotonic() + CLAIM_NAMED_AFTER_SECONDS
         while True:
             if refs:
                 try:
-                    enqueued, unwritten = dispatcher.enqueue_notified(refs)
+                    enqueued, existing = dispatcher.enqueue_notified(refs)
                 except EnqueueError as exc:
                     logger.warning("notified_enqueue_failed rows=%d error=%s", len(refs), exc)
-                    enqueued, unwritten = [], {ref.type for ref in refs}
+                    enqueued, existing = [], refs
                 written += enqueued
-                already += len(refs) - len(enqueued)
+                already += len(existing)
                 # A job that exists already (another reactor's, or of an earlier life of the
                 # row) was not written, nor will its row be claimed here: the drain claims it,
                 # replacing a job that ended, finding another reactor's alive.
-                types |= unwritten
+                types |= {ref.type for ref in existing}
             left = deadline - time.monotonic()
             if types or not written or left <= 0 or self.stopper.requested:
                 break
@@ -679,9 +681,12 @@ class Reactor:
             types = self._hints(hinted)
             if types or refs:
                 self._bell.rung(routed=True)
+            drained.update(dict.fromkeys([*types, *(ref.type for ref in refs)]))
         early = dispatcher.claim_notified(written, already)
         result = self._drain(types) if types else DrainResult()
-        return result.add(early), notifications
+        if written or already:
+            result = result.add(early)
+        return result, notifications, tuple(drained)
 
     def _drain(self, types: Iterable[str]) -> DrainResult:
         """Drain `types` for up to one slice, retrying while Redis refuses."""

@@ -118,6 +118,7 @@ UPDATE photo_jobs AS j
             FOR UPDATE OF p SKIP LOCKED))
    AND j.state = 'pending' AND j.attempts = 0
    AND set_config('synchronous_commit', 'off', true) IS NOT NULL
+RETURNING j.type, j.photo_id
 """
 
 #: Seconds until the earliest pending row of the given types becomes due (NULL if none).

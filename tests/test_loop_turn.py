@@ -236,6 +236,45 @@ def test_rows_named_while_the_claim_waits_are_enqueued_at_once_and_claimed_toget
     assert len(queued(env)) == 11
 
 
+def test_a_row_armed_again_before_its_delayed_claim_is_not_claimed_for_its_ended_job(
+    env: Env, make_reactor: Callable[..., Reactor], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """During the claim's wait the job runs, and the row is armed again (done → pending at
+    attempt 0): the claim must not make that new life `active` with the ended job; the drain
+    that the re-arm's notification brings replaces the job."""
+    monkeypatch.setattr(loop, "CLAIM_NAMED_AFTER_SECONDS", WATCHDOG_SECONDS)
+    conn, writer, client = env.connect(), env.connect(), env.redis()
+    reactor = armed_reactor(make_reactor)
+    key = "rq:job:" + job_id("photo.process", "again", 1)
+    errors: list[BaseException] = []
+
+    def run_and_arm_again() -> None:
+        try:
+            wait_for(lambda: client.hget(key, "status") == b"queued")
+            # What a worker does with the job (RQ's status, the row's states), then a requeue.
+            client.lrem("rq:queue:photo-process", 0, job_id("photo.process", "again", 1))
+            client.hset(key, "status", "finished")
+            for change in ("state = 'active', attempts = 1", "state = 'done'"):
+                writer.execute(f"UPDATE photo_jobs SET {change} WHERE photo_id = 'again'")
+            writer.execute(
+                "UPDATE photo_jobs SET state = 'pending', attempts = 0 WHERE photo_id = 'again'"
+            )
+        except BaseException as exc:  # reported by the test's thread
+            errors.append(exc)
+            reactor.stopper.request()
+
+    conn.execute(INSERT, ["again"])
+    arming = threading.Thread(target=run_and_arm_again)
+    arming.start()
+    turn = reactor.turn()
+    arming.join()
+    assert not errors, errors
+    assert turn.work is Work.HINTS and turn.notifications == 2
+    assert state_of(conn, "again") == ("active", 1)
+    assert client.hget(key, "status") == b"queued", "the drain replaced the ended job"
+    assert queued(env) == [job_id("photo.process", "again", 1)]
+
+
 def test_two_reactors_hearing_one_notification_enqueue_its_job_once(
     env: Env, make_reactor: Callable[..., Reactor]
 ) -> None:
