@@ -336,43 +336,47 @@ class Dispatcher:
         try:
             with conn.pipeline():
                 claimed = conn.execute(queries.CLAIM_NOTIFIED, params).fetchall()
-            if claimed:
-                refs_claimed = [JobRef(t, p, 1) for t, p in claimed]
-                statuses = self._enqueuer.statuses(refs_claimed)
-                ended = [
-                    r
-                    for r, s in zip(refs_claimed, statuses, strict=True)
-                    if s not in ALIVE_STATUSES
-                ]
-                if ended:
-                    conn.rollback()
-                    logger.info(
-                        "notified_claim_dropped rows=%d ended=%s (jobs ended before the claim, "
-                        "their rows armed again: left to the drains)",
-                        len(claimed),
-                        ",".join(r.job_id for r in ended[:5]),
-                    )
-                    return
-            conn.commit()
-        except (psycopg.Error, EnqueueError) as exc:
-            if isinstance(exc, EnqueueError):
-                error: ReactorError = exc
-            else:
-                error = db.translate_error(exc, "claim of notified rows failed", conn)
-            _abandon(conn)
-            if isinstance(error, DatabaseError) and not isinstance(error, StatementError):
-                raise error from exc
-            # Only an optimisation failed: the jobs are queued and their workers take the rows
-            # over (or fail on the same row, as a claim would).
-            if self._confirm_log.allow():
-                logger.warning(
-                    "notified_claim_failed rows=%d error=%s suppressed=%d",
-                    len(refs),
-                    error,
-                    self._confirm_log.suppressed(),
+            mine = [JobRef(job_type, photo_id, 1) for job_type, photo_id in claimed]
+            statuses = self._enqueuer.statuses(mine) if mine else []
+            ended = [
+                ref
+                for ref, status in zip(mine, statuses, strict=True)
+                if status not in ALIVE_STATUSES
+            ]
+            if ended:
+                conn.rollback()
+                logger.info(
+                    "notified_claim_dropped rows=%d ended=%s (jobs ended before the claim, "
+                    "their rows armed again: left to the drains)",
+                    len(mine),
+                    ",".join(ref.job_id for ref in ended[:5]),
                 )
+                return
+            conn.commit()
+        except EnqueueError as exc:
+            _abandon(conn)
+            self._claim_skipped(refs, exc)
+            return
+        except psycopg.Error as exc:
+            error = db.translate_error(exc, "claim of notified rows failed", conn)
+            _abandon(conn)
+            if not isinstance(error, StatementError):
+                raise error from exc
+            self._claim_skipped(refs, error)
             return
         self._metrics.claim_seconds.observe(time.perf_counter() - started)
+
+    def _claim_skipped(self, refs: Sequence[JobRef], error: ReactorError) -> None:
+        """Only an optimisation failed (a statement error, or Redis unreadable): the jobs are
+        queued and their workers take the rows over (or fail on the same row, as a claim
+        would)."""
+        if self._confirm_log.allow():
+            logger.warning(
+                "notified_claim_failed rows=%d error=%s suppressed=%d",
+                len(refs),
+                error,
+                self._confirm_log.suppressed(),
+            )
 
     # -- re-dispatching (the sweep's rescues) ------------------------------------------------
 

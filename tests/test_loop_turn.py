@@ -23,6 +23,7 @@ from reactor.loop import Reactor, Turn, Work
 from reactor.routes import parse_routes
 from reactor.settings import ReactorSettings
 from tests.support.env import Env
+from tests.support.waiting import wait_for
 
 ROUTES = parse_routes(["photo.process=reactor.demo.process_photo"])
 INSERT = "INSERT INTO photo_jobs (photo_id, type) VALUES (%s, 'photo.process')"
@@ -61,13 +62,6 @@ def queued(env: Env) -> list[str]:
     """Job ids waiting in the photo-process queue."""
     ids = env.redis().lrange("rq:queue:photo-process", 0, -1)
     return [i.decode() if isinstance(i, bytes) else i for i in ids]
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.005)
 
 
 def turn_until(reactor: Reactor, done: Callable[[Turn], bool], turns: int = 20) -> Turn:
@@ -211,9 +205,9 @@ def test_rows_named_while_the_claim_waits_are_enqueued_at_once_and_claimed_toget
             reactor.stopper.request()
 
     def write_during_the_wait() -> None:
-        wait_for(lambda: queued(env) == [first])
+        wait_for(lambda: queued(env) == [first], what="the first row's job queued")
         writer.execute(INSERT, ["second"])
-        wait_for(lambda: queued(env) == [first, second])
+        wait_for(lambda: queued(env) == [first, second], what="the second row's job queued")
         # Both queued, neither claimed yet.
         assert [state_of(writer, p) for p in ("first", "second")] == [("pending", 0)] * 2
         # Nine rows in one transaction: notified by their type alone.
@@ -250,7 +244,7 @@ def test_a_row_armed_again_before_its_delayed_claim_is_not_claimed_for_its_ended
 
     def run_and_arm_again() -> None:
         try:
-            wait_for(lambda: client.hget(key, "status") == b"queued")
+            wait_for(lambda: client.hget(key, "status") == b"queued", what="the job queued")
             # What a worker does with the job (RQ's status, the row's states), then a requeue.
             client.lrem("rq:queue:photo-process", 0, job_id("photo.process", "again", 1))
             client.hset(key, "status", "finished")
