@@ -52,7 +52,7 @@ def _ceiling(url: str, rows: int) -> float:
             [
                 Queue.prepare_data(
                     ENTRY_POINT,
-                    args=(r.type, r.photo_id, r.attempt),
+                    args=(r.type, r.photo_id, r.token),
                     kwargs={"handler": "reactor.demo.process_photo"},
                     job_id=r.job_id,
                     meta=r.meta(),
@@ -92,7 +92,7 @@ def _per_row(url: str, rows: int) -> float:
                 ENTRY_POINT,
                 ref.type,
                 ref.photo_id,
-                ref.attempt,
+                ref.token,
                 handler="reactor.demo.process_photo",
                 job_id=ref.job_id,
             )

@@ -18,14 +18,14 @@ __all__ = ["DEMO_RUNS_KEY", "process_photo"]
 
 logger = logging.getLogger(__name__)
 
-#: Redis list that receives one entry "photo_id attempt pid" per demo run.
+#: Redis list that receives one entry "photo_id token pid" per demo run.
 DEMO_RUNS_KEY = "photo-reactor:demo:runs"
 
 
 def process_photo(photo_id: str) -> None:
     """Pretend to process `photo_id`; record the run."""
     job = get_current_job()
-    attempt = job.meta.get("attempt") if job is not None else None
-    logger.info("demo_processed photo_id=%r attempt=%s", photo_id, attempt)
+    token = job.meta.get("token") if job is not None else None
+    logger.info("demo_processed photo_id=%r token=%s", photo_id, token)
     if job is not None:
-        job.connection.rpush(DEMO_RUNS_KEY, f"{photo_id} {attempt} {os.getpid()}")
+        job.connection.rpush(DEMO_RUNS_KEY, f"{photo_id} {token} {os.getpid()}")

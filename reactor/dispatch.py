@@ -46,7 +46,7 @@ from reactor import db, queries
 from reactor.db import Connection
 from reactor.enqueue import Enqueuer
 from reactor.errors import DatabaseError, EnqueueError, ReactorError, StatementError
-from reactor.jobs import JobRef, warm_up_ref
+from reactor.jobs import JobRef, short_id, warm_up_ref
 from reactor.metrics import Metrics
 from reactor.routes import Route
 from reactor.rq_state import ALIVE_STATUSES
@@ -144,6 +144,7 @@ class Dispatcher:
         self.quarantined: dict[str, Quarantine] = {}
         self._executor: ThreadPoolExecutor | None = None
         self._confirm_log = LogThrottle(burst=10, interval_seconds=60.0)
+        self._strays_log = LogThrottle(burst=5, interval_seconds=60.0)
 
     def replace_connection(self, conn: Connection) -> None:
         """Work on `conn` from now on (after a reconnect; the old one is the caller's to close)."""
@@ -203,7 +204,7 @@ class Dispatcher:
         )
 
     def _dispatch(self, query: str, params: Mapping[str, Any]) -> BatchResult:
-        """Run one claiming UPDATE (returning type, photo_id, attempts, state), enqueue the rows
+        """Run one claiming UPDATE (returning type, photo_id, token, state), enqueue the rows
         it left `active`, and COMMIT; roll back everything if the enqueue fails.
 
         Raises:
@@ -263,16 +264,14 @@ class Dispatcher:
     # -- notified rows: enqueue first, claim after --------------------------------------------
 
     def enqueue_notified(self, refs: Sequence[JobRef]) -> tuple[list[JobRef], list[JobRef]]:
-        """Enqueue the jobs of rows named by their insert's notification (`refs`: attempt 1 of
+        """Enqueue the jobs of rows named by their insert's notification (`refs`: token 1 of
         each) that do not exist yet; `claim_notified` claims those rows afterwards.
 
         The job is in the queue one Postgres round trip sooner than through a claim. Until the
-        claim commits the row is `pending` at attempt 0 with its job queued, which is safe: the
+        claim commits the row is `pending` at token 0 with its job queued, which is safe: the
         job's fenced start takes such a row over on the claim's terms (due, attempts left, type
-        not paused), and a drain's claim of the same attempt finds the job alive and does not
-        enqueue it again. A row the claim leaves out (taken over by its worker already, paused,
-        changed) keeps its job; a job that finds its row not startable is skipped, and a later
-        claim of the row replaces it. Refs of quarantined types are left to later drains.
+        not paused), and a drain's claim of the same token finds the job alive and does not
+        enqueue it again. Refs of quarantined types are left to later drains.
 
         Returns:
             The refs whose jobs were written, and those whose job existed already (not written,
@@ -293,21 +292,25 @@ class Dispatcher:
             raise
         if written:
             self._metrics.enqueue_seconds.observe(time.perf_counter() - started)
-            for job_type, count in Counter(ref.type for ref in written).items():
-                self._metrics.dispatched.labels(job_type).inc(count)
         kept = set(written)
         return written, [ref for ref in refs if ref not in kept]
 
     def claim_notified(self, written: Sequence[JobRef], already_enqueued: int = 0) -> BatchResult:
-        """Claim the rows whose jobs `enqueue_notified` wrote (`CLAIM_NOTIFIED`); counts them
-        as claimed, whether this claim or their worker's fenced start made them `active`.
+        """Claim the rows whose jobs `enqueue_notified` wrote (`CLAIM_NOTIFIED`), and withdraw
+        the jobs that no row can use: a notification names whatever its sender wrote (anyone
+        who can connect may NOTIFY), so a named row may not exist, or not be startable.
 
-        A job may have run already, and its row been armed again (requeued, or deleted and
-        inserted anew), before this claim: the claim would then make the row's new life
-        `active` with an ended job. So the claim reads the jobs' statuses while it holds the
-        rows' locks (a job's fenced start waits for them, so no job can run meanwhile), and
-        rolls back if any claimed row's job is no longer alive: those rows are left to their
-        workers' fenced starts and to the drains, which replace an ended job.
+        `claimed` counts the rows whose jobs these are: claimed here, taken over by their
+        job's fenced start already, or just run (their jobs were not withdrawn); `enqueued`
+        the jobs left in Redis.
+
+        A job may have run already, and its row been inserted anew (deleted first), before
+        this claim: the claim would then make the new row `active` with an ended job. So the
+        claim reads the jobs' statuses while it holds the rows' locks (a job's fenced start
+        waits for them, so no job can run meanwhile), and rolls back if any claimed row's job
+        is no longer alive: those rows are left to the drains, which replace an ended job.
+        (A row armed again by a requeue or `submit()` is never claimed here: its token is
+        past 0.)
 
         Raises:
             DatabaseError: the connection failed (the jobs written are taken over by their
@@ -315,56 +318,97 @@ class Dispatcher:
         """
         if not written:
             return BatchResult(already_enqueued=already_enqueued)
-        self._confirm(written)
-        logger.info(
-            "batch_dispatched claimed=%d enqueued=%d already_enqueued=%d notified=true",
-            len(written),
-            len(written),
-            already_enqueued,
-        )
+        usable = self._claim_named(written)
+        if usable is None:
+            # The claim was skipped: the jobs stay, for their fenced starts to judge.
+            return BatchResult(enqueued=len(written), already_enqueued=already_enqueued)
+        claimed_here = sum(usable.values())
+        unused = [ref for ref in written if (ref.type, ref.photo_id) not in usable]
+        withdrawn = self._withdraw(unused)
+        ours = [ref for ref in written if (ref.type, ref.photo_id) in usable]
+        for job_type, count in Counter(ref.type for ref in ours).items():
+            self._metrics.dispatched.labels(job_type).inc(count)
+        dispatched = len(written) - withdrawn
+        if dispatched:
+            logger.info(
+                "batch_dispatched claimed=%d taken_over=%d enqueued=%d already_enqueued=%d "
+                "notified=true",
+                claimed_here,
+                len(ours) - claimed_here,
+                dispatched,
+                already_enqueued,
+            )
         return BatchResult(
-            claimed=len(written), enqueued=len(written), already_enqueued=already_enqueued
+            claimed=dispatched, enqueued=dispatched, already_enqueued=already_enqueued
         )
 
-    def _confirm(self, refs: Sequence[JobRef]) -> None:
+    def _claim_named(self, refs: Sequence[JobRef]) -> dict[tuple[str, str], bool] | None:
         """Claim the rows of `refs`, whose jobs are queued (`CLAIM_NOTIFIED`), if every job of
-        a row it claims is still alive."""
+        a row it claims is still alive: the rows that can use their job, each with whether
+        this claim took it; None when the claim was skipped (logged)."""
         conn = self._conn
         _require_idle(conn)
         params = {"photo_ids": [r.photo_id for r in refs], "types": [r.type for r in refs]}
         started = time.perf_counter()
         try:
             with conn.pipeline():
-                claimed = conn.execute(queries.CLAIM_NOTIFIED, params).fetchall()
-            mine = [JobRef(job_type, photo_id, 1) for job_type, photo_id in claimed]
-            statuses = self._enqueuer.statuses(mine) if mine else []
+                rows = conn.execute(queries.CLAIM_NOTIFIED, params).fetchall()
+            usable = {(job_type, photo_id): bool(mine) for job_type, photo_id, mine in rows}
+            claimed = [JobRef(t, p, 1) for (t, p), mine in usable.items() if mine]
+            statuses = self._enqueuer.statuses(claimed) if claimed else []
             ended = [
                 ref
-                for ref, status in zip(mine, statuses, strict=True)
+                for ref, status in zip(claimed, statuses, strict=True)
                 if status not in ALIVE_STATUSES
             ]
             if ended:
                 conn.rollback()
                 logger.info(
                     "notified_claim_dropped rows=%d ended=%s (jobs ended before the claim, "
-                    "their rows armed again: left to the drains)",
-                    len(mine),
-                    ",".join(ref.job_id for ref in ended[:5]),
+                    "their rows inserted anew: left to the drains)",
+                    len(claimed),
+                    ",".join(ref.job_id[:80] for ref in ended[:5]),
                 )
-                return
+                return dict.fromkeys(usable, False)
             conn.commit()
         except EnqueueError as exc:
             _abandon(conn)
             self._claim_skipped(refs, exc)
-            return
+            return None
         except psycopg.Error as exc:
             error = db.translate_error(exc, "claim of notified rows failed", conn)
             _abandon(conn)
             if not isinstance(error, StatementError):
                 raise error from exc
             self._claim_skipped(refs, error)
-            return
+            return None
         self._metrics.claim_seconds.observe(time.perf_counter() - started)
+        return usable
+
+    def _withdraw(self, refs: Sequence[JobRef]) -> int:
+        """Withdraw the queued jobs of named rows that cannot use them; how many. A Redis
+        error leaves them (their fenced starts refuse them)."""
+        if not refs:
+            return 0
+        self._metrics.named_unusable.inc(len(refs))
+        try:
+            withdrawn = self._enqueuer.withdraw(refs)
+        except EnqueueError as exc:
+            withdrawn, error = 0, str(exc)
+        else:
+            error = ""
+        if self._strays_log.allow():
+            logger.warning(
+                "notified_rows_unusable rows=%d withdrawn=%d first=%s:%s%s suppressed=%d (named "
+                "by a notification, not startable: no such row, or not pending at token 0)",
+                len(refs),
+                withdrawn,
+                refs[0].type,
+                short_id(refs[0].photo_id),
+                f" error={error}" if error else "",
+                self._strays_log.suppressed(),
+            )
+        return withdrawn
 
     def _claim_skipped(self, refs: Sequence[JobRef], error: ReactorError) -> None:
         """Only an optimisation failed (a statement error, or Redis unreadable): the jobs are
@@ -427,7 +471,7 @@ class Dispatcher:
             {
                 "types": [r.type for r in refs],
                 "photo_ids": [r.photo_id for r in refs],
-                "attempts": [r.attempt for r in refs],
+                "tokens": [r.token for r in refs],
                 "stale_after": stale_after_seconds,
                 "why": why,
                 "error": error,

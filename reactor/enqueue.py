@@ -24,7 +24,8 @@ Redis writes them).
 
 `enqueue_new` writes the jobs of rows not claimed yet (named by their notification) through
 the same script, and never replaces a job (the caller claims such rows, then enqueues them
-here the usual way).
+here the usual way). `withdraw` deletes such jobs again while they are still queued, when the
+claim found no row that could use them (a notification names whatever its sender wrote).
 
 This module only writes jobs; reading what RQ holds for the sweep is `reactor.rq_state`, and
 the Redis client comes from `reactor.redis_url.connect_redis`.
@@ -48,10 +49,10 @@ from rq.registry import CanceledJobRegistry, FailedJobRegistry, FinishedJobRegis
 from rq.results import Result
 
 from reactor.errors import EnqueueError
-from reactor.jobs import ENTRY_POINT, JobRef
+from reactor.jobs import ENTRY_POINT, JobRef, short_id
 from reactor.redact import redact
 from reactor.routes import Route
-from reactor.rq_state import ALIVE_STATUSES, job_statuses
+from reactor.rq_state import ALIVE_STATUSES, QUEUED, job_statuses
 from reactor.settings import FAILED_JOB_TTL_SECONDS, RESULT_TTL_SECONDS
 
 __all__ = ["SCRIPT_MAX_JOBS", "EnqueueResult", "Enqueuer"]
@@ -193,6 +194,34 @@ class Enqueuer:
             raise EnqueueError(f"Redis enqueue failed: {redact(str(exc))}", rows=len(refs)) from exc
         return written
 
+    def withdraw(self, refs: Sequence[JobRef]) -> int:
+        """Delete the jobs of `refs` that are still queued; how many were deleted. Under
+        WATCH of their keys: if a worker takes one meanwhile, nothing is deleted (its fenced
+        start refuses it, and it is gone once it ends).
+
+        Raises:
+            EnqueueError: Redis failed.
+        """
+        if not refs:
+            return 0
+        try:
+            with self._client.pipeline(transaction=True) as pipe:
+                pipe.watch(*(Job.key_for(ref.job_id) for ref in refs))  # type: ignore[no-untyped-call]
+                statuses = job_statuses(self._client, refs)
+                queued = [r for r, status in zip(refs, statuses, strict=True) if status == QUEUED]
+                if not queued:
+                    return 0
+                pipe.multi()
+                for ref in queued:
+                    self._add_delete(pipe, ref)
+                pipe.execute()
+        except redis.WatchError:
+            return 0
+        except redis.RedisError as exc:
+            error = f"Redis withdraw failed: {redact(str(exc))}"
+            raise EnqueueError(error, rows=len(refs)) from exc
+        return len(queued)
+
     def statuses(self, refs: Sequence[JobRef]) -> list[bytes | None]:
         """The RQ status of each attempt's job (None: no such job), in one round trip.
 
@@ -284,7 +313,7 @@ class Enqueuer:
         return True
 
     def _add_delete(self, pipe: Pipeline, ref: JobRef) -> None:
-        """Delete a terminal job by its keys, as `Job.delete` does, without reading it:
+        """Delete a job by its keys, as `Job.delete` does, without reading it:
         `Job.fetch` would unpickle its fields, and whoever can write to Redis chooses them."""
         name = self._routes[ref.type].queue
         queue = self._queue(name)
@@ -320,12 +349,12 @@ class Enqueuer:
         route = self._routes[ref.type]
         return Queue.prepare_data(
             ENTRY_POINT,
-            args=(ref.type, ref.photo_id, ref.attempt),
+            args=(ref.type, ref.photo_id, ref.token),
             kwargs={"handler": route.handler},
             job_id=ref.job_id,
             meta=ref.meta(),
             failure_ttl=FAILED_JOB_TTL_SECONDS,
             result_ttl=RESULT_TTL_SECONDS,
             timeout=self._job_timeout,
-            description=f"{route.handler}({ref.photo_id!r}) [{ref.type} attempt {ref.attempt}]",
+            description=f"{route.handler}({short_id(ref.photo_id)}) [{ref.type} #{ref.token}]",
         )

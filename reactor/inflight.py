@@ -74,10 +74,11 @@ _STATEMENTS = (START, DONE)
 
 @dataclass(frozen=True)
 class Result:
-    """What a statement answered: rows it changed (or returned), and its first value."""
+    """What a statement answered: rows it changed (or returned), and its first row's values
+    (None: no row)."""
 
     rows: int
-    value: str | None
+    first: tuple[str | None, ...] | None
 
 
 class ConnectionOwner(Protocol):
@@ -199,8 +200,11 @@ class InFlight:
         answer: Result | None = None
         for result in results:
             if result.status == pq.ExecStatus.TUPLES_OK:
-                value = result.get_value(0, 0) if result.ntuples else None
-                answer = Result(result.ntuples, None if value is None else value.decode())
+                first = None
+                if result.ntuples:
+                    values = (result.get_value(0, i) for i in range(result.nfields))
+                    first = tuple(None if v is None else v.decode() for v in values)
+                answer = Result(result.ntuples, first)
             elif result.status == pq.ExecStatus.COMMAND_OK:
                 answer = Result(result.command_tuples or 0, None)
             else:

@@ -1,8 +1,12 @@
 """RQ job identity: deterministic, injective, RQ-valid job ids, and the job's metadata.
 
-An attempt's job id is a pure function of (type, photo_id, attempt), so the reactor can find
+An attempt's job id is a pure function of (type, photo_id, token), so the reactor can find
 the job of an attempt it may already have enqueued (a COMMIT lost after the enqueue) instead of
-enqueueing it twice. RQ accepts only `[A-Za-z0-9_-]+` in an id; photo ids are arbitrary text.
+enqueueing it twice. The token is the row's `prior_attempts + attempts` at the dispatch: it
+grows by one with every dispatch over the row's whole history, across re-arms, so a job id
+never repeats for a row and a job of an earlier life is never taken for a later one's.
+
+RQ accepts only `[A-Za-z0-9_-]+` in an id; photo ids are arbitrary text.
 Encoding: ASCII letters and digits stand for themselves; every other character becomes `_xx`
 for each byte of its UTF-8 form (so `_` itself is `_5f`); the three parts are joined with `-`,
 which the encoding never produces. Hence ids are valid, readable for ordinary photo ids, and
@@ -24,10 +28,21 @@ import uuid
 from dataclasses import dataclass
 from functools import cached_property
 
-__all__ = ["ENTRY_POINT", "MAX_ENCODED_PART", "JobRef", "job_id", "parse_job_id", "warm_up_ref"]
+__all__ = [
+    "ENTRY_POINT",
+    "MAX_ENCODED_PART",
+    "JobRef",
+    "job_id",
+    "parse_job_id",
+    "short_id",
+    "warm_up_ref",
+]
 
 #: The function every dispatched job runs: the worker-side lifecycle around the handler.
 ENTRY_POINT = "reactor.worker.perform"
+
+#: Characters of a photo id that log lines show (ids are outside input, up to 255 bytes).
+LOGGED_ID_CHARS = 64
 
 #: Longest encoded part kept as it is; a longer one is hashed.
 MAX_ENCODED_PART = 200
@@ -40,20 +55,28 @@ _ALL_PLAIN = re.compile(r"[A-Za-z0-9]*")
 
 @dataclass(frozen=True)
 class JobRef:
-    """The attempt an RQ job belongs to."""
+    """The attempt an RQ job belongs to: its row and the row's token at the dispatch."""
 
     type: str
     photo_id: str
-    attempt: int
+    token: int
 
     @cached_property
     def job_id(self) -> str:
         # Built once per ref: a batch asks for it several times (dedup check, enqueue).
-        return job_id(self.type, self.photo_id, self.attempt)
+        return job_id(self.type, self.photo_id, self.token)
 
     def meta(self) -> dict[str, object]:
         """What `job.meta` carries, so tools can map a job back to its row."""
-        return {"type": self.type, "photo_id": self.photo_id, "attempt": self.attempt}
+        return {"type": self.type, "photo_id": self.photo_id, "token": self.token}
+
+
+def short_id(photo_id: str) -> str:
+    """A photo id for a log line: its repr (control characters escaped), cut to
+    `LOGGED_ID_CHARS` characters with the full length said."""
+    if len(photo_id) <= LOGGED_ID_CHARS:
+        return repr(photo_id)
+    return f"{photo_id[:LOGGED_ID_CHARS]!r}...({len(photo_id)} chars)"
 
 
 def _encode(text: str) -> str:
@@ -79,9 +102,9 @@ def _decode(text: str) -> str:
     return raw.decode("utf-8")
 
 
-def job_id(job_type: str, photo_id: str, attempt: int) -> str:
-    """The RQ job id of one attempt of one row."""
-    return f"{_encode(job_type)}-{_encode(photo_id)}-{attempt}"
+def job_id(job_type: str, photo_id: str, token: int) -> str:
+    """The RQ job id of one attempt (`token`) of one row."""
+    return f"{_encode(job_type)}-{_encode(photo_id)}-{token}"
 
 
 def parse_job_id(value: str) -> JobRef:

@@ -4,25 +4,32 @@ The same statements run whether the lifecycle lives in the job (a plain `rq work
 `reactor.worker.perform`) or in the long-lived worker process (`reactor.Worker`,
 `reactor.SimpleWorker`):
 
+Every statement is fenced by the job's token: the row's `prior_attempts + attempts` when it
+was dispatched, which grows with every dispatch over the row's whole history (a re-arm by
+`requeue` or `submit()` starts a new life at attempts 0 and adds the old attempts to
+`prior_attempts`). So a job of an earlier attempt, or of an earlier life, never runs and never
+writes an outcome; `attempts` still counts per life for `max_attempts` and the backoff.
+
 1. `start` — the fenced start (one statement when it may run): proceed only if the row is
-   `active` at this attempt, or `pending` at the attempt before (the claim that enqueued this
+   `active` at this token, or `pending` at the token before (the claim that enqueued this
    job commits after the enqueue, or, for a row named by its notification, is made after it:
    the start waits for a claim in flight, and takes the row over if none came yet or its
    COMMIT was lost, and the claim still could: due, attempts left, type not paused). Otherwise
    the row is read again once no transaction is moving it (the sweep's rescue, from `active` at
-   the attempt before, also commits after its enqueue): `active` at this attempt, it starts;
+   the token before, also commits after its enqueue): `active` at this token, it starts;
    else the attempt was superseded or the row is finished, and the handler must not run. A row
    the claim stamped less than a quarter heartbeat interval ago is only read; any other is
    stamped (`updated_at`), so the sweep cannot take a job that waited long in the queue for a
    dead worker's before its first heartbeat.
 2. `Heartbeat` — a thread that touches `updated_at` every `heartbeat_seconds` while the
    handler runs, so the sweep does not rescue a live attempt.
-3. `finish` — the outcome, fenced by the attempt number (`state = 'active' AND attempts = N`):
+3. `finish` — the outcome, fenced by the token (`state = 'active' AND prior_attempts +
+   attempts = N`):
    ok → `done`; permanent → `failed`; error → `pending` after a backoff while attempts remain,
    else `failed`. A superseded attempt changes nothing.
 
 `Store` holds one autocommit connection and retries a statement on a lost connection with
-backoff; that is safe because every statement is fenced by the attempt number, so running it
+backoff; that is safe because every statement is fenced by the token, so running it
 twice changes nothing more. Error texts that reach the row are redacted and bounded.
 """
 
@@ -41,9 +48,10 @@ import tenacity
 
 from reactor import db, queries
 from reactor.errors import DatabaseError
-from reactor.jobs import JobRef, warm_up_ref
+from reactor.jobs import JobRef, short_id, warm_up_ref
 from reactor.redact import redact
 from reactor.settings import WorkerSettings
+from reactor.throttle import LogThrottle
 
 __all__ = [
     "HEARTBEAT_SLACK",
@@ -51,6 +59,7 @@ __all__ = [
     "Heartbeat",
     "Heartbeater",
     "Outcome",
+    "Started",
     "Store",
     "attempt_params",
     "backoff_seconds",
@@ -63,6 +72,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+#: Warnings about jobs whose row is missing: a few a minute at most.
+_missing_log = LogThrottle(burst=5, interval_seconds=60.0)
 
 #: Longest `last_error` kept in the row.
 MAX_ERROR_CHARS = 2000
@@ -79,6 +91,19 @@ class Outcome:
 
     kind: Literal["ok", "error", "permanent"]
     error: str | None = None
+
+
+@dataclass(frozen=True)
+class Started:
+    """An attempt that may run: its number in the row's current life, and the life's limit."""
+
+    attempt: int
+    max_attempts: int
+
+    @property
+    def last(self) -> bool:
+        """Whether a failure of this attempt is final."""
+        return self.attempt >= self.max_attempts
 
 
 def backoff_seconds(attempt: int, base: float, cap: float) -> float:
@@ -98,7 +123,7 @@ def error_text(exc: BaseException) -> str:
 
 def describe(ref: JobRef) -> str:
     """The attempt, for log lines."""
-    return f"type={ref.type} photo_id={ref.photo_id!r} attempt={ref.attempt}"
+    return f"type={ref.type} photo_id={short_id(ref.photo_id)} token={ref.token}"
 
 
 class Store:
@@ -171,7 +196,7 @@ class Store:
 
 
 def _params(ref: JobRef) -> dict[str, Any]:
-    return {"type": ref.type, "photo_id": ref.photo_id, "attempt": ref.attempt}
+    return {"type": ref.type, "photo_id": ref.photo_id, "token": ref.token}
 
 
 def warm_up(store: Store) -> None:
@@ -193,7 +218,7 @@ def warm_up(store: Store) -> None:
             conn.execute(query, params)
 
     try:
-        db.rehearse(store.conn, {**params, "state": "active", "attempts": ref.attempt}, attempt)
+        db.rehearse(store.conn, {**params, "state": "active", "attempts": ref.token}, attempt)
     except DatabaseError:
         store.close()
         raise
@@ -204,8 +229,8 @@ def attempt_params(settings: WorkerSettings, ref: JobRef) -> dict[str, Any]:
     return {**_params(ref), "fresh": settings.heartbeat_seconds * HEARTBEAT_SLACK}
 
 
-def start(store: Store, settings: WorkerSettings, ref: JobRef) -> int | None:
-    """The fenced start; the row's `max_attempts`, or None when the attempt must not run.
+def start(store: Store, settings: WorkerSettings, ref: JobRef) -> Started | None:
+    """The fenced start; the attempt, or None when it must not run.
 
     A row `active` at this attempt that the claim stamped less than `HEARTBEAT_SLACK`
     heartbeat intervals ago is only read: no write, no WAL, no new row version.
@@ -215,35 +240,39 @@ def start(store: Store, settings: WorkerSettings, ref: JobRef) -> int | None:
     """
     _, row = store.execute(queries.ATTEMPT_START, attempt_params(settings, ref))
     if row is not None:
-        return int(row[0])
+        return Started(int(row[0]), int(row[1]))
     return recheck(store, settings, ref)
 
 
-def recheck(store: Store, settings: WorkerSettings, ref: JobRef) -> int | None:
-    """After `ATTEMPT_START` found the row at no attempt it may run: the row's `max_attempts`
-    if it is `active` at this attempt once no transaction is moving it (the sweep's rescue
-    that enqueued this job had not committed yet), else None, logged with the row's state.
+def recheck(store: Store, settings: WorkerSettings, ref: JobRef) -> Started | None:
+    """After `ATTEMPT_START` found the row at no token it may run: the attempt if the row is
+    `active` at this token once no transaction is moving it (the sweep's rescue that enqueued
+    this job had not committed yet), else None, logged with the row's state.
 
-    A rescue whose COMMIT was lost leaves the row at the attempt before: the job is refused,
-    and the next sweep rescues the row again as this same attempt. A read that fails refuses
+    A rescue whose COMMIT was lost leaves the row at the token before: the job is refused,
+    and the next sweep rescues the row again with this same token. A read that fails refuses
     too (the row is then left to the sweep).
     """
     try:
         _, current = store.execute(queries.ATTEMPT_RECHECK, _params(ref))
         if current is None:
-            # Deleted while its job waited, or, far more often, a worker whose DATABASE_URL
-            # is not its reactor's (sharing the Redis database of another deployment).
-            logger.warning(
-                "attempt_skipped %s (row missing: is DATABASE_URL the reactor's database?)",
-                describe(ref),
-            )
+            # Deleted while its job waited, a job made for a row that never existed, or a
+            # worker whose DATABASE_URL is not its reactor's (sharing the Redis database of
+            # another deployment). Throttled: anyone who can NOTIFY can make such jobs.
+            if _missing_log.allow():
+                logger.warning(
+                    "attempt_skipped %s (row missing: is DATABASE_URL the reactor's database?)"
+                    " suppressed=%d",
+                    describe(ref),
+                    _missing_log.suppressed(),
+                )
             return None
-        if tuple(current) != ("active", ref.attempt):
-            why = f"row is {current[0]} at attempt {current[1]}"
+        if tuple(current) != ("active", ref.token):
+            why = f"row is {current[0]} at token {current[1]}"
         else:
             _, row = store.execute(queries.ATTEMPT_START, attempt_params(settings, ref))
             if row is not None:
-                return int(row[0])
+                return Started(int(row[0]), int(row[1]))
             why = "row moved on again"
     except (DatabaseError, psycopg.Error) as exc:
         logger.warning("attempt_skipped %s (row state unknown: %s)", describe(ref), error_text(exc))
@@ -260,7 +289,7 @@ def note_done(ref: JobRef, changed: int) -> bool:
 
 
 def finish(
-    store: Store, settings: WorkerSettings, ref: JobRef, max_attempts: int, outcome: Outcome
+    store: Store, settings: WorkerSettings, ref: JobRef, started: Started, outcome: Outcome
 ) -> bool:
     """Write the outcome of a started attempt; whether it changed the row (False: superseded).
 
@@ -274,9 +303,9 @@ def finish(
     if outcome.kind == "permanent":
         changed = store.execute(queries.ATTEMPT_FAILED, params)[0]
         logger.warning("attempt_failed_permanently %s changed=%d", describe(ref), changed)
-    elif ref.attempt < max_attempts:
+    elif not started.last:
         delay = backoff_seconds(
-            ref.attempt, settings.retry_base_seconds, settings.retry_max_seconds
+            started.attempt, settings.retry_base_seconds, settings.retry_max_seconds
         )
         changed = store.execute(queries.ATTEMPT_RETRY, {**params, "delay": delay})[0]
         logger.warning("attempt_failed %s retry_in=%.1fs changed=%d", describe(ref), delay, changed)

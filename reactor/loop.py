@@ -71,7 +71,7 @@ from reactor.rq_state import RqState
 from reactor.settings import ReactorSettings
 from reactor.signals import Stopper
 from reactor.sweep import Sweeper, SweepResult
-from reactor.throttle import LogThrottle
+from reactor.throttle import Budget, LogThrottle
 
 __all__ = ["Reactor", "Turn", "Work"]
 
@@ -102,9 +102,16 @@ NEXT_DUE_LOOKUP_SECONDS = 0.05
 #: takes its row over if it comes first.
 CLAIM_NAMED_AFTER_SECONDS = 0.005
 #: Rows named by notifications that one turn enqueues before claiming them; the types of any
-#: more are drained (claimed first) instead, so a flood of named rows, which anyone who can
-#: connect may send, costs at most this many jobs a turn.
+#: more are drained (claimed first) instead.
 NAMED_ROWS_MAX = 100
+#: Jobs enqueued for named rows before their claim are drawn from a budget of this many,
+#: refilled at `NAMED_ROWS_REFILL_PER_SECOND`; a row the claim finds real pays its job back.
+#: Anyone who can connect may NOTIFY: names of rows that do not exist cost at most the budget
+#: plus the refill (a few hundred jobs in a minute-long flood, each withdrawn at its claim);
+#: once it is spent, named rows are drained by type, which costs no job for a row that is not
+#: there.
+NAMED_ROWS_BUDGET = 100
+NAMED_ROWS_REFILL_PER_SECOND = 5.0
 #: Check at most this often (or every sweep, if sweeps come sooner) that the routes are still
 #: recorded as this reactor's and their liveness lock held (behind a transaction pooler, the
 #: server session holding it can be closed). The check rides on turns that wake anyway: a
@@ -186,6 +193,7 @@ class Reactor:
         self._before_commit = before_commit
         self._warned_unknown: set[str] = set()
         self._ignored_log = LogThrottle(burst=10, interval_seconds=60.0)
+        self._named_budget = Budget(NAMED_ROWS_BUDGET, NAMED_ROWS_REFILL_PER_SECOND)
         self.metrics = Metrics()
         self._bell = Doorbell(
             settings.doorbell, poll_interval_seconds=settings.poll_interval_seconds
@@ -604,6 +612,7 @@ class Reactor:
         (the forms are in sql/0010)."""
         types = set()
         rows: dict[tuple[str, str], JobRef] = {}
+        room = min(room, self._named_budget.available())
         for payload in payloads:
             job_type, by_row, photo_id = payload.partition(" ")
             if job_type in self.routes:
@@ -614,7 +623,7 @@ class Reactor:
                     if len(rows) < room:
                         rows.setdefault((job_type, photo_id), JobRef(job_type, photo_id, 1))
                     else:
-                        types.add(job_type)  # a flood: claimed the usual way
+                        types.add(job_type)  # a flood, or the budget spent: claimed first
                     continue
             # Rows of a type routed elsewhere are reported by their type, once.
             unknown = job_type if by_row and job_type not in self.routes else payload
@@ -666,6 +675,7 @@ class Reactor:
                 except EnqueueError as exc:
                     logger.warning("notified_enqueue_failed rows=%d error=%s", len(refs), exc)
                     enqueued, existing = [], refs
+                self._named_budget.spend(len(enqueued))
                 written += enqueued
                 already += len(existing)
                 # A job that exists already (another reactor's, or of an earlier life of the
@@ -683,6 +693,7 @@ class Reactor:
                 self._bell.rung(routed=True)
             drained.update(dict.fromkeys([*types, *(ref.type for ref in refs)]))
         early = dispatcher.claim_notified(written, already)
+        self._named_budget.refund(early.claimed)
         result = self._drain(types) if types else DrainResult()
         if written or already:
             result = result.add(early)

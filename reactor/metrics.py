@@ -61,6 +61,12 @@ class Metrics:
             "Claimed attempts whose job was already alive in Redis (after a lost COMMIT).",
             registry=r,
         )
+        self.named_unusable = Counter(
+            "reactor_named_unusable",
+            "Jobs enqueued for rows named by notifications that no row could use (no such "
+            "row, or not pending at token 0): withdrawn unless a worker took them first.",
+            registry=r,
+        )
         self.claim_seconds = Histogram(
             "reactor_claim_seconds",
             "Latency of one claim query.",

@@ -17,13 +17,16 @@ __all__ = ["DEFAULT_JOB_TYPE", "submit"]
 
 DEFAULT_JOB_TYPE = "photo.process"
 
-# A pending/active row is left as it is (idempotent); a done/failed row is re-armed as a
-# fresh job. `xmax = 0` tells an inserted row from an updated one.
+# A pending/active row is left as it is (idempotent); a done/failed row is re-armed: a new
+# life at attempts 0, its earlier attempts added to prior_attempts so that the fencing token
+# (prior_attempts + attempts) goes on growing. `xmax = 0` tells an inserted row from an
+# updated one.
 _SUBMIT = """
 INSERT INTO photo_jobs AS j (photo_id, type, next_retry_at, max_attempts)
 VALUES (%(photo_id)s, %(type)s, %(run_at)s, coalesce(%(max_attempts)s, 5))
 ON CONFLICT (photo_id, type) DO UPDATE
    SET state = 'pending',
+       prior_attempts = j.prior_attempts + j.attempts,
        attempts = 0,
        next_retry_at = EXCLUDED.next_retry_at,
        last_error = NULL,

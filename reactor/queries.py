@@ -71,7 +71,8 @@ __all__ = [
     "WARM_UP_ROW",
 ]
 
-#: Claim up to `limit` due pending rows of one type: a new attempt each, now `active`. A row
+#: Claim up to `limit` due pending rows of one type: a new attempt each, now `active`, returned
+#: with its token (`prior_attempts + attempts`, the number its job id carries). A row
 #: whose attempts are already spent (max_attempts lowered by hand) is failed instead, never
 #: counted past its limit: it comes back with state `failed` and is not enqueued. Nothing
 #: while the type is paused (the check does not depend on the row, so it is planned as a
@@ -94,31 +95,45 @@ UPDATE photo_jobs AS j
           LIMIT %(limit)s
             FOR UPDATE SKIP LOCKED))
    AND j.state = 'pending'
-RETURNING j.type, j.photo_id, j.attempts, j.state
+RETURNING j.type, j.photo_id, j.prior_attempts + j.attempts, j.state
 """
 
 #: Claim the given rows (photo ids and types, pairwise), whose first attempt's jobs were just
-#: enqueued: each that is still `pending` at attempt 0, due, not locked and of a type not
-#: paused becomes `active` at attempt 1. A row left out is the worker's to take over when its
-#: job starts (a locked row: most likely that worker, right now), or stays `pending` and its
-#: job is skipped. The COMMIT does not wait for the WAL flush (`synchronous_commit` off for
-#: this transaction), as the fenced start's stamp does not: a worker waiting for the row lock
-#: would wait for the flush too. A server crash that loses it leaves the row `pending` at
-#: attempt 0, and attempt 1 is dispatched again, as after a lost stamp of a start.
+#: enqueued: each that is still `pending` and never dispatched (token 0), due, not locked and
+#: of a type not paused becomes `active` at attempt 1, token 1. Returns every given row whose
+#: job that is (claimed here or not): claimed now, or `active` at token 1 already (its job's
+#: fenced start took it over), or startable and locked (that start, most likely, right now);
+#: with whether this statement claimed it. The rest (no such row, another state or token, not
+#: due, paused) have no use for the job: the caller withdraws it. The main SELECT reads the
+#: snapshot from before the UPDATE, so a row claimed here is seen as startable. The COMMIT
+#: does not wait for the WAL flush (`synchronous_commit` off for this transaction), as the
+#: fenced start's stamp does not: a worker waiting for the row lock would wait for the flush
+#: too. A server crash that loses it leaves the row `pending` at token 0, and token 1 is
+#: dispatched again, as after a lost stamp of a start.
 CLAIM_NOTIFIED = """
-UPDATE photo_jobs AS j
-   SET state = 'active', attempts = 1
- WHERE j.ctid = ANY (ARRAY(
-         SELECT p.ctid
-           FROM unnest(%(photo_ids)s::text[], %(types)s::text[]) AS n(photo_id, type)
-           JOIN photo_jobs AS p ON p.photo_id = n.photo_id AND p.type = n.type
-          WHERE p.state = 'pending' AND p.attempts = 0
-            AND coalesce(p.next_retry_at, p.created_at) <= now()
-            AND NOT EXISTS (SELECT FROM reactor_paused_types AS x WHERE x.type = p.type)
-            FOR UPDATE OF p SKIP LOCKED))
-   AND j.state = 'pending' AND j.attempts = 0
-   AND set_config('synchronous_commit', 'off', true) IS NOT NULL
-RETURNING j.type, j.photo_id
+WITH claimed AS (
+     UPDATE photo_jobs AS j
+        SET state = 'active', attempts = 1
+      WHERE j.ctid = ANY (ARRAY(
+              SELECT p.ctid
+                FROM unnest(%(photo_ids)s::text[], %(types)s::text[]) AS n(photo_id, type)
+                JOIN photo_jobs AS p ON p.photo_id = n.photo_id AND p.type = n.type
+               WHERE p.state = 'pending' AND p.attempts = 0 AND p.prior_attempts = 0
+                 AND coalesce(p.next_retry_at, p.created_at) <= now()
+                 AND NOT EXISTS (SELECT FROM reactor_paused_types AS x WHERE x.type = p.type)
+                 FOR UPDATE OF p SKIP LOCKED))
+        AND j.state = 'pending' AND j.attempts = 0 AND j.prior_attempts = 0
+        AND set_config('synchronous_commit', 'off', true) IS NOT NULL
+     RETURNING j.type, j.photo_id)
+SELECT p.type, p.photo_id,
+       EXISTS (SELECT FROM claimed AS c WHERE (c.type, c.photo_id) = (p.type, p.photo_id))
+  FROM unnest(%(photo_ids)s::text[], %(types)s::text[]) AS n(photo_id, type)
+  JOIN photo_jobs AS p ON p.photo_id = n.photo_id AND p.type = n.type
+ WHERE p.prior_attempts = 0
+   AND ((p.state = 'active' AND p.attempts = 1)
+     OR (p.state = 'pending' AND p.attempts = 0
+         AND coalesce(p.next_retry_at, p.created_at) <= now()
+         AND NOT EXISTS (SELECT FROM reactor_paused_types AS x WHERE x.type = p.type)))
 """
 
 #: Seconds until the earliest pending row of the given types becomes due (NULL if none).
@@ -144,7 +159,7 @@ SELECT extract(epoch FROM least(min(d.due), now() + interval '1 day') - now())::
 #: (their updated_at moves to now) are not visited twice. Rows of paused types are left
 #: active: rescuing them would dispatch the type.
 LIST_ACTIVE = """
-SELECT type, photo_id, attempts, updated_at,
+SELECT type, photo_id, prior_attempts + attempts, updated_at,
        updated_at < now() - make_interval(secs => %(stale_after)s::float8) AS stale
   FROM photo_jobs
  WHERE state = 'active'
@@ -157,7 +172,7 @@ SELECT type, photo_id, attempts, updated_at,
 """
 
 #: Re-dispatch the listed active rows as a new attempt (or fail them when their attempts are
-#: spent, with `%(why)s` in last_error), if they are still at the attempt seen and, when
+#: spent, with `%(why)s` in last_error), if they are still at the token seen (`tokens`) and, when
 #: `stale_after` is given, still without a heartbeat for that long (re-checked under the lock),
 #: and their type is not paused. A re-dispatched row keeps its last_error, or takes
 #: `%(error)s` when one is given.
@@ -172,16 +187,17 @@ UPDATE photo_jobs AS j
  WHERE j.ctid = ANY (ARRAY(
          SELECT a.ctid
            FROM photo_jobs AS a
-           JOIN unnest(%(types)s::text[], %(photo_ids)s::text[], %(attempts)s::int[])
-                AS l(type, photo_id, attempts)
-             ON (a.type, a.photo_id, a.attempts) = (l.type, l.photo_id, l.attempts)
+           JOIN unnest(%(types)s::text[], %(photo_ids)s::text[], %(tokens)s::bigint[])
+                AS l(type, photo_id, token)
+             ON (a.type, a.photo_id) = (l.type, l.photo_id)
+            AND a.prior_attempts + a.attempts = l.token
           WHERE a.state = 'active'
             AND NOT EXISTS (SELECT FROM reactor_paused_types AS x WHERE x.type = a.type)
             AND (%(stale_after)s::float8 IS NULL
                  OR a.updated_at < now() - make_interval(secs => %(stale_after)s::float8))
             FOR UPDATE SKIP LOCKED))
    AND j.state = 'active'
-RETURNING j.type, j.photo_id, j.attempts, j.state
+RETURNING j.type, j.photo_id, j.prior_attempts + j.attempts, j.state
 """
 
 #: The distinct types that have pending rows (a loose index scan: O(types), not O(rows)).
@@ -569,10 +585,12 @@ SELECT t.type,
   FROM unnest(%(types)s::text[]) AS t(type)
 """
 
-#: Move up to `limit` failed rows (of `type`, if not NULL) back to pending, attempts 0.
+#: Move up to `limit` failed rows (of `type`, if not NULL) back to pending: a new life, at
+#: attempts 0, whose attempts of earlier lives are added to prior_attempts (the token goes on).
 REQUEUE_FAILED = """
 UPDATE photo_jobs
-   SET state = 'pending', attempts = 0, next_retry_at = NULL, last_error = NULL
+   SET state = 'pending', prior_attempts = prior_attempts + attempts, attempts = 0,
+       next_retry_at = NULL, last_error = NULL
  WHERE ctid = ANY (ARRAY(
          SELECT ctid FROM photo_jobs
           WHERE state = 'failed' AND (%(type)s::text IS NULL OR type = %(type)s)
@@ -581,59 +599,66 @@ UPDATE photo_jobs
    AND state = 'failed'
 """
 
-#: Move the done/failed rows of the given photos (of `type`, if not NULL) back to pending.
+#: Move the done/failed rows of the given photos (of `type`, if not NULL) back to pending, as
+#: REQUEUE_FAILED does.
 REQUEUE_PHOTOS = """
 UPDATE photo_jobs
-   SET state = 'pending', attempts = 0, next_retry_at = NULL, last_error = NULL
+   SET state = 'pending', prior_attempts = prior_attempts + attempts, attempts = 0,
+       next_retry_at = NULL, last_error = NULL
  WHERE photo_id = ANY (%(photo_ids)s::text[])
    AND (%(type)s::text IS NULL OR type = %(type)s)
    AND state IN ('done', 'failed')
 """
 
 
-# -- the worker side: one attempt's lifecycle, every transition fenced by the attempt number --
+# -- the worker side: one attempt's lifecycle, every transition fenced by the token ---------
+# A job carries its row's token (`prior_attempts + attempts` when it was dispatched), which
+# grows with every dispatch over the row's whole history: a job of an earlier attempt or an
+# earlier life matches no row here and changes nothing.
 
-#: The fenced start, in one round trip. A row `active` at this attempt whose `updated_at` is
-#: younger than `fresh` seconds (the claim stamped it a moment ago) is only read: no write, no
-#: new row version. Otherwise the row is stamped if it is `active` at this attempt, or
-#: `pending` at the attempt before: the claim that enqueued this job commits after the
-#: enqueue (a notified row's claim is even made after it), so a claim in flight is waited for
-#: (the row lock) and its row then stamped; if no claim came yet or its COMMIT was lost, this
-#: job takes the row over, on the claim's own terms (due, attempts left, type not paused). No
-#: row: ATTEMPT_RECHECK. The stamp's commit does not wait for the WAL flush
-#: (`synchronous_commit` off for this statement's own transaction): it is on the job's latency
-#: path, and losing it in a server crash is harmless (the row keeps the claim's state, or stays
-#: pending and is dispatched again; the durable outcome write is fenced either way).
+#: The fenced start, in one round trip; returns the row's (attempts, max_attempts) when the
+#: attempt may run. A row `active` at this token whose `updated_at` is younger than `fresh`
+#: seconds (the claim stamped it a moment ago) is only read: no write, no new row version.
+#: Otherwise the row is stamped if it is `active` at this token, or `pending` at the token
+#: before: the claim that enqueued this job commits after the enqueue (a notified row's claim
+#: is even made after it), so a claim in flight is waited for (the row lock) and its row then
+#: stamped; if no claim came yet or its COMMIT was lost, this job takes the row over, on the
+#: claim's own terms (due, attempts left, type not paused). No row: ATTEMPT_RECHECK. The
+#: stamp's commit does not wait for the WAL flush (`synchronous_commit` off for this
+#: statement's own transaction): it is on the job's latency path, and losing it in a server
+#: crash is harmless (the row keeps the claim's state, or stays pending and is dispatched
+#: again; the durable outcome write is fenced either way).
 ATTEMPT_START = """
 WITH fresh AS (
-     SELECT max_attempts
+     SELECT attempts, max_attempts
        FROM photo_jobs
       WHERE photo_id = %(photo_id)s AND type = %(type)s
-        AND state = 'active' AND attempts = %(attempt)s
+        AND state = 'active' AND prior_attempts + attempts = %(token)s
         AND updated_at > now() - make_interval(secs => %(fresh)s)),
 stamped AS (
      UPDATE photo_jobs
-        SET state = 'active', attempts = %(attempt)s
+        SET state = 'active', attempts = %(token)s - prior_attempts
        FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
       WHERE NOT EXISTS (SELECT FROM fresh)
         AND photo_id = %(photo_id)s AND type = %(type)s
-        AND ((state = 'active' AND attempts = %(attempt)s)
-          OR (state = 'pending' AND attempts = %(attempt)s - 1
+        AND ((state = 'active' AND prior_attempts + attempts = %(token)s)
+          OR (state = 'pending' AND prior_attempts + attempts = %(token)s - 1
               AND attempts < max_attempts
               AND coalesce(next_retry_at, created_at) <= now()
               AND NOT EXISTS (SELECT FROM reactor_paused_types AS x WHERE x.type = %(type)s)))
-     RETURNING max_attempts)
-SELECT max_attempts FROM fresh
+     RETURNING attempts, max_attempts)
+SELECT attempts, max_attempts FROM fresh
  UNION ALL
-SELECT max_attempts FROM stamped
+SELECT attempts, max_attempts FROM stamped
 """
 
-#: The row as it is once no transaction is moving it (FOR SHARE waits for one), after
-#: ATTEMPT_START found it at no attempt it may run: the sweep's rescue moves a row from
-#: `active` at the attempt before to this one, and enqueues this job before its COMMIT. The
+#: The row's state and token once no transaction is moving it (FOR SHARE waits for one),
+#: after ATTEMPT_START found it at no token it may run: the sweep's rescue moves a row from
+#: `active` at the token before to this one, and enqueues this job before its COMMIT. The
 #: lock ends with the statement.
 ATTEMPT_RECHECK = """
-SELECT state, attempts FROM photo_jobs WHERE photo_id = %(photo_id)s AND type = %(type)s
+SELECT state, prior_attempts + attempts FROM photo_jobs
+ WHERE photo_id = %(photo_id)s AND type = %(type)s
    FOR SHARE
 """
 
@@ -641,21 +666,21 @@ SELECT state, attempts FROM photo_jobs WHERE photo_id = %(photo_id)s AND type = 
 ATTEMPT_HEARTBEAT = """
 UPDATE photo_jobs SET updated_at = now()
  WHERE photo_id = %(photo_id)s AND type = %(type)s
-   AND state = 'active' AND attempts = %(attempt)s
+   AND state = 'active' AND prior_attempts + attempts = %(token)s
 """
 
 #: Success.
 ATTEMPT_DONE = """
 UPDATE photo_jobs SET state = 'done', next_retry_at = NULL, last_error = NULL
  WHERE photo_id = %(photo_id)s AND type = %(type)s
-   AND state = 'active' AND attempts = %(attempt)s
+   AND state = 'active' AND prior_attempts + attempts = %(token)s
 """
 
 #: Final failure (a permanent error, or the last attempt failed).
 ATTEMPT_FAILED = """
 UPDATE photo_jobs SET state = 'failed', last_error = %(error)s
  WHERE photo_id = %(photo_id)s AND type = %(type)s
-   AND state = 'active' AND attempts = %(attempt)s
+   AND state = 'active' AND prior_attempts + attempts = %(token)s
 """
 
 #: A failed attempt with attempts left: pending again, due after `delay` seconds.
@@ -664,7 +689,7 @@ UPDATE photo_jobs
    SET state = 'pending', last_error = %(error)s,
        next_retry_at = now() + make_interval(secs => %(delay)s)
  WHERE photo_id = %(photo_id)s AND type = %(type)s
-   AND state = 'active' AND attempts = %(attempt)s
+   AND state = 'active' AND prior_attempts + attempts = %(token)s
 """
 
 #: Whether this role may insert into photo_jobs (workers may run as a role that cannot).

@@ -41,7 +41,7 @@ from reactor import queries
 from reactor.db import Connection, translate_error
 from reactor.dispatch import BatchResult, Dispatcher
 from reactor.errors import EnqueueError, StatementError
-from reactor.jobs import JobRef
+from reactor.jobs import JobRef, short_id
 from reactor.metrics import Metrics
 from reactor.routes import Route
 from reactor.rq_state import ALIVE_STATUSES, FAILED, QUEUED, STARTED, RqState
@@ -283,10 +283,10 @@ class Sweeper:
                 if self._refused_log.allow():
                     ref = refs[0]
                     logger.error(
-                        "rescue_refused type=%s photo_id=%r attempt=%d error=%s suppressed=%d",
+                        "rescue_refused type=%s photo_id=%s token=%d error=%s suppressed=%d",
                         ref.type,
-                        ref.photo_id,
-                        ref.attempt,
+                        short_id(ref.photo_id),
+                        ref.token,
                         exc,
                         self._refused_log.suppressed(),
                     )

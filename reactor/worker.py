@@ -149,8 +149,9 @@ def hand_over(handoff: Handoff | None) -> None:
     _handoff = handoff
 
 
-def perform(job_type: str, photo_id: str, attempt: int, *, handler: str) -> str:
-    """Run `handler(photo_id)` for one attempt of one row, under the fenced lifecycle.
+def perform(job_type: str, photo_id: str, token: int, *, handler: str) -> str:
+    """Run `handler(photo_id)` for one attempt (`token`) of one row, under the fenced
+    lifecycle.
 
     Returns:
         "done" when the handler succeeded (in a plain worker: and the row is done), or
@@ -160,9 +161,10 @@ def perform(job_type: str, photo_id: str, attempt: int, *, handler: str) -> str:
         Exception: whatever the handler raised (after the outcome was recorded or reported).
     """
     handoff = _handoff
-    if handoff is not None and handoff.ref == JobRef(job_type, photo_id, attempt):
+    ref = JobRef(job_type, photo_id, token)
+    if handoff is not None and handoff.ref == ref:
         return _run_handed_over(handoff, photo_id)
-    return _run_lifecycle(JobRef(job_type, photo_id, attempt), handler)
+    return _run_lifecycle(ref, handler)
 
 
 def _run_handed_over(handoff: Handoff, photo_id: str) -> str:
@@ -214,8 +216,8 @@ def _reraise(exc: Exception) -> NoReturn:
 def _run_lifecycle(ref: JobRef, handler: str) -> str:
     settings = WorkerSettings.from_env()
     store = _process_store(settings)
-    max_attempts = start(store, settings, ref)
-    if max_attempts is None:
+    started = start(store, settings, ref)
+    if started is None:
         return "skipped"
     try:
         # Imported inside the fence: a handler that cannot be found is a failed attempt with a
@@ -224,11 +226,11 @@ def _run_lifecycle(ref: JobRef, handler: str) -> str:
         with Heartbeat(store, ref, settings.heartbeat_seconds):
             func(ref.photo_id)
     except PermanentError as exc:
-        finish(store, settings, ref, max_attempts, Outcome("permanent", error_text(exc)))
+        finish(store, settings, ref, started, Outcome("permanent", error_text(exc)))
         _reraise(exc)
     except Exception as exc:
-        finish(store, settings, ref, max_attempts, Outcome("error", error_text(exc)))
+        finish(store, settings, ref, started, Outcome("error", error_text(exc)))
         _reraise(exc)
-    if not finish(store, settings, ref, max_attempts, Outcome("ok")):
+    if not finish(store, settings, ref, started, Outcome("ok")):
         return "skipped"
     return "done"

@@ -159,7 +159,7 @@ class _Lifecycle(KeyRenewal, BaseWorker):
         self._checked = False
         self._heartbeat = lifecycle.Heartbeater(self._store, settings.heartbeat_seconds)
         self._running: Handoff | None = None
-        self._max_attempts = 0  # of the running attempt, known once its start settled
+        self._started: lifecycle.Started | None = None  # the running attempt, once settled
         self._report_fds: tuple[int, int] | None = None
         self._horse_status: int | None = None
 
@@ -241,21 +241,22 @@ class _Lifecycle(KeyRenewal, BaseWorker):
             if self._inflight.send(statement, params):
                 self._inflight.receive()
 
-    def _start(self, ref: JobRef, handler: str) -> tuple[Handoff, int]:
+    def _start(self, ref: JobRef, handler: str) -> tuple[Handoff, lifecycle.Started | None]:
         """Settle the fenced start that `_begin` sent (if it could): the settled handoff and
-        the row's max_attempts (0 if the attempt does not run)."""
-        started = self._inflight.receive()  # None too if nothing was sent
+        the attempt (None if it does not run)."""
+        answer = self._inflight.receive()  # None too if nothing was sent
+        started: lifecycle.Started | None
         try:
-            if started is None:
+            if answer is None:
                 # Not sent, or no answer: the fenced start on the store (retried).
-                max_attempts = lifecycle.start(self._store, self.settings, ref)
-            elif started.value is None:
-                max_attempts = lifecycle.recheck(self._store, self.settings, ref)
+                started = lifecycle.start(self._store, self.settings, ref)
+            elif answer.first is None:
+                started = lifecycle.recheck(self._store, self.settings, ref)
             else:
-                max_attempts = int(started.value)
+                started = lifecycle.Started(int(answer.first[0] or 0), int(answer.first[1] or 0))
         except DatabaseError as exc:
             logger.error("attempt_unstarted %s error=%s", lifecycle.describe(ref), exc)
-            return Handoff(ref, "unstarted", failure=exc), 0
+            return Handoff(ref, "unstarted", failure=exc), None
         except Exception as exc:
             # A statement error (a value the session cannot encode, a revoked privilege): this
             # job fails in RQ, and the worker goes on with the next (an exception here would
@@ -263,13 +264,13 @@ class _Lifecycle(KeyRenewal, BaseWorker):
             logger.error(
                 "attempt_unstarted %s error=%s", lifecycle.describe(ref), lifecycle.error_text(exc)
             )
-            return Handoff(ref, "unstarted", failure=exc), 0
-        if max_attempts is None:
-            return Handoff(ref, "skip"), 0
+            return Handoff(ref, "unstarted", failure=exc), None
+        if started is None:
+            return Handoff(ref, "skip"), None
         try:
-            return Handoff(ref, "run", handler=load_handler(handler)), max_attempts
+            return Handoff(ref, "run", handler=load_handler(handler)), started
         except HandlerImportError as exc:
-            return Handoff(ref, "run", failure=exc), max_attempts
+            return Handoff(ref, "run", failure=exc), started
 
     def _finish(self, ref: JobRef, outcome: lifecycle.Outcome) -> None:
         """Write the outcome: `done` as a prepared statement (confirming the one sent when the
@@ -285,8 +286,11 @@ class _Lifecycle(KeyRenewal, BaseWorker):
                 return
         else:
             self._inflight.receive()  # never leave a result unread before the store's statements
+        started = self._started
+        if started is None:
+            return  # never started: there is no outcome of ours to write
         try:
-            lifecycle.finish(self._store, self.settings, ref, self._max_attempts, outcome)
+            lifecycle.finish(self._store, self.settings, ref, started, outcome)
         except DatabaseError as exc:
             logger.error(
                 "outcome_lost %s error=%s (the row is rescued after stale_after)",
@@ -312,8 +316,8 @@ class _Lifecycle(KeyRenewal, BaseWorker):
         try:
             if job.func_name != ENTRY_POINT:
                 return None
-            job_type, photo_id, attempt = job.args
-            ref = JobRef(str(job_type), str(photo_id), int(attempt))
+            job_type, photo_id, token = job.args
+            ref = JobRef(str(job_type), str(photo_id), int(token))
             handler = str(job.kwargs["handler"])
         except Exception:
             return None  # not ours to judge: RQ runs (and fails) it as it is
@@ -321,7 +325,7 @@ class _Lifecycle(KeyRenewal, BaseWorker):
         handoff = Handoff(ref, "starting")
 
         def settle() -> None:
-            settled, self._max_attempts = self._start(ref, handler)
+            settled, self._started = self._start(ref, handler)
             handoff.action = settled.action
             handoff.handler, handoff.failure = settled.handler, settled.failure
             if settled.action == "run" and not self.forks:
@@ -338,7 +342,7 @@ class _Lifecycle(KeyRenewal, BaseWorker):
             super().execute_job(job, queue)
             return
         self._horse_status = None
-        self._max_attempts = 0
+        self._started = None
         hand_over(handoff)
         self._running = handoff
         try:

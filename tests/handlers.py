@@ -40,7 +40,7 @@ CREATE TRIGGER record_transition AFTER UPDATE OF state ON photo_jobs
 def _attempt() -> int:
     job = get_current_job()
     assert job is not None
-    return int(job.meta["attempt"])
+    return int(job.meta["token"])
 
 
 def _record(photo_id: str, outcome: str) -> None:

@@ -46,7 +46,7 @@ def conn(env: Env) -> Iterator[psycopg.Connection[Any]]:
 
 
 def params(attempt: int, photo_id: str = "p1") -> dict[str, object]:
-    return {"photo_id": photo_id, "type": "photo.process", "attempt": attempt, "fresh": 60.0}
+    return {"photo_id": photo_id, "type": "photo.process", "token": attempt, "fresh": 60.0}
 
 
 def state(conn: psycopg.Connection[Any]) -> tuple[Any, ...]:
@@ -75,10 +75,15 @@ def test_answers_follow_the_fence(
     inflight = InFlight(store, prepared=prepared)
     assert inflight.send(START, params(2))
     started = inflight.receive()
-    assert started is not None and (started.rows, started.value) == (1, "7")
+    assert (
+        started is not None
+        and started.rows == 1
+        and started.first is not None
+        and started.first[1] == "7"
+    )
     assert inflight.send(START, params(1))
     started = inflight.receive()
-    assert started is not None and (started.rows, started.value) == (0, None)
+    assert started is not None and (started.rows, started.first) == (0, None)
     assert inflight.send(DONE, params(1))  # a superseded attempt
     written = inflight.receive()
     assert written is not None and written.rows == 0
@@ -109,7 +114,12 @@ def test_a_start_waits_for_the_claim_that_enqueued_its_job(
         wait_for_lock(conn, session, "the start")
         claim.commit() if ends == "commit" else claim.rollback()
     started = inflight.receive()
-    assert started is not None and (started.rows, started.value) == (1, "7")
+    assert (
+        started is not None
+        and started.rows == 1
+        and started.first is not None
+        and started.first[1] == "7"
+    )
     assert state(conn) == ("active", 3)
     stamped = conn.execute("SELECT updated_at FROM photo_jobs WHERE photo_id = 'p1'").fetchone()
     assert claimed is not None and stamped is not None and stamped[0] > claimed[0]
@@ -119,12 +129,12 @@ def test_a_statement_error_is_no_answer_and_the_connection_stays_usable(
     store: Store, conn: psycopg.Connection[Any], prepared: bool
 ) -> None:
     inflight = InFlight(store, prepared=prepared)
-    assert inflight.send(START, {**params(2), "attempt": "two"})
+    assert inflight.send(START, {**params(2), "token": "two"})
     assert inflight.receive() is None
     session = store.conn.info.backend_pid
     assert inflight.send(START, params(2))
     started = inflight.receive()
-    assert started is not None and started.value == "7"
+    assert started is not None and started.first is not None and started.first[1] == "7"
     assert store.conn.info.backend_pid == session
 
 
@@ -139,7 +149,7 @@ def test_a_session_that_lost_its_prepared_statements_prepares_them_again(
     assert inflight.receive() is None
     assert inflight.send(START, params(2))
     started = inflight.receive()
-    assert started is not None and started.value == "7"
+    assert started is not None and started.first is not None and started.first[1] == "7"
 
 
 def test_a_session_terminated_mid_statement_is_closed_and_the_next_send_reconnects(
@@ -250,7 +260,7 @@ def test_a_socket_numbered_above_fd_setsize_works(
         inflight = InFlight(owner, prepared=prepared)
         assert inflight.send(START, params(2))
         started = inflight.receive()
-        assert started is not None and started.value == "7"
+        assert started is not None and started.first is not None and started.first[1] == "7"
     finally:
         owner.close()
         for fd in filler:

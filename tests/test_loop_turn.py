@@ -22,6 +22,7 @@ from reactor.listener import Listener
 from reactor.loop import Reactor, Turn, Work
 from reactor.routes import parse_routes
 from reactor.settings import ReactorSettings
+from tests.support.cli import run_cli
 from tests.support.env import Env
 from tests.support.waiting import wait_for
 
@@ -62,6 +63,13 @@ def queued(env: Env) -> list[str]:
     """Job ids waiting in the photo-process queue."""
     ids = env.redis().lrange("rq:queue:photo-process", 0, -1)
     return [i.decode() if isinstance(i, bytes) else i for i in ids]
+
+
+def unusable(reactor: Reactor) -> float:
+    """Jobs the reactor enqueued for named rows that no row could use."""
+    value = reactor.metrics.registry.get_sample_value("reactor_named_unusable_total")
+    assert value is not None, "no such series"
+    return value
 
 
 def turn_until(reactor: Reactor, done: Callable[[Turn], bool], turns: int = 20) -> Turn:
@@ -230,29 +238,44 @@ def test_rows_named_while_the_claim_waits_are_enqueued_at_once_and_claimed_toget
     assert len(queued(env)) == 11
 
 
+@pytest.mark.parametrize(
+    ("how", "status"),
+    [("requeued", "finished"), ("requeued", "started"), ("inserted-anew", "finished")],
+    ids=["requeued", "requeued-before-rq-records-the-end", "inserted-anew"],
+)
 def test_a_row_armed_again_before_its_delayed_claim_is_not_claimed_for_its_ended_job(
-    env: Env, make_reactor: Callable[..., Reactor], monkeypatch: pytest.MonkeyPatch
+    env: Env,
+    make_reactor: Callable[..., Reactor],
+    monkeypatch: pytest.MonkeyPatch,
+    how: str,
+    status: str,
 ) -> None:
-    """During the claim's wait the job runs, and the row is armed again (done → pending at
-    attempt 0): the claim must not make that new life `active` with the ended job; the drain
-    that the re-arm's notification brings replaces the job."""
+    """During the claim's wait the job runs, and the row is armed again: the claim must not
+    make that new life `active` with the ended job. A requeued row's new life has a token of
+    its own (2), and the drain that the re-arm's notification brings enqueues its job, even
+    while RQ still says `started` (an in-process worker writes `done` before RQ records the
+    job's end); a row deleted and inserted anew starts again at token 0, and the drain
+    replaces the ended job."""
     monkeypatch.setattr(loop, "CLAIM_NAMED_AFTER_SECONDS", WATCHDOG_SECONDS)
     conn, writer, client = env.connect(), env.connect(), env.redis()
     reactor = armed_reactor(make_reactor)
-    key = "rq:job:" + job_id("photo.process", "again", 1)
+    first = job_id("photo.process", "again", 1)
+    key = "rq:job:" + first
     errors: list[BaseException] = []
 
     def run_and_arm_again() -> None:
         try:
             wait_for(lambda: client.hget(key, "status") == b"queued", what="the job queued")
-            # What a worker does with the job (RQ's status, the row's states), then a requeue.
-            client.lrem("rq:queue:photo-process", 0, job_id("photo.process", "again", 1))
-            client.hset(key, "status", "finished")
+            # What a worker does with the job (RQ's status, the row's states), then a re-arm.
+            client.lrem("rq:queue:photo-process", 0, first)
+            client.hset(key, "status", status)
             for change in ("state = 'active', attempts = 1", "state = 'done'"):
                 writer.execute(f"UPDATE photo_jobs SET {change} WHERE photo_id = 'again'")
-            writer.execute(
-                "UPDATE photo_jobs SET state = 'pending', attempts = 0 WHERE photo_id = 'again'"
-            )
+            if how == "requeued":
+                assert run_cli(env, "requeue", "again").returncode == 0
+            else:
+                writer.execute("DELETE FROM photo_jobs WHERE photo_id = 'again'")
+                writer.execute(INSERT, ["again"])
         except BaseException as exc:  # reported by the test's thread
             errors.append(exc)
             reactor.stopper.request()
@@ -265,8 +288,12 @@ def test_a_row_armed_again_before_its_delayed_claim_is_not_claimed_for_its_ended
     assert not errors, errors
     assert turn.work is Work.HINTS and turn.notifications == 2
     assert state_of(conn, "again") == ("active", 1)
-    assert client.hget(key, "status") == b"queued", "the drain replaced the ended job"
-    assert queued(env) == [job_id("photo.process", "again", 1)]
+    if how == "requeued":
+        assert client.hget(key, "status") == status.encode(), "the ended job is left as it was"
+        assert queued(env) == [job_id("photo.process", "again", 2)]
+    else:
+        assert client.hget(key, "status") == b"queued", "the drain replaced the ended job"
+        assert queued(env) == [first]
 
 
 def test_two_reactors_hearing_one_notification_enqueue_its_job_once(
@@ -308,11 +335,11 @@ def test_a_notified_row_whose_enqueue_fails_is_drained_once_redis_takes_it(
     assert queued(env) == [job_id("photo.process", "refused", 1)]
 
 
-def test_rows_named_by_a_stray_notification_are_left_to_their_fence(
+def test_jobs_of_rows_named_by_a_stray_notification_are_withdrawn(
     env: Env, make_reactor: Callable[..., Reactor]
 ) -> None:
-    """Anyone may NOTIFY: a row named that is not at attempt 0 (here: done), or that does not
-    exist, gets a job that its fenced start will skip, and nothing is claimed."""
+    """Anyone may NOTIFY: a row named that is not pending at token 0 (here: done), or that
+    does not exist, gets a job that is withdrawn at the claim, and nothing counts as claimed."""
     conn = env.connect()
     reactor = armed_reactor(make_reactor)
     conn.execute(
@@ -322,11 +349,11 @@ def test_rows_named_by_a_stray_notification_are_left_to_their_fence(
     conn.execute("SELECT pg_notify('photo_jobs', 'photo.process finished')")
     conn.execute("SELECT pg_notify('photo_jobs', 'photo.process ' || repeat('x', 256))")
     turn = reactor.turn()
-    assert turn.notifications == 2
+    assert (turn.notifications, turn.claimed) == (2, 0)
     assert state_of(conn, "finished") == ("done", 1)
-    assert sorted(queued(env)) == sorted(
-        job_id("photo.process", photo_id, 1) for photo_id in ("finished", "x" * 256)
-    )
+    assert queued(env) == []
+    assert not env.redis().exists("rq:job:" + job_id("photo.process", "finished", 1))
+    assert unusable(reactor) == 2
     assert conn.execute("SELECT count(*) FROM photo_jobs").fetchone() == (1,)
 
 
@@ -348,14 +375,26 @@ def test_a_named_row_whose_job_id_is_held_by_an_ended_job_is_claimed_by_the_drai
     assert client.hget(key, "status") == b"queued"
 
 
-def test_a_flood_of_named_rows_gets_at_most_a_hundred_jobs_a_turn(
+def test_a_flood_of_named_rows_costs_at_most_the_budget_and_real_rows_still_go(
     env: Env, make_reactor: Callable[..., Reactor]
 ) -> None:
+    """Names of rows that do not exist spend the named rows' budget (a job each, withdrawn at
+    the claim); once it is spent, named rows are drained by type, which costs no job for a
+    row that is not there, and a real row is still dispatched."""
     conn = env.connect()
     reactor = armed_reactor(make_reactor)
-    conn.execute(
-        "SELECT pg_notify('photo_jobs', 'photo.process fake-' || i) FROM generate_series(1, 150) i"
+    flood = (
+        "SELECT pg_notify('photo_jobs', 'photo.process fake-' || i) FROM generate_series(1, %s) i"
     )
+    conn.execute(flood, [loop.NAMED_ROWS_BUDGET + 50])
     turn = reactor.turn()
-    assert (turn.notifications, turn.work, turn.claimed) == (150, Work.HINTS, 100)
-    assert len(queued(env)) == 100
+    assert (turn.work, turn.claimed) == (Work.HINTS, 0)
+    assert unusable(reactor) == loop.NAMED_ROWS_BUDGET
+    assert queued(env) == []
+    with conn.transaction():
+        conn.execute(flood, [loop.NAMED_ROWS_BUDGET])
+        conn.execute(INSERT, ["real"])
+    turn_until(reactor, lambda t: state_of(conn, "real") == ("active", 1))
+    assert queued(env) == [job_id("photo.process", "real", 1)]
+    # The refill over the test's few seconds, at most.
+    assert unusable(reactor) < loop.NAMED_ROWS_BUDGET + 50

@@ -46,7 +46,7 @@ def test_job_id_is_valid_for_rq_and_round_trips(photo_id: str) -> None:
     value = job_id("photo.process", photo_id, 7)
     assert RQ_ID.fullmatch(value)
     ref = parse_job_id(value)
-    assert (ref.type, ref.photo_id, ref.attempt) == ("photo.process", photo_id, 7)
+    assert (ref.type, ref.photo_id, ref.token) == ("photo.process", photo_id, 7)
 
 
 @pytest.mark.parametrize("photo_id", ["x" * (MAX_ENCODED_PART + 1), "ü" * 34, "~" * 255])

@@ -30,6 +30,7 @@ from reactor.loop import Reactor, Work
 from reactor.routes import parse_routes
 from reactor.settings import ReactorSettings
 from tests.handlers import SCHEMA
+from tests.support.cli import run_cli
 from tests.support.env import Env
 from tests.support.processes import Process, start_reactor, start_worker
 from tests.support.roles import as_role, throwaway_role
@@ -471,6 +472,38 @@ def test_a_sweep_between_rq_s_end_of_a_job_and_its_outcome_does_not_run_it_again
     assert row_of(conn, "p1")[:2] == ("done", 2)
 
 
+@pytest.mark.parametrize("kind_", sorted(CLASSES))
+def test_a_re_armed_row_never_takes_an_earlier_life_s_job(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], kind_: str
+) -> None:
+    # Attempt 1 of 1 runs on a worker that then stops (SIGSTOP): the sweep fails the row as
+    # lost, and `reactor requeue` arms it again. The new life must get a job of its own (a
+    # new token), and the old run, once resumed, must not complete the new life.
+    worker = start_ours(spawn, env, kind_, handler="gated")
+    submit(conn, "p1", max_attempts=1)
+    assert sweep(env, "gated", "--stale-after", "30")["enqueued"] == 1
+    wait_for(lambda: runs(conn, "p1") == [("p1", 1, "started")], timeout=20, what="token 1")
+    os.kill(worker.proc.pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: unwritten_for(conn, 1), what="the row unwritten for 1 s")
+        assert sweep(env, "gated", "--stale-after", "1")["rescue_failed"] == 1
+        assert row_of(conn, "p1")[0] == "failed"
+        assert run_cli(env, "requeue", "p1").returncode == 0
+        result = sweep(env, "gated", "--stale-after", "30")
+        assert (result["claimed"], result["enqueued"]) == (1, 1), result
+        assert row_of(conn, "p1")[:2] == ("active", 1)
+        assert env.redis().exists(Job.key_for(job_id("photo.process", "p1", 2)))
+        conn.execute("INSERT INTO gates VALUES ('p1:1'), ('p1:2')")
+    finally:
+        os.kill(worker.proc.pid, signal.SIGCONT)
+    wait_for(lambda: ("p1", 2, "ok") in runs(conn, "p1"), timeout=30, what="the new life ran")
+    wait_for(lambda: row_of(conn, "p1")[0] == "done", timeout=20, what="done")
+    tokens = conn.execute(
+        "SELECT prior_attempts, attempts FROM photo_jobs WHERE photo_id = 'p1'"
+    ).fetchone()
+    assert tokens == (1, 1)
+
+
 # -- deployment ------------------------------------------------------------------------------
 
 
@@ -738,7 +771,7 @@ def burst_attempt(
         attempt,
         handler="tests.handlers.ok",
         job_id=job_id("photo.process", "p1", attempt),
-        meta={"type": "photo.process", "photo_id": "p1", "attempt": attempt},
+        meta={"type": "photo.process", "photo_id": "p1", "token": attempt},
     )
     return start_worker(spawn, env, burst=True, extra_args=("--worker-class", worker_class))
 
