@@ -29,19 +29,22 @@ __all__ = [
 
 DEFAULT_ADMIN_BATCH = 5000
 
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw]?)")
-_UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
 def parse_duration(text: str) -> float:
-    """Seconds in `30s`, `15m`, `12h`, `7d`, `2w` or a plain number of seconds.
+    """Seconds in `30s`, `15m`, `12h`, `7d` or `2w`. The unit is required: a bare `7` in a
+    retention setting meant days to its writer and deleted a week of rows as seconds.
 
     Raises:
-        ConfigError: not a duration.
+        ConfigError: not a duration with a unit.
     """
     match = _DURATION.fullmatch(text.strip().lower())
     if not match:
-        raise ConfigError(f"bad duration {text!r}: use e.g. 30s, 15m, 12h, 7d")
+        raise ConfigError(
+            f"bad duration {text[:40]!r}: give a number and a unit (s, m, h, d, w), e.g. 7d"
+        )
     return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
 
 
@@ -56,6 +59,14 @@ def _batched(conn: Connection, query: str, params: dict[str, object], limit: int
                 return total
     except psycopg.Error as exc:
         raise DatabaseError(f"batch failed after {total} rows: {describe_error(exc)}") from exc
+
+
+def _count_older(conn: Connection, state: str, age: float) -> int:
+    try:
+        row = conn.execute(queries.COUNT_FINISHED, {"state": state, "age": age}).fetchone()
+    except psycopg.Error as exc:
+        raise DatabaseError(f"cannot count {state} rows: {describe_error(exc)}") from exc
+    return 0 if row is None else int(row[0])
 
 
 def requeue_failed(
@@ -105,7 +116,7 @@ def missing_photo_ids(
 
 @dataclass(frozen=True)
 class PruneResult:
-    """Rows deleted by `prune`."""
+    """Rows deleted by `prune` (or that it would delete, with `dry_run`)."""
 
     done: int = 0
     failed: int = 0
@@ -117,8 +128,15 @@ def prune(
     done_older_than: float | None,
     failed_older_than: float | None = None,
     batch_size: int = DEFAULT_ADMIN_BATCH,
+    dry_run: bool = False,
 ) -> PruneResult:
-    """Delete `done` (and `failed`) rows last updated longer ago than the given seconds."""
+    """Delete `done` (and `failed`) rows last updated longer ago than the given seconds; with
+    `dry_run`, count them and delete nothing."""
+    if dry_run:
+        counts = {}
+        for state, age in (("done", done_older_than), ("failed", failed_older_than)):
+            counts[state] = 0 if age is None else _count_older(conn, state, age)
+        return PruneResult(counts["done"], counts["failed"])
     done = failed = 0
     if done_older_than is not None:
         done = _batched(

@@ -347,10 +347,21 @@ def migrate(database_url: str) -> None:
         click.echo(f"nothing to do: database is already at schema version {result.version}")
 
 
+def _duration(_ctx: click.Context, _param: click.Parameter, value: str | None) -> float | None:
+    """A duration option's seconds (`7d`, `12h`); a bare number is a usage error (exit 2)."""
+    if value is None:
+        return None
+    try:
+        return admin.parse_duration(value)
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 @cli.command()
 @_run_options
 @click.option(
     "--prune-done-after",
+    callback=_duration,
     metavar="DURATION",
     envvar="REACTOR_PRUNE_DONE_AFTER",
     default=None,
@@ -359,6 +370,7 @@ def migrate(database_url: str) -> None:
 )
 @click.option(
     "--prune-failed-after",
+    callback=_duration,
     metavar="DURATION",
     envvar="REACTOR_PRUNE_FAILED_AFTER",
     default=None,
@@ -375,16 +387,16 @@ def migrate(database_url: str) -> None:
     help="Rows deleted per retention transaction.",
 )
 def run(
-    prune_done_after: str | None,
-    prune_failed_after: str | None,
+    prune_done_after: float | None,
+    prune_failed_after: float | None,
     prune_batch_size: int,
     **options: Any,
 ) -> None:
     """Run the reactor until SIGTERM/SIGINT (a second signal exits at once)."""
     settings = replace(
         _settings(options),
-        prune_done_after_seconds=_duration(prune_done_after),
-        prune_failed_after_seconds=_duration(prune_failed_after),
+        prune_done_after_seconds=prune_done_after,
+        prune_failed_after_seconds=prune_failed_after,
         prune_batch_size=prune_batch_size,
     )
     if settings.listen:
@@ -396,10 +408,6 @@ def run(
     reactor = Reactor(settings, stopper=stopper)
     reactor.start()
     reactor.run()
-
-
-def _duration(text: str | None) -> float | None:
-    return None if text is None else admin.parse_duration(text)
 
 
 @cli.command()
@@ -514,17 +522,27 @@ def requeue(
 
 @cli.command()
 @_database_option
-@click.option("--done-older-than", default=None, metavar="DURATION", help="e.g. 7d, 12h.")
-@click.option("--failed-older-than", default=None, metavar="DURATION", help="e.g. 30d.")
-def prune(database_url: str, done_older_than: str | None, failed_older_than: str | None) -> None:
+@click.option("--done-older-than", callback=_duration, metavar="DURATION", help="e.g. 7d, 12h.")
+@click.option("--failed-older-than", callback=_duration, metavar="DURATION", help="e.g. 30d.")
+@click.option("--dry-run", is_flag=True, help="Count the rows it would delete; delete nothing.")
+def prune(
+    database_url: str,
+    done_older_than: float | None,
+    failed_older_than: float | None,
+    dry_run: bool,
+) -> None:
     """Delete done and/or failed rows older than a duration, in batches (give one or both)."""
     if done_older_than is None and failed_older_than is None:
         raise click.UsageError("give --done-older-than, --failed-older-than, or both")
-    done_age = None if done_older_than is None else admin.parse_duration(done_older_than)
-    failed_age = None if failed_older_than is None else admin.parse_duration(failed_older_than)
-    with _connect(database_url, "prune") as conn:
-        result = admin.prune(conn, done_older_than=done_age, failed_older_than=failed_age)
-    click.echo(json.dumps({"deleted_done": result.done, "deleted_failed": result.failed}))
+    with _connect(database_url, "prune", read_write=not dry_run) as conn:
+        result = admin.prune(
+            conn,
+            done_older_than=done_older_than,
+            failed_older_than=failed_older_than,
+            dry_run=dry_run,
+        )
+    verb = "would_delete" if dry_run else "deleted"
+    click.echo(json.dumps({f"{verb}_done": result.done, f"{verb}_failed": result.failed}))
 
 
 @cli.command("submit")

@@ -21,6 +21,7 @@ __all__ = [
     "BACKLOG",
     "CLAIM_DUE",
     "CLAIM_NOTIFIED",
+    "COUNT_FINISHED",
     "CURRENT_MINUTE",
     "DATABASE_NOW",
     "DOORBELL_ARM",
@@ -368,6 +369,13 @@ DELETE FROM photo_jobs
           LIMIT %(limit)s
             FOR UPDATE SKIP LOCKED))
    AND state = %(state)s
+"""
+
+#: How many rows PRUNE_FINISHED would delete in all (`reactor prune --dry-run`).
+COUNT_FINISHED = """
+SELECT count(*) FROM photo_jobs
+ WHERE state = %(state)s
+   AND updated_at < now() - make_interval(secs => %(age)s::float8)
 """
 
 #: The dashboard: the database's clock, and its current minute (the right end of the

@@ -111,6 +111,33 @@ def test_requeue_reports_the_ids_it_did_not_find(env: Env) -> None:
     assert error_line(typed, 1) == "reactor: error: no row of type x.y for: p1"
 
 
+def test_prune_durations_need_a_unit_and_a_dry_run_deletes_nothing(env: Env) -> None:
+    conn = env.connect()
+    conn.execute(
+        "INSERT INTO photo_jobs (photo_id, type, state, updated_at) VALUES"
+        " ('d1', 'a.b', 'done', now() - interval '8 days'),"
+        " ('d2', 'a.b', 'done', now() - interval '1 hour'),"
+        " ('f1', 'a.b', 'failed', now() - interval '40 days')"
+    )
+    for args in (["--done-older-than", "7"], ["--failed-older-than", " 30 "]):
+        bare = run_cli(env, "prune", *args)
+        assert bare.returncode == 2, bare.stderr
+        assert "give a number and a unit (s, m, h, d, w), e.g. 7d" in bare.stderr
+        assert len(bare.stderr.strip().splitlines()) == 1, bare.stderr
+    from_env = run_cli(env, "run", extra_env={"REACTOR_PRUNE_DONE_AFTER": "7"})
+    assert from_env.returncode == 2, from_env.stderr
+    assert "give a number and a unit" in from_env.stderr
+    dry = run_cli(
+        env, "prune", "--done-older-than", "7d", "--failed-older-than", "30d", "--dry-run"
+    )
+    assert dry.returncode == 0, dry.stderr
+    assert json.loads(dry.stdout) == {"would_delete_done": 1, "would_delete_failed": 1}
+    assert states(conn) == {"done": 2, "failed": 1}
+    done = run_cli(env, "prune", "--done-older-than", "7d")
+    assert json.loads(done.stdout) == {"deleted_done": 1, "deleted_failed": 0}
+    assert states(conn) == {"done": 1, "failed": 1}
+
+
 def test_prune_failed_rows_alone_and_neither_is_a_usage_error(env: Env) -> None:
     conn = env.connect()
     conn.execute(

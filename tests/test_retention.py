@@ -127,7 +127,8 @@ def test_retention_is_off_by_default_and_checks_its_durations(
     assert count(conn, "old-done-") == 10
     for args, needle in (
         (["--prune-done-after", "soon"], "bad duration 'soon'"),
-        (["--prune-done-after", "0"], "prune ages must be positive"),
+        (["--prune-done-after", "0s"], "prune ages must be positive"),
+        (["--prune-done-after", "7"], "give a number and a unit"),
         (["--prune-failed-after", "30d"], "--prune-failed-after needs --prune-done-after"),
     ):
         result = run_cli(env, "run", *args)

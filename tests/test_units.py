@@ -124,12 +124,14 @@ def test_redact(text: str, expected: str) -> None:
 
 
 def test_parse_duration() -> None:
-    assert parse_duration("90") == 90
+    assert parse_duration("90s") == 90
     assert parse_duration("15m") == 900
     assert parse_duration("7d") == 7 * 86400
     assert parse_duration("1.5h") == 5400
     with pytest.raises(ConfigError, match="bad duration"):
         parse_duration("seven days")
+    with pytest.raises(ConfigError, match="give a number and a unit"):
+        parse_duration("7")
 
 
 def test_backoff_grows_exponentially_with_bounded_jitter() -> None:
