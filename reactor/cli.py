@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, replace
 from typing import Any, TypeVar
 
@@ -545,6 +545,17 @@ def prune(
     click.echo(json.dumps({f"{verb}_done": result.done, f"{verb}_failed": result.failed}))
 
 
+def _with_stdin(photo_ids: tuple[str, ...]) -> Iterator[str]:
+    """The ids, with `-` replaced by the lines of standard input (read once)."""
+    for photo_id in photo_ids:
+        if photo_id != "-":
+            yield photo_id
+            continue
+        for line in sys.stdin.read().splitlines():
+            if line:
+                yield line
+
+
 @cli.command("submit")
 @_database_option
 @click.argument("photo_ids", nargs=-1, required=True)
@@ -558,7 +569,9 @@ def prune(
 def submit_command(
     database_url: str, photo_ids: tuple[str, ...], job_type: str, max_attempts: int | None
 ) -> None:
-    """Submit photos (one transaction): new rows, or done/failed rows re-armed."""
+    """Submit photos (one transaction): new rows, or done/failed rows re-armed. `-` reads
+    photo ids from standard input, one a line (empty lines are skipped)."""
+    photo_ids = tuple(_with_stdin(photo_ids))
     for photo_id in photo_ids:
         validate_job(photo_id, job_type)
     with _connect(database_url, "submit") as conn, conn.transaction():

@@ -2,7 +2,8 @@
 
 The bounds are the table's own (its CHECK constraints enforce them too): a photo id is 1 to
 `MAX_PHOTO_ID_BYTES` bytes of UTF-8 without NUL; a type is 1 to `MAX_TYPE_LENGTH` characters
-of `[A-Za-z0-9_.-]` (it is the NOTIFY payload and names an RQ queue). Error texts show at most
+of `[A-Za-z0-9_.-]` (it is the NOTIFY payload and names an RQ queue). A photo id of whitespace
+alone is refused here too (a slip of a shell script, never a photo). Error texts show at most
 the first few dozen characters of the value, so a huge id cannot flood a terminal or a log.
 """
 
@@ -43,6 +44,8 @@ def check_photo_id(photo_id: object) -> None:
     InvalidJobError: `photo_id` is not a non-empty string, is too long, or holds a NUL."""
     if not isinstance(photo_id, str) or not photo_id:
         raise InvalidJobError(f"invalid photo id {_show(photo_id)}: must be a non-empty string")
+    if photo_id.isspace():
+        raise InvalidJobError(f"invalid photo id {_show(photo_id)}: must not be blank")
     size = len(photo_id.encode("utf-8", "surrogatepass"))
     if size > MAX_PHOTO_ID_BYTES:
         raise InvalidJobError(

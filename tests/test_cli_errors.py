@@ -138,6 +138,21 @@ def test_prune_durations_need_a_unit_and_a_dry_run_deletes_nothing(env: Env) -> 
     assert states(conn) == {"done": 1, "failed": 1}
 
 
+def test_submit_refuses_blank_ids_and_reads_standard_input_for_a_dash(env: Env) -> None:
+    conn = env.connect()
+    for blank in ("   ", "\t"):
+        result = run_cli(env, "submit", "ok", blank)
+        assert result.returncode == 2, result.stderr
+        assert "must not be blank" in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert states(conn) == {}
+    piped = run_cli(env, "submit", "first", "-", stdin="a b\r\n\nc\n")
+    assert piped.returncode == 0, piped.stderr
+    assert json.loads(piped.stdout) == {"submitted": 3, "unchanged": 0}
+    ids = [r[0] for r in conn.execute("SELECT photo_id FROM photo_jobs ORDER BY photo_id")]
+    assert ids == ["a b", "c", "first"]
+
+
 def test_prune_failed_rows_alone_and_neither_is_a_usage_error(env: Env) -> None:
     conn = env.connect()
     conn.execute(

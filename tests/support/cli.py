@@ -33,8 +33,10 @@ def run_cli(
     program: Sequence[str] = REACTOR,
     cwd: Path = ROOT,
     timeout: float = 120,
+    stdin: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run `reactor ARGS...` to completion; its `returncode`, `stdout` and `stderr`.
+    """Run `reactor ARGS...` to completion (with `stdin` as its standard input, if given); its
+    `returncode`, `stdout` and `stderr`.
 
     The child's environment is `env.process_env()` (the test's DATABASE_URL and REDIS_URL, the
     demo route, no other REACTOR_ variable), or without `env` the same minus the two URLs, with
@@ -51,6 +53,8 @@ def run_cli(
         env=dict(environ),
         capture_output=True,
         text=True,
+        input=stdin,
+        stdin=None if stdin is not None else subprocess.DEVNULL,
         cwd=cwd,
         timeout=timeout,
     )
