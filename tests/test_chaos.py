@@ -39,7 +39,7 @@ from tests.support.rq_state import jobs_missing, queue_ids
 from tests.support.servers import RedisServer
 from tests.support.waiting import wait_for
 
-pytestmark = pytest.mark.chaos
+pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
 PHOTOS = int(os.environ.get("REACTOR_CHAOS_PHOTOS", "5000"))
 FAULT_SECONDS = float(os.environ.get("REACTOR_CHAOS_SECONDS", "45"))

@@ -225,6 +225,7 @@ def get(url: str) -> tuple[int, str, dict[str, str]]:
 # -- tests ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_page_in_a_browser_matches_the_table_and_shows_markup_as_text(
     env: Env, spawn: Callable[..., Process], chromium: str, tmp_path: Path
 ) -> None:

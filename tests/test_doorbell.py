@@ -481,6 +481,7 @@ def seed() -> Iterator[int]:
     yield value
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("reactors", [1, 2])
 @pytest.mark.timeout(SOAK_SECONDS * 3 + 120)
 def test_mixed_writers_lose_nothing_without_the_sweep(

@@ -41,7 +41,7 @@ from tests.support.processes import Process
 from tests.support.servers import PostgresServer, RedisServer, SentinelServer, free_port
 from tests.support.waiting import wait_for
 
-pytestmark = pytest.mark.failover
+pytestmark = [pytest.mark.failover, pytest.mark.slow]
 
 PHASE_SECONDS = float(os.environ.get("REACTOR_FAILOVER_PHASE_SECONDS", "12"))
 MASTER = "photos"

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from reactor.db import LATEST_SCHEMA_VERSION
 from reactor.migrate import load_migrations
@@ -124,6 +125,7 @@ def test_concurrent_migrates_apply_once(empty_database: str) -> None:
     assert len(ledger(empty_database)) == LATEST_SCHEMA_VERSION
 
 
+@pytest.mark.slow
 def test_wheel_installed_outside_the_checkout_migrates(empty_database: str, tmp_path: Path) -> None:
     dist = tmp_path / "dist"
     subprocess.run(

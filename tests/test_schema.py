@@ -222,6 +222,7 @@ def plan(conn: psycopg.Connection[Any], query: str, params: dict[str, Any]) -> s
     return "\n".join(r[0] for r in rows)
 
 
+@pytest.mark.slow
 def test_dispatch_queries_use_the_partial_indexes_beside_a_million_done_rows(env: Env) -> None:
     conn = env.connect()
     conn.execute(

@@ -220,6 +220,7 @@ def test_worker_killed_mid_handler_is_rescued_and_completed_elsewhere(
     assert runs(conn, "p1") == [("p1", 1, "started"), ("p1", 2, "started"), ("p1", 2, "ok")]
 
 
+@pytest.mark.slow
 def test_end_to_end_thousand_photos_with_failing_first_attempts(
     env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
 ) -> None:
@@ -262,6 +263,7 @@ def commits(conn: psycopg.Connection[Any], database: str) -> int:
     return int(row[0])
 
 
+@pytest.mark.slow
 def test_requeue_in_batches_and_dispatch_at_once(
     env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
 ) -> None:
@@ -270,18 +272,18 @@ def test_requeue_in_batches_and_dispatch_at_once(
     before = commits(conn, env.database_name)
     assert env.cli_json("requeue", "--failed") == {"requeued": 100_000, "not_found": []}
     wait_for(
-        lambda: commits(conn, env.database_name) - before >= 20, timeout=5, what="batch commits"
+        lambda: commits(conn, env.database_name) - before >= 20, timeout=30, what="batch commits"
     )
+    # Margins for a loaded two-core machine (alone on a quiet one: about 30 s).
     wait_for(
         lambda: states(conn) == {"active": 100_000},
-        timeout=60,
+        timeout=300,
         interval=0.2,
         what="requeued rows dispatched by NOTIFY",
     )
-    assert conn.execute("SELECT max(attempts), count(last_error) FROM photo_jobs").fetchone() == (
-        1,
-        0,
-    )
+    assert conn.execute(
+        "SELECT max(attempts), min(prior_attempts), count(last_error) FROM photo_jobs"
+    ).fetchone() == (1, 5, 0)
     assert len(queue_ids(env.redis())) == 100_000
 
 
