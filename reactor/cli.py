@@ -655,6 +655,9 @@ WORKER_RESTART_SECONDS = 1.0
 @click.option(
     "--max-jobs", type=click.IntRange(min=1), default=None, help="Quit after this many jobs."
 )
+@click.option(
+    "-q", "--quiet", is_flag=True, help="Log warnings and errors only (as --log-level warning)."
+)
 @click.argument("queues", nargs=-1)
 def worker_command(**options: Any) -> None:
     """Run an RQ worker on QUEUES (default: the routed ones) with the lifecycle in this process.
@@ -670,6 +673,8 @@ def worker_command(**options: Any) -> None:
     from reactor.settings import WorkerSettings  # noqa: PLC0415
     from reactor.workers import SimpleWorker, Worker  # noqa: PLC0415
 
+    if options["quiet"]:
+        logging.getLogger().setLevel(logging.WARNING)
     routed = resolve_routes(options["routes"])
     if not routed:
         with _connect(options["database_url"], "worker") as conn:
@@ -693,9 +698,11 @@ def worker_command(**options: Any) -> None:
         settings=settings,
     )
     instance.check_startup()
+    # RQ sets its loggers to INFO unless told a level: its lines follow --log-level too.
+    level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
     while True:
         try:
-            instance.work(burst=options["burst"], max_jobs=options["max_jobs"])
+            instance.work(burst=options["burst"], max_jobs=options["max_jobs"], logging_level=level)
         except redis.RedisError as exc:
             raise click.ClickException(f"Redis: {redact(str(exc))}") from None
         # A stop while busy sets the flag; one while idle only the date (RQ then ends the

@@ -628,6 +628,33 @@ def test_reactor_worker_command_serves_the_routed_queues(
     assert "queues=photo-process" in worker.output()
 
 
+@pytest.mark.parametrize("quiet", [("--log-level", "warning"), ("-q",)], ids=["warning", "quiet"])
+def test_reactor_worker_logs_at_the_level_asked_rq_s_lines_too(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], quiet: tuple[str, ...]
+) -> None:
+    with conn.transaction():
+        for i in range(20):
+            submit(conn, f"p{i}")
+    sweep(env, "ok")
+    level, worker_args = (quiet, ()) if quiet[0] == "--log-level" else ((), quiet)
+    worker = spawn(
+        "-m",
+        "reactor",
+        *level,
+        "worker",
+        *worker_args,
+        "--route",
+        route("ok"),
+        "--burst",
+        "--simple",
+        name="worker",
+    )
+    assert worker.proc.wait(timeout=60) == 0, worker.output()
+    assert states(conn) == {"done": 20}
+    # RQ alone wrote about four lines a job at INFO.
+    assert len(worker.output().splitlines()) < 10, worker.output()
+
+
 def test_an_idle_reactor_worker_stops_on_sigterm(
     env: Env, spawn: Callable[..., Process], kind: str
 ) -> None:
