@@ -425,9 +425,10 @@ def sweep(ctx: click.Context, /, **options: Any) -> None:
         reactor.close()
     click.echo(json.dumps(asdict(result)))
     if result.enqueue_failures:
+        rows = result.enqueue_failures
         click.echo(
-            f"reactor: error: {result.enqueue_failures} rows could not be enqueued "
-            "(they stay pending; see the log)",
+            f"reactor: error: {rows} row{'s' if rows != 1 else ''} could not be enqueued "
+            "(no row changed; see the log)",
             err=True,
         )
         ctx.exit(1)

@@ -28,7 +28,7 @@ ON CONFLICT (photo_id, type) DO UPDATE
    SET state = 'pending',
        prior_attempts = j.prior_attempts + j.attempts,
        attempts = 0,
-       next_retry_at = EXCLUDED.next_retry_at,
+       next_retry_at = coalesce(EXCLUDED.next_retry_at, now()),  -- due from the re-arm
        last_error = NULL,
        max_attempts = CASE WHEN %(max_attempts)s::int IS NULL THEN j.max_attempts
                            ELSE EXCLUDED.max_attempts END

@@ -594,11 +594,12 @@ SELECT t.type,
 """
 
 #: Move up to `limit` failed rows (of `type`, if not NULL) back to pending: a new life, at
-#: attempts 0, whose attempts of earlier lives are added to prior_attempts (the token goes on).
+#: attempts 0, whose attempts of earlier lives are added to prior_attempts (the token goes on),
+#: due from now (so the age of the oldest due row counts from the requeue, not the insert).
 REQUEUE_FAILED = """
 UPDATE photo_jobs
    SET state = 'pending', prior_attempts = prior_attempts + attempts, attempts = 0,
-       next_retry_at = NULL, last_error = NULL
+       next_retry_at = now(), last_error = NULL
  WHERE ctid = ANY (ARRAY(
          SELECT ctid FROM photo_jobs
           WHERE state = 'failed' AND (%(type)s::text IS NULL OR type = %(type)s)
@@ -612,7 +613,7 @@ UPDATE photo_jobs
 REQUEUE_PHOTOS = """
 UPDATE photo_jobs
    SET state = 'pending', prior_attempts = prior_attempts + attempts, attempts = 0,
-       next_retry_at = NULL, last_error = NULL
+       next_retry_at = now(), last_error = NULL
  WHERE photo_id = ANY (%(photo_ids)s::text[])
    AND (%(type)s::text IS NULL OR type = %(type)s)
    AND state IN ('done', 'failed')

@@ -288,10 +288,14 @@ def test_requeue_in_batches_and_dispatch_at_once(
 
 
 def test_requeue_named_photos(env: Env, conn: psycopg.Connection[Any]) -> None:
-    insert_rows(conn, 3, state="done", attempts=1)
+    insert_rows(conn, 3, state="done", attempts=1, created_at="2020-01-01")
     # (ids with no row: tests/test_cli_errors.py)
     assert env.cli_json("requeue", "p1", "p3") == {"requeued": 2, "not_found": []}
     assert [s for _, _, s, _ in rows(conn)] == ["pending", "done", "pending"]
+    # Due from the requeue, not from the row's creation years ago.
+    status = env.cli_json("status", "--json")
+    (age,) = [t["oldest_due_age_seconds"] for t in status["types"]]
+    assert age is not None and age < 3600, age
 
 
 def test_prune_deletes_old_finished_rows_in_batches(
