@@ -34,7 +34,9 @@ finished rows on a connection of its own, outside this loop.
 Failure policy: at start-up a bad URL, an unreachable or unmigrated database, or a Redis that
 refuses our credentials is a `ConfigError` (exit 2). At runtime, Postgres failures reconnect
 with exponential backoff and jitter, forever; Redis failures roll the batch back (rows stay
-`pending`) and the drain is retried with backoff until Redis answers again.
+`pending`) and the drain is retried with backoff until Redis answers again. A sweep whose
+statement fails on a healthy connection is logged (throttled) and tried again at the next
+interval, and dispatch goes on meanwhile: only lost connections pause the loop.
 """
 
 from __future__ import annotations
@@ -111,6 +113,9 @@ NAMED_ROWS_MAX = 100
 #: polling reactor, the kind that runs behind a pooler, makes it every few seconds, and it
 #: wakes nothing by itself (a poll-only reactor would poll at each such wake-up).
 KEEP_ROUTES_SECONDS = 5.0
+#: Failed sweeps logged per `SWEEP_FAILED_LOG_SECONDS` (the rest are counted in the next line).
+SWEEP_FAILED_LOG_BURST = 3
+SWEEP_FAILED_LOG_SECONDS = 60.0
 
 
 def _jittered(seconds: float) -> float:
@@ -186,6 +191,9 @@ class Reactor:
         self._before_commit = before_commit
         self._warned_unknown: set[str] = set()
         self._ignored_log = LogThrottle(burst=10, interval_seconds=60.0)
+        self._sweep_failed_log = LogThrottle(
+            burst=SWEEP_FAILED_LOG_BURST, interval_seconds=SWEEP_FAILED_LOG_SECONDS
+        )
         self.metrics = Metrics()
         self._bell = Doorbell(
             settings.doorbell, poll_interval_seconds=settings.poll_interval_seconds
@@ -511,7 +519,9 @@ class Reactor:
             # Scheduled first: a sweep that fails is retried at the next interval.
             self._next_sweep = now + _jittered(self.settings.sweep_interval_seconds)
             work, drained = Work.SWEEP, self._types
-            result = sweep = self._sweep()
+            sweep = self._sweep()
+            # A failed sweep may have failed before its drain: drain every type next turn.
+            result = sweep or SweepResult(more=True)
         elif self._backlog or (self._next_due is not None and now >= self._next_due):
             work, drained = Work.DRAIN, self._types
             result = self._drain(drained)
@@ -745,11 +755,28 @@ class Reactor:
     def _should_stop(self) -> bool:
         return self.stopper.requested
 
-    def _sweep(self) -> SweepResult:
+    def _sweep(self) -> SweepResult | None:
+        """A sweep round (None: a statement of it failed, on a healthy connection).
+
+        Raises:
+            DatabaseError: the connection failed (the caller reconnects).
+        """
         assert self._sweeper is not None
-        result = self._sweeper.run_once(self._should_stop, DRAIN_SLICE_SECONDS)
-        if self._http is not None:
-            self._sweeper.refresh_backlog_metrics()
+        try:
+            result = self._sweeper.run_once(self._should_stop, DRAIN_SLICE_SECONDS)
+            if self._http is not None:
+                self._sweeper.refresh_backlog_metrics()
+        except StatementError as exc:
+            # A row or a statement the sweep cannot handle: the next interval tries again,
+            # and meanwhile notifications and polls are dispatched without a pause.
+            self.health.sweep_failed(str(exc))
+            self.metrics.sweep_failures.inc()
+            if self._sweep_failed_log.allow():
+                logger.error(
+                    "sweep_failed error=%s suppressed=%d", exc, self._sweep_failed_log.suppressed()
+                )
+            return None
+        self.health.sweep_succeeded()
         return result
 
     def sweep_once(self) -> SweepResult:

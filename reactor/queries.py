@@ -142,16 +142,18 @@ SELECT extract(epoch FROM least(min(d.due), now() + interval '1 day') - now())::
 #: stale (no heartbeat for `stale_after` seconds). Keyset-paged in (updated_at, type,
 #: photo_id) order up to `until` (the sweep's start), so rows re-dispatched during the sweep
 #: (their updated_at moves to now) are not visited twice. Rows of paused types are left
-#: active: rescuing them would dispatch the type.
+#: active: rescuing them would dispatch the type. The page key's updated_at comes back as
+#: text and goes back as `after_at`: exact, and whatever a row written before sql/0011 holds
+#: ('-infinity', a year Python's datetime cannot hold) it cannot fail the pass.
 LIST_ACTIVE = """
-SELECT type, photo_id, attempts, updated_at,
+SELECT type, photo_id, attempts, updated_at::text,
        updated_at < now() - make_interval(secs => %(stale_after)s::float8) AS stale
   FROM photo_jobs
  WHERE state = 'active'
    AND type = ANY (%(types)s::text[])
    AND NOT EXISTS (SELECT FROM reactor_paused_types AS x WHERE x.type = photo_jobs.type)
    AND updated_at <= %(until)s
-   AND (updated_at, type, photo_id) > (%(after_at)s, %(after_type)s, %(after_id)s)
+   AND (updated_at, type, photo_id) > (%(after_at)s::timestamptz, %(after_type)s, %(after_id)s)
  ORDER BY updated_at, type, photo_id
  LIMIT %(limit)s
 """
@@ -303,9 +305,14 @@ SELECT DISTINCT photo_id
 
 #: The latest failed rows and rows that failed at least once and will be retried (or are being
 #: retried), newest first. Reads the table: an operator's query, not on the dispatch path.
+#: Times are clamped to what Python's datetime holds in any time zone (0001-01-02 to
+#: 9999-12-30 UTC): a row written before sql/0011 may hold 'infinity' or '-infinity'.
 FAILURES = """
-SELECT type, photo_id, state, attempts, max_attempts, last_error, updated_at,
-       CASE WHEN state = 'pending' THEN next_retry_at END  -- a failed row retries never
+SELECT type, photo_id, state, attempts, max_attempts, last_error,
+       least(greatest(updated_at, '0001-01-02 00:00:00+00'), '9999-12-30 00:00:00+00'),
+       CASE WHEN state = 'pending'  -- a failed row retries never
+            THEN least(greatest(next_retry_at, '0001-01-02 00:00:00+00'),
+                       '9999-12-30 00:00:00+00') END
   FROM photo_jobs
  WHERE (state = 'failed' OR (state IN ('pending', 'active') AND last_error IS NOT NULL))
    AND (%(type)s::text IS NULL OR type = %(type)s)
@@ -362,20 +369,23 @@ SELECT now(), date_trunc('minute', now())
 
 #: The dashboard: rows finished in the last 60 minutes (up to `minute`), by the minute of
 #: their last update, type and state, with the attempts they took. Rows re-submitted or
-#: pruned since are not counted. One range of the finished-rows index per state.
+#: pruned since are not counted. One range of the finished-rows index per state. Rows
+#: updated after `minute` (clock skew, or 'infinity' written before sql/0011) are left out.
 FINISHED_BY_MINUTE = """
 SELECT date_trunc('minute', updated_at) AS minute, type, state, count(*), sum(attempts)
   FROM photo_jobs
  WHERE state IN ('done', 'failed')
    AND updated_at >= %(minute)s::timestamptz - interval '59 minutes'
+   AND updated_at < %(minute)s::timestamptz + interval '1 minute'
  GROUP BY 1, 2, 3
 """
 
 #: The dashboard: the last `limit` failures: failed rows and pending rows waiting for a retry
-#: after an error, newest first (last_error cut at 2,000 characters).
+#: after an error, newest first (last_error cut at 2,000 characters; updated_at clamped as in
+#: FAILURES).
 RECENT_FAILURES = """
 SELECT f.type, f.photo_id, f.state, f.attempts, f.max_attempts, left(f.last_error, 2000),
-       f.updated_at,
+       least(greatest(f.updated_at, '0001-01-02 00:00:00+00'), '9999-12-30 00:00:00+00'),
        CASE WHEN f.state = 'pending' THEN f.next_retry_at::text END  -- text: 'infinity' has
                                                                     -- no Python datetime
   FROM ((SELECT * FROM photo_jobs
