@@ -36,7 +36,10 @@ refuses our credentials is a `ConfigError` (exit 2). At runtime, Postgres failur
 with exponential backoff and jitter, forever; Redis failures roll the batch back (rows stay
 `pending`) and the drain is retried with backoff until Redis answers again. A sweep whose
 statement fails on a healthy connection is logged (throttled) and tried again at the next
-interval, and dispatch goes on meanwhile: only lost connections pause the loop.
+interval, and dispatch goes on meanwhile: only lost connections pause the loop. Every Redis
+command waits at most `--redis-timeout` (a hung Redis cannot keep a claim's row locks), and a
+listening reactor's work sessions end a transaction left idle for
+`IDLE_IN_TRANSACTION_REDIS_TIMEOUTS` times that (Postgres rolls it back): the second guard.
 """
 
 from __future__ import annotations
@@ -54,6 +57,8 @@ from http.server import ThreadingHTTPServer
 import psycopg
 import redis
 import tenacity
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from redis.sentinel import MasterNotFoundError
 
 from reactor import db, queries
@@ -113,6 +118,9 @@ NAMED_ROWS_MAX = 100
 #: polling reactor, the kind that runs behind a pooler, makes it every few seconds, and it
 #: wakes nothing by itself (a poll-only reactor would poll at each such wake-up).
 KEEP_ROUTES_SECONDS = 5.0
+#: A listening reactor's work connections end a transaction idle this many Redis timeouts
+#: (`--redis-timeout`): the claim's enqueue may take a few commands, each bounded by the timeout.
+IDLE_IN_TRANSACTION_REDIS_TIMEOUTS = 3
 #: Failed sweeps logged per `SWEEP_FAILED_LOG_SECONDS` (the rest are counted in the next line).
 SWEEP_FAILED_LOG_BURST = 3
 SWEEP_FAILED_LOG_SECONDS = 60.0
@@ -178,7 +186,20 @@ class Reactor:
         self.routes: dict[str, Route] = dict(settings.routes)
         self._types = tuple(self.routes)
         self._registration: RouteRegistration | None = None
-        self._redis = connect_redis(settings.redis_url)
+        # No retry inside redis-py: a failed batch is rolled back and the drain retried by
+        # the loop, outside the transaction, so a retry never extends how long locks are held.
+        self._redis = connect_redis(
+            settings.redis_url,
+            socket_timeout=settings.redis_timeout_seconds,
+            socket_connect_timeout=settings.redis_timeout_seconds,
+            retry=Retry(NoBackoff(), 0),
+        )
+        # Only a listening reactor is sure to have sessions of its own (no pooler between).
+        self._idle_in_transaction = (
+            IDLE_IN_TRANSACTION_REDIS_TIMEOUTS * settings.redis_timeout_seconds
+            if settings.listen
+            else None
+        )
         self._enqueuer = Enqueuer(
             self._redis, self.routes, job_timeout_seconds=settings.job_timeout_seconds
         )
@@ -231,7 +252,11 @@ class Reactor:
 
     def _start(self) -> None:
         try:
-            conn = db.connect(self.settings.database_url, purpose="work")
+            conn = db.connect(
+                self.settings.database_url,
+                purpose="work",
+                idle_in_transaction_seconds=self._idle_in_transaction,
+            )
             try:
                 db.check_schema(conn)
                 self._register_routes(conn)
@@ -304,6 +329,7 @@ class Reactor:
             before_commit=self._before_commit,
             metrics=self.metrics,
             database_url=self.settings.database_url,
+            idle_in_transaction_seconds=self._idle_in_transaction,
         )
         quarantined = self._dispatcher.quarantined
         self.health.failing_types = lambda: [(t, q.error) for t, q in list(quarantined.items())]
@@ -365,7 +391,11 @@ class Reactor:
         self._backlog = True
 
     def _connect_work(self) -> db.Connection:
-        conn = db.connect(self.settings.database_url, purpose="work")
+        conn = db.connect(
+            self.settings.database_url,
+            purpose="work",
+            idle_in_transaction_seconds=self._idle_in_transaction,
+        )
         if self._registration is not None:
             # The routes' liveness lock went with the old session: hold it again.
             try:

@@ -64,6 +64,7 @@ __all__ = [
     "ROUTES_UNLOCK",
     "SCHEMA_VERSION",
     "SERVER_READ_ONLY",
+    "SET_IDLE_IN_TRANSACTION_TIMEOUT",
     "SET_LOCK_TIMEOUT",
     "SET_SEARCH_PATH",
     "STATUS_COUNTS",
@@ -472,6 +473,13 @@ SELECT CASE
                               'applied_at timestamp with time zone now()']
     THEN 'has columns, types or defaults that sql/0001 does not make'
 END
+"""
+
+#: End this session when it sits idle inside a transaction longer than `timeout` (e.g.
+#: '15000ms'): Postgres closes it and the transaction rolls back, releasing its row locks.
+#: For the session, so only on connections that are known to have one (no pooler between).
+SET_IDLE_IN_TRANSACTION_TIMEOUT = """
+SELECT set_config('idle_in_transaction_session_timeout', %(timeout)s, false)
 """
 
 #: Whether this session cannot write: a standby (in recovery) or a read-only default.

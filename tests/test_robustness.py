@@ -1,4 +1,4 @@
-"""Robustness: rows holding timestamps Python cannot represent, a sweep that fails.
+"""Robustness: rows holding timestamps Python cannot represent, a sweep that fails, a hung Redis.
 
 - The schema refuses 'infinity' and '-infinity' in created_at, updated_at and next_retry_at
   (sql/0011), and the migration replaces the ones already stored, keeping what they meant.
@@ -6,6 +6,8 @@
   reader: the sweep still rescues a stale row, dispatch stays prompt, /healthz stays 200,
   `reactor failures`, `status`, `sweep` and the dashboard answer.
 - A sweep whose statement fails on a healthy connection does not pause dispatch.
+- A hung Redis (SIGSTOP) keeps no claim's row locks beyond `--redis-timeout`, and a work
+  session left idle in a transaction is ended by Postgres.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import pytest
 import redis
 from rq.job import Job, JobStatus
 
+from reactor import db
 from reactor.enqueue import Enqueuer
 from reactor.jobs import JobRef
 from reactor.routes import parse_routes
@@ -34,8 +37,8 @@ from tests.support.metrics import metric, scrape
 from tests.support.paths import ROOT
 from tests.support.processes import Process, start_reactor
 from tests.support.rows import states
-from tests.support.rq_state import jobs_missing
-from tests.support.servers import free_port
+from tests.support.rq_state import jobs_missing, queue_ids
+from tests.support.servers import RedisServer, free_port
 from tests.support.waiting import wait_for
 
 ROUTES = parse_routes(["photo.process=reactor.demo.process_photo"])
@@ -301,3 +304,76 @@ def test_a_failing_sweep_does_not_pause_dispatch(env: Env, spawn: Callable[..., 
     assert sum("sweep_failed" in line for line in reactor.lines) <= 3, reactor.output()
     assert "connection_lost" not in reactor.output()
     assert "loop_failed" not in reactor.output()
+
+
+# -- a hung Redis ----------------------------------------------------------------------------
+
+
+def idle_in_transaction(conn: psycopg.Connection[Any]) -> float:
+    """The longest a reactor session has been idle inside a transaction right now (seconds)."""
+    row = conn.execute(
+        "SELECT coalesce(max(extract(epoch FROM clock_timestamp() - state_change)), 0)::float8"
+        "  FROM pg_stat_activity"
+        " WHERE datname = current_database() AND application_name LIKE 'photo-reactor work%%'"
+        "   AND state LIKE 'idle in transaction%%'"
+    ).fetchone()
+    return float(row[0]) if row else 0.0
+
+
+def test_a_hung_redis_holds_no_claim_beyond_the_redis_timeout(
+    env: Env, spawn: Callable[..., Process], private_redis: RedisServer
+) -> None:
+    conn = env.connect()
+    reactor = start_reactor(
+        spawn, "--sweep-interval", "2", REDIS_URL=private_redis.url, REACTOR_REDIS_TIMEOUT="1"
+    )
+    private_redis.freeze()
+    try:
+        conn.execute(
+            "INSERT INTO photo_jobs (photo_id, type)"
+            " SELECT 'p' || i, 'photo.process' FROM generate_series(1, 20) AS i"
+        )
+        longest = 0.0
+        seen: set[tuple[str, int]] = set()
+
+        def retried_three_times() -> bool:
+            nonlocal longest
+            longest = max(longest, idle_in_transaction(conn))
+            seen.update(states(conn).items())
+            return sum("drain_retry" in line for line in reactor.lines) >= 3
+
+        wait_for(retried_three_times, timeout=60, interval=0.05, what="three drain retries")
+    finally:
+        private_redis.thaw()
+    # Each claim waits at most the Redis timeout (1 s) before it rolls back: never the 3 s
+    # after which Postgres would end the session.
+    assert longest < 2.5, f"a claim stayed open {longest:.1f} s\n{reactor.output()}"
+    assert seen == {("pending", 20)}
+    wait_for(lambda: states(conn) == {"active": 20}, timeout=30, what="20 rows active")
+    client = redis.Redis.from_url(private_redis.url)
+    try:
+        ids = queue_ids(client)
+        assert len(ids) == len(set(ids)) == 20
+        assert jobs_missing(conn, client) == []
+    finally:
+        client.close()
+    assert "connection_lost" not in reactor.output()
+
+
+def test_postgres_ends_a_work_session_left_idle_in_a_transaction(env: Env) -> None:
+    conn = db.connect(env.database_url, purpose="work", idle_in_transaction_seconds=0.5)
+    env.cleanups.append(conn.close)
+    pid = conn.info.backend_pid
+    conn.execute("SELECT 1")  # a transaction opens, and then nothing happens in it
+    admin = env.connect()
+    wait_for(
+        lambda: (
+            admin.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [pid]).fetchone()
+            == (0,)
+        ),
+        timeout=10,
+        what="the session ended",
+    )
+    with pytest.raises(psycopg.errors.IdleInTransactionSessionTimeout) as info:
+        conn.execute("SELECT 1")
+    assert db.is_connection_failure(info.value)
