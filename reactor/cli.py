@@ -36,6 +36,7 @@ from reactor.settings import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_POLL_INTERVAL_SECONDS,
     DEFAULT_PRUNE_BATCH_SIZE,
+    DEFAULT_REDIS_TIMEOUT_SECONDS,
     DEFAULT_REDIS_URL,
     DEFAULT_STALE_AFTER_SECONDS,
     DEFAULT_SWEEP_INTERVAL_SECONDS,
@@ -161,6 +162,16 @@ def _sweep_options(func: F) -> F:
     )(func)
     func = _redis_option(func)
     func = click.option(
+        "--redis-timeout",
+        type=click.FloatRange(min=0, min_open=True),
+        envvar="REACTOR_REDIS_TIMEOUT",
+        default=DEFAULT_REDIS_TIMEOUT_SECONDS,
+        show_default=True,
+        show_envvar=True,
+        help="Seconds to wait for Redis to connect or answer a command (a claim's row locks "
+        "are held meanwhile).",
+    )(func)
+    func = click.option(
         "--batch-size",
         type=click.IntRange(1, 10_000),
         envvar="REACTOR_BATCH_SIZE",
@@ -280,6 +291,7 @@ def _settings(options: dict[str, Any]) -> ReactorSettings:
         batch_size=options["batch_size"],
         stale_after_seconds=options["stale_after"],
         job_timeout_seconds=options["job_timeout"],
+        redis_timeout_seconds=options["redis_timeout"],
         **run_only,
     )
 

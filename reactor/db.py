@@ -13,6 +13,11 @@ connecting. Landing on a read-only server is a connection failure (`DatabaseErro
 and so is any error `is_connection_failure` recognises (a lost session, a server in recovery
 or shutting down, a read-only transaction): the caller drops the connection and reconnects.
 
+A connection may be given an idle-in-transaction timeout (`connect(...,
+idle_in_transaction_seconds=...)`, a session setting, so only where no pooler sits between):
+Postgres then closes a session whose transaction waits on something else (a hung Redis during
+a claim) longer than that, and the rollback frees the transaction's row locks.
+
 Server-side prepared statements are off unless asked for (`set_prepared_statements`, or
 `REACTOR_PREPARED_STATEMENTS=1`), or preferred by a process that LISTENs (`reactor run` with
 a doorbell): behind a pooler in transaction mode (PgBouncer) each transaction may run on
@@ -49,7 +54,7 @@ __all__ = [
 ]
 
 #: The migration version this release of the code needs (the last file in sql/).
-LATEST_SCHEMA_VERSION = 11
+LATEST_SCHEMA_VERSION = 12
 
 Connection = psycopg.Connection[TupleRow]
 
@@ -79,8 +84,9 @@ _FALSE = frozenset({"", "0", "false", "no", "off"})
 _prepared_statements: bool | None = None
 
 #: SQLSTATEs after which the session is useless, though the socket may be open: a read-only
-#: transaction (a standby, an old primary back), admin/crash shutdown, cannot connect now.
-_CONNECTION_SQLSTATES = frozenset({"25006", "57P01", "57P02", "57P03"})
+#: transaction (a standby, an old primary back), admin/crash shutdown, cannot connect now, the
+#: session ended by its idle-in-transaction timeout.
+_CONNECTION_SQLSTATES = frozenset({"25006", "25P03", "57P01", "57P02", "57P03"})
 #: Message fragments of the same failures from servers or poolers that send no SQLSTATE.
 _CONNECTION_MESSAGES = ("recovery", "read-only", "shutting down", "server closed")
 
@@ -153,10 +159,17 @@ def translate_error(exc: psycopg.Error, what: str, conn: Connection | None = Non
 
 
 def connect(
-    url: str, *, autocommit: bool = False, purpose: str = "work", read_write: bool = True
+    url: str,
+    *,
+    autocommit: bool = False,
+    purpose: str = "work",
+    read_write: bool = True,
+    idle_in_transaction_seconds: float | None = None,
 ) -> Connection:
     """Open a connection for one role (`purpose` goes into `application_name`); with
-    `read_write` (every role that writes), only on a server that accepts writes.
+    `read_write` (every role that writes), only on a server that accepts writes; with
+    `idle_in_transaction_seconds`, a session the server ends when a transaction of it sits
+    idle that long.
 
     Raises:
         ConfigError: the URL is malformed (a retry cannot help).
@@ -190,7 +203,24 @@ def connect(
         raise DatabaseError(f"cannot connect to Postgres: {describe_error(exc)}") from exc
     if check_after:
         _require_writable(conn)
+    if idle_in_transaction_seconds is not None:
+        _end_idle_transactions(conn, idle_in_transaction_seconds)
     return conn
+
+
+def _end_idle_transactions(conn: Connection, seconds: float) -> None:
+    """Set the session's `idle_in_transaction_session_timeout` (committed: a rolled-back
+    set_config would be undone); close `conn` and fail if it cannot be set."""
+    try:
+        conn.execute(
+            queries.SET_IDLE_IN_TRANSACTION_TIMEOUT,
+            {"timeout": f"{max(1, round(seconds * 1000))}ms"},
+        )
+        if not conn.autocommit:
+            conn.commit()
+    except psycopg.Error as exc:
+        conn.close()
+        raise DatabaseError(f"cannot connect to Postgres: {describe_error(exc)}") from exc
 
 
 def _check_hosts(params: Mapping[str, Any]) -> None:

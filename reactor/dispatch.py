@@ -128,6 +128,7 @@ class Dispatcher:
         before_commit: Callable[[], None] | None = None,
         metrics: Metrics | None = None,
         database_url: str | None = None,
+        idle_in_transaction_seconds: float | None = None,
     ) -> None:
         self._conn = conn
         self._metrics = metrics or Metrics()
@@ -138,6 +139,8 @@ class Dispatcher:
         self._before_commit = before_commit
         # The prefetch connection of backlog drains; without a URL, drains do not overlap.
         self._database_url = database_url
+        # The prefetch connection's guard against a claim left open (as the work connection's).
+        self._idle_in_transaction = idle_in_transaction_seconds
         self._prefetch_conn: Connection | None = None
         self._prefetch_retry_at = 0.0
         #: Types whose claim failed with a statement error, and until when they are skipped.
@@ -579,7 +582,11 @@ class Dispatcher:
             if now < self._prefetch_retry_at:
                 return None
             try:
-                self._prefetch_conn = db.connect(self._database_url, purpose="work-prefetch")
+                self._prefetch_conn = db.connect(
+                    self._database_url,
+                    purpose="work-prefetch",
+                    idle_in_transaction_seconds=self._idle_in_transaction,
+                )
             except ReactorError as exc:
                 # A connection limit, say: draining on one connection is slower, not wrong.
                 self._prefetch_retry_at = now + PREFETCH_RETRY_SECONDS

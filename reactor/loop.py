@@ -34,7 +34,12 @@ finished rows on a connection of its own, outside this loop.
 Failure policy: at start-up a bad URL, an unreachable or unmigrated database, or a Redis that
 refuses our credentials is a `ConfigError` (exit 2). At runtime, Postgres failures reconnect
 with exponential backoff and jitter, forever; Redis failures roll the batch back (rows stay
-`pending`) and the drain is retried with backoff until Redis answers again.
+`pending`) and the drain is retried with backoff until Redis answers again. A sweep whose
+statement fails on a healthy connection is logged (throttled) and tried again at the next
+interval, and dispatch goes on meanwhile: only lost connections pause the loop. Every Redis
+command waits at most `--redis-timeout` (a hung Redis cannot keep a claim's row locks), and a
+listening reactor's work sessions end a transaction left idle for
+`IDLE_IN_TRANSACTION_REDIS_TIMEOUTS` times that (Postgres rolls it back): the second guard.
 """
 
 from __future__ import annotations
@@ -52,6 +57,8 @@ from http.server import ThreadingHTTPServer
 import psycopg
 import redis
 import tenacity
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from redis.sentinel import MasterNotFoundError
 
 from reactor import db, queries
@@ -118,6 +125,12 @@ NAMED_ROWS_REFILL_PER_SECOND = 5.0
 #: polling reactor, the kind that runs behind a pooler, makes it every few seconds, and it
 #: wakes nothing by itself (a poll-only reactor would poll at each such wake-up).
 KEEP_ROUTES_SECONDS = 5.0
+#: A listening reactor's work connections end a transaction idle this many Redis timeouts
+#: (`--redis-timeout`): the claim's enqueue may take a few commands, each bounded by the timeout.
+IDLE_IN_TRANSACTION_REDIS_TIMEOUTS = 3
+#: Failed sweeps logged per `SWEEP_FAILED_LOG_SECONDS` (the rest are counted in the next line).
+SWEEP_FAILED_LOG_BURST = 3
+SWEEP_FAILED_LOG_SECONDS = 60.0
 
 
 def _jittered(seconds: float) -> float:
@@ -180,7 +193,20 @@ class Reactor:
         self.routes: dict[str, Route] = dict(settings.routes)
         self._types = tuple(self.routes)
         self._registration: RouteRegistration | None = None
-        self._redis = connect_redis(settings.redis_url)
+        # No retry inside redis-py: a failed batch is rolled back and the drain retried by
+        # the loop, outside the transaction, so a retry never extends how long locks are held.
+        self._redis = connect_redis(
+            settings.redis_url,
+            socket_timeout=settings.redis_timeout_seconds,
+            socket_connect_timeout=settings.redis_timeout_seconds,
+            retry=Retry(NoBackoff(), 0),
+        )
+        # Only a listening reactor is sure to have sessions of its own (no pooler between).
+        self._idle_in_transaction = (
+            IDLE_IN_TRANSACTION_REDIS_TIMEOUTS * settings.redis_timeout_seconds
+            if settings.listen
+            else None
+        )
         self._enqueuer = Enqueuer(
             self._redis, self.routes, job_timeout_seconds=settings.job_timeout_seconds
         )
@@ -194,6 +220,9 @@ class Reactor:
         self._warned_unknown: set[str] = set()
         self._ignored_log = LogThrottle(burst=10, interval_seconds=60.0)
         self._named_budget = Budget(NAMED_ROWS_BUDGET, NAMED_ROWS_REFILL_PER_SECOND)
+        self._sweep_failed_log = LogThrottle(
+            burst=SWEEP_FAILED_LOG_BURST, interval_seconds=SWEEP_FAILED_LOG_SECONDS
+        )
         self.metrics = Metrics()
         self._bell = Doorbell(
             settings.doorbell, poll_interval_seconds=settings.poll_interval_seconds
@@ -231,7 +260,11 @@ class Reactor:
 
     def _start(self) -> None:
         try:
-            conn = db.connect(self.settings.database_url, purpose="work")
+            conn = db.connect(
+                self.settings.database_url,
+                purpose="work",
+                idle_in_transaction_seconds=self._idle_in_transaction,
+            )
             try:
                 db.check_schema(conn)
                 self._register_routes(conn)
@@ -304,6 +337,7 @@ class Reactor:
             before_commit=self._before_commit,
             metrics=self.metrics,
             database_url=self.settings.database_url,
+            idle_in_transaction_seconds=self._idle_in_transaction,
         )
         quarantined = self._dispatcher.quarantined
         self.health.failing_types = lambda: [(t, q.error) for t, q in list(quarantined.items())]
@@ -365,7 +399,11 @@ class Reactor:
         self._backlog = True
 
     def _connect_work(self) -> db.Connection:
-        conn = db.connect(self.settings.database_url, purpose="work")
+        conn = db.connect(
+            self.settings.database_url,
+            purpose="work",
+            idle_in_transaction_seconds=self._idle_in_transaction,
+        )
         if self._registration is not None:
             # The routes' liveness lock went with the old session: hold it again.
             try:
@@ -519,7 +557,9 @@ class Reactor:
             # Scheduled first: a sweep that fails is retried at the next interval.
             self._next_sweep = now + _jittered(self.settings.sweep_interval_seconds)
             work, drained = Work.SWEEP, self._types
-            result = sweep = self._sweep()
+            sweep = self._sweep()
+            # A failed sweep may have failed before its drain: drain every type next turn.
+            result = sweep or SweepResult(more=True)
         elif self._backlog or (self._next_due is not None and now >= self._next_due):
             work, drained = Work.DRAIN, self._types
             result = self._drain(drained)
@@ -756,11 +796,28 @@ class Reactor:
     def _should_stop(self) -> bool:
         return self.stopper.requested
 
-    def _sweep(self) -> SweepResult:
+    def _sweep(self) -> SweepResult | None:
+        """A sweep round (None: a statement of it failed, on a healthy connection).
+
+        Raises:
+            DatabaseError: the connection failed (the caller reconnects).
+        """
         assert self._sweeper is not None
-        result = self._sweeper.run_once(self._should_stop, DRAIN_SLICE_SECONDS)
-        if self._http is not None:
-            self._sweeper.refresh_backlog_metrics()
+        try:
+            result = self._sweeper.run_once(self._should_stop, DRAIN_SLICE_SECONDS)
+            if self._http is not None:
+                self._sweeper.refresh_backlog_metrics()
+        except StatementError as exc:
+            # A row or a statement the sweep cannot handle: the next interval tries again,
+            # and meanwhile notifications and polls are dispatched without a pause.
+            self.health.sweep_failed(str(exc))
+            self.metrics.sweep_failures.inc()
+            if self._sweep_failed_log.allow():
+                logger.error(
+                    "sweep_failed error=%s suppressed=%d", exc, self._sweep_failed_log.suppressed()
+                )
+            return None
+        self.health.sweep_succeeded()
         return result
 
     def sweep_once(self) -> SweepResult:

@@ -103,6 +103,11 @@ class Metrics:
             "reactor_notifications", "NOTIFY wake-ups received (any payload).", registry=r
         )
         self.sweeps = Counter("reactor_sweeps", "Sweep rounds completed.", registry=r)
+        self.sweep_failures = Counter(
+            "reactor_sweep_failures",
+            "Sweep rounds a statement error ended (dispatch went on).",
+            registry=r,
+        )
         self.polls = Counter(
             "reactor_polls",
             "Drains run because the reactor was polling (doorbell not armed), not because of "
@@ -156,6 +161,8 @@ class HealthCheck:
         self.last_turn = time.monotonic()
         self.failures = 0
         self.last_error = ""
+        self.sweep_failures = 0
+        self.last_sweep_error = ""
         #: Job types whose claims fail (set by the loop): (type, error) pairs.
         self.failing_types: Callable[[], list[tuple[str, str]]] = list
 
@@ -170,12 +177,22 @@ class HealthCheck:
     def succeeded(self) -> None:
         self.failures = 0
 
+    def sweep_failed(self, error: str) -> None:
+        """A sweep's statement failed on a healthy connection (dispatch goes on)."""
+        self.sweep_failures += 1
+        self.last_sweep_error = error
+
+    def sweep_succeeded(self) -> None:
+        self.sweep_failures = 0
+
     def problem(self) -> str | None:
         """None when healthy, else the reason."""
         if self._listening and not self.listener_connected:
             return "listener disconnected"
         if self.failures >= FAILURES_BEFORE_UNHEALTHY:
             return f"{self.failures} failed drains or sweeps in a row: {self.last_error}"
+        if self.sweep_failures >= FAILURES_BEFORE_UNHEALTHY:
+            return f"{self.sweep_failures} failed sweeps in a row: {self.last_sweep_error}"
         failing = self.failing_types()
         if failing:
             names = ",".join(sorted(t for t, _ in failing)[:5])

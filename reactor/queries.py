@@ -65,6 +65,7 @@ __all__ = [
     "ROUTES_UNLOCK",
     "SCHEMA_VERSION",
     "SERVER_READ_ONLY",
+    "SET_IDLE_IN_TRANSACTION_TIMEOUT",
     "SET_LOCK_TIMEOUT",
     "SET_SEARCH_PATH",
     "STATUS_COUNTS",
@@ -158,16 +159,18 @@ SELECT extract(epoch FROM least(min(d.due), now() + interval '1 day') - now())::
 #: stale (no heartbeat for `stale_after` seconds). Keyset-paged in (updated_at, type,
 #: photo_id) order up to `until` (the sweep's start), so rows re-dispatched during the sweep
 #: (their updated_at moves to now) are not visited twice. Rows of paused types are left
-#: active: rescuing them would dispatch the type.
+#: active: rescuing them would dispatch the type. The page key's updated_at comes back as
+#: text and goes back as `after_at`: exact, and whatever a row written before sql/0012 holds
+#: ('-infinity', a year Python's datetime cannot hold) it cannot fail the pass.
 LIST_ACTIVE = """
-SELECT type, photo_id, prior_attempts + attempts, updated_at,
+SELECT type, photo_id, prior_attempts + attempts, updated_at::text,
        updated_at < now() - make_interval(secs => %(stale_after)s::float8) AS stale
   FROM photo_jobs
  WHERE state = 'active'
    AND type = ANY (%(types)s::text[])
    AND NOT EXISTS (SELECT FROM reactor_paused_types AS x WHERE x.type = photo_jobs.type)
    AND updated_at <= %(until)s
-   AND (updated_at, type, photo_id) > (%(after_at)s, %(after_type)s, %(after_id)s)
+   AND (updated_at, type, photo_id) > (%(after_at)s::timestamptz, %(after_type)s, %(after_id)s)
  ORDER BY updated_at, type, photo_id
  LIMIT %(limit)s
 """
@@ -320,9 +323,14 @@ SELECT DISTINCT photo_id
 
 #: The latest failed rows and rows that failed at least once and will be retried (or are being
 #: retried), newest first. Reads the table: an operator's query, not on the dispatch path.
+#: Times are clamped to what Python's datetime holds in any time zone (0001-01-02 to
+#: 9999-12-30 UTC): a row written before sql/0012 may hold 'infinity' or '-infinity'.
 FAILURES = """
-SELECT type, photo_id, state, attempts, max_attempts, last_error, updated_at,
-       CASE WHEN state = 'pending' THEN next_retry_at END  -- a failed row retries never
+SELECT type, photo_id, state, attempts, max_attempts, last_error,
+       least(greatest(updated_at, '0001-01-02 00:00:00+00'), '9999-12-30 00:00:00+00'),
+       CASE WHEN state = 'pending'  -- a failed row retries never
+            THEN least(greatest(next_retry_at, '0001-01-02 00:00:00+00'),
+                       '9999-12-30 00:00:00+00') END
   FROM photo_jobs
  WHERE (state = 'failed' OR (state IN ('pending', 'active') AND last_error IS NOT NULL))
    AND (%(type)s::text IS NULL OR type = %(type)s)
@@ -386,20 +394,23 @@ SELECT now(), date_trunc('minute', now())
 
 #: The dashboard: rows finished in the last 60 minutes (up to `minute`), by the minute of
 #: their last update, type and state, with the attempts they took. Rows re-submitted or
-#: pruned since are not counted. One range of the finished-rows index per state.
+#: pruned since are not counted. One range of the finished-rows index per state. Rows
+#: updated after `minute` (clock skew, or 'infinity' written before sql/0012) are left out.
 FINISHED_BY_MINUTE = """
 SELECT date_trunc('minute', updated_at) AS minute, type, state, count(*), sum(attempts)
   FROM photo_jobs
  WHERE state IN ('done', 'failed')
    AND updated_at >= %(minute)s::timestamptz - interval '59 minutes'
+   AND updated_at < %(minute)s::timestamptz + interval '1 minute'
  GROUP BY 1, 2, 3
 """
 
 #: The dashboard: the last `limit` failures: failed rows and pending rows waiting for a retry
-#: after an error, newest first (last_error cut at 2,000 characters).
+#: after an error, newest first (last_error cut at 2,000 characters; updated_at clamped as in
+#: FAILURES).
 RECENT_FAILURES = """
 SELECT f.type, f.photo_id, f.state, f.attempts, f.max_attempts, left(f.last_error, 2000),
-       f.updated_at,
+       least(greatest(f.updated_at, '0001-01-02 00:00:00+00'), '9999-12-30 00:00:00+00'),
        CASE WHEN f.state = 'pending' THEN f.next_retry_at::text END  -- text: 'infinity' has
                                                                     -- no Python datetime
   FROM ((SELECT * FROM photo_jobs
@@ -486,6 +497,13 @@ SELECT CASE
                               'applied_at timestamp with time zone now()']
     THEN 'has columns, types or defaults that sql/0001 does not make'
 END
+"""
+
+#: End this session when it sits idle inside a transaction longer than `timeout` (e.g.
+#: '15000ms'): Postgres closes it and the transaction rolls back, releasing its row locks.
+#: For the session, so only on connections that are known to have one (no pooler between).
+SET_IDLE_IN_TRANSACTION_TIMEOUT = """
+SELECT set_config('idle_in_transaction_session_timeout', %(timeout)s, false)
 """
 
 #: Whether this session cannot write: a standby (in recovery) or a read-only default.

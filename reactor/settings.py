@@ -21,6 +21,7 @@ __all__ = [
     "DEFAULT_HEARTBEAT_SECONDS",
     "DEFAULT_POLL_INTERVAL_SECONDS",
     "DEFAULT_PRUNE_BATCH_SIZE",
+    "DEFAULT_REDIS_TIMEOUT_SECONDS",
     "DEFAULT_REDIS_URL",
     "DEFAULT_RETRY_BASE_SECONDS",
     "DEFAULT_RETRY_MAX_SECONDS",
@@ -33,6 +34,10 @@ __all__ = [
 ]
 
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
+#: Seconds the reactor waits for Redis to connect or to answer one command. The claim's
+#: transaction (and its row locks) stays open while the enqueue waits: a hung Redis must not
+#: hold it longer than this.
+DEFAULT_REDIS_TIMEOUT_SECONDS = 5.0
 DEFAULT_BATCH_SIZE = 500
 DEFAULT_SWEEP_INTERVAL_SECONDS = 30.0
 #: Poll-only mode: how often the reactor looks for due rows without a notification.
@@ -66,6 +71,7 @@ class ReactorSettings:
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
     job_timeout_seconds: int | None = None
+    redis_timeout_seconds: float = DEFAULT_REDIS_TIMEOUT_SECONDS
     #: Retention (`run` only): delete done/failed rows older than this many seconds.
     prune_done_after_seconds: float | None = None
     prune_failed_after_seconds: float | None = None
@@ -80,6 +86,8 @@ class ReactorSettings:
             raise ConfigError("stale-after must be positive")
         if self.poll_interval_seconds <= 0:
             raise ConfigError("poll interval must be positive")
+        if self.redis_timeout_seconds <= 0:
+            raise ConfigError("Redis timeout must be positive")
         if self.prune_failed_after_seconds is not None and self.prune_done_after_seconds is None:
             raise ConfigError("--prune-failed-after needs --prune-done-after")
         for age in (self.prune_done_after_seconds, self.prune_failed_after_seconds):

@@ -193,7 +193,7 @@ class Sweeper:
             with conn.transaction():
                 row = conn.execute(queries.DATABASE_NOW).fetchone()
             until: datetime = row[0] if row else datetime.max
-            after: tuple[object, str, str] = ("-infinity", "", "")
+            after: tuple[str, str, str] = ("-infinity", "", "")  # updated_at as text
             waiting: list[JobRef] = []  # stale and still queued: maybe orphans
             while not should_stop():
                 with conn.transaction():

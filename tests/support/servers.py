@@ -3,7 +3,8 @@
 Used when no server URL is given and no Docker engine answers, and by the tests that need a
 server of their own. Every server listens on 127.0.0.1 only, on a free port, with its data in a
 temporary directory that is removed when it stops. `RedisServer` can be stopped and started
-again on the same port, which the fault tests use to take Redis away from a running reactor.
+again on the same port, which the fault tests use to take Redis away from a running reactor,
+and frozen (SIGSTOP) and thawed, to hang it.
 For the failover tests: a `PostgresServer` can be a streaming standby of another
 (`pg_basebackup -R`), promoted, and stopped in immediate mode; a `RedisServer` can be a
 replica; `SentinelServer` is a `redis-server --sentinel`; `PgBouncer` is a pooler in
@@ -16,6 +17,7 @@ import glob
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -251,6 +253,16 @@ class RedisServer:
                 if sock.connect_ex(("127.0.0.1", self.port)) != 0:
                     return
             time.sleep(0.02)
+
+    def freeze(self) -> None:
+        """SIGSTOP the server: a hung Redis (connections stay open, nothing answers)."""
+        assert self._proc is not None
+        self._proc.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """SIGCONT a frozen server: it answers what waited meanwhile."""
+        assert self._proc is not None
+        self._proc.send_signal(signal.SIGCONT)
 
     def close(self) -> None:
         self.stop()
