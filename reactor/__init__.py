@@ -1,7 +1,8 @@
 """photo-reactor: turn committed `photo_jobs` rows into RQ jobs, fast and exactly once per attempt.
 
-Public API: `submit` (producer side) and the `InvalidJobError` it raises for a bad type or photo
-id, `PermanentError` (raised by handlers), and the RQ worker
+Public API: `submit`, `submit_many`, `submit_async` and `submit_many_async` (producer side) and
+the `InvalidJobError` they raise for a bad type or photo id, `PermanentError` (raised by
+handlers), and the RQ worker
 classes `Worker` and `SimpleWorker` (loaded on first use, so producers do not import RQ's
 worker machinery).
 """
@@ -12,12 +13,22 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from reactor.errors import InvalidJobError, PermanentError
-from reactor.producer import submit
+from reactor.producer import submit, submit_async, submit_many, submit_many_async
 
 if TYPE_CHECKING:
     from reactor.workers import SimpleWorker, Worker
 
-__all__ = ["InvalidJobError", "PermanentError", "SimpleWorker", "Worker", "__version__", "submit"]
+__all__ = [
+    "InvalidJobError",
+    "PermanentError",
+    "SimpleWorker",
+    "Worker",
+    "__version__",
+    "submit",
+    "submit_async",
+    "submit_many",
+    "submit_many_async",
+]
 
 __version__ = "0.1.0"
 

@@ -28,7 +28,7 @@ from reactor.logs import configure_logging
 from reactor.loop import Reactor
 from reactor.migrate import migrate as apply_migrations
 from reactor.pause import pause_types, resume_types, who
-from reactor.producer import DEFAULT_JOB_TYPE, submit
+from reactor.producer import DEFAULT_JOB_TYPE, submit_many
 from reactor.redact import has_password, redact
 from reactor.registry import load_routes
 from reactor.routes import Route, parse_routes
@@ -584,13 +584,11 @@ def submit_command(
 ) -> None:
     """Submit photos (one transaction): new rows, or done/failed rows re-armed. `-` reads
     photo ids from standard input, one a line (empty lines are skipped)."""
-    photo_ids = tuple(_with_stdin(photo_ids))
+    photo_ids = tuple(dict.fromkeys(_with_stdin(photo_ids)))
     for photo_id in photo_ids:
         validate_job(photo_id, job_type)
     with _connect(database_url, "submit") as conn, conn.transaction():
-        submitted = sum(
-            submit(conn, photo_id, job_type, max_attempts=max_attempts) for photo_id in photo_ids
-        )
+        submitted = submit_many(conn, photo_ids, job_type, max_attempts=max_attempts)
     click.echo(json.dumps({"submitted": submitted, "unchanged": len(photo_ids) - submitted}))
 
 

@@ -1,46 +1,47 @@
-"""The producer API: put a photo job into `photo_jobs` inside the caller's transaction.
+"""The producer API: put photo jobs into `photo_jobs` inside the caller's transaction.
 
-This is a transactional outbox: the row commits or rolls back with the photo it belongs to,
-and its NOTIFY (sent by the trigger) is delivered only if it commits. `submit` never commits.
+This is a transactional outbox: the rows commit or roll back with the photos they belong to,
+and their NOTIFY (sent by the table's triggers) is delivered only if they commit. Nothing here
+commits or rolls back.
+
+`submit` and `submit_many` take whatever connection the application holds: a psycopg
+`Connection`, a SQLAlchemy `Connection` or `Session` on Postgres (psycopg or psycopg2 driver),
+or Django's `connection` (postgresql backend). `submit_async` and `submit_many_async` take a
+psycopg `AsyncConnection` or a SQLAlchemy `AsyncConnection`/`AsyncSession`. SQLAlchemy and
+Django are never imported here: an object is recognised by its class's module, and used only
+through its own public methods (`exec_driver_sql`, `connection()`, `cursor()`), so the
+statement runs in that object's current transaction. Every id is validated before the database
+is touched (`InvalidJobError`); any other object gets a `TypeError` that says what is needed.
+
+Idempotent: a `pending` or `active` row is left as it is; a `done` or `failed` row is re-armed
+(a new life at attempts 0, due from now, its attempts added to `prior_attempts` so that the
+fencing token goes on growing).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
 import psycopg
 
-from reactor.validate import validate_job
+from reactor import queries
+from reactor.errors import InvalidJobError
+from reactor.validate import check_job_type, check_photo_id
 
-__all__ = ["DEFAULT_JOB_TYPE", "submit"]
+__all__ = ["DEFAULT_JOB_TYPE", "submit", "submit_async", "submit_many", "submit_many_async"]
 
 DEFAULT_JOB_TYPE = "photo.process"
 
-# A pending/active row is left as it is (idempotent); a done/failed row is re-armed: a new
-# life at attempts 0, its earlier attempts added to prior_attempts so that the fencing token
-# (prior_attempts + attempts) goes on growing. `xmax = 0` tells an inserted row from an
-# updated one.
-_SUBMIT = """
-INSERT INTO photo_jobs AS j (photo_id, type, next_retry_at, max_attempts)
-VALUES (%(photo_id)s, %(type)s, %(run_at)s, coalesce(%(max_attempts)s, 5))
-ON CONFLICT (photo_id, type) DO UPDATE
-   SET state = 'pending',
-       prior_attempts = j.prior_attempts + j.attempts,
-       attempts = 0,
-       next_retry_at = coalesce(EXCLUDED.next_retry_at, now()),  -- due from the re-arm
-       last_error = NULL,
-       max_attempts = CASE WHEN %(max_attempts)s::int IS NULL THEN j.max_attempts
-                           ELSE EXCLUDED.max_attempts END
- WHERE j.state IN ('done', 'failed')
-RETURNING (xmax = 0) AS inserted
-"""
+#: SQLAlchemy drivers whose parameter style (`%(name)s`) the statement is written in.
+_SQLALCHEMY_DRIVERS = frozenset({"psycopg", "psycopg2", "psycopg_async"})
 
 
 def submit(
-    conn: psycopg.Connection[Any],
+    conn: Any,
     photo_id: str,
-    type: str = DEFAULT_JOB_TYPE,  # noqa: A002 - the column's name, fixed by the spec
+    type: str = DEFAULT_JOB_TYPE,  # noqa: A002 - the column's name
     *,
     run_at: datetime | None = None,
     max_attempts: int | None = None,
@@ -48,7 +49,8 @@ def submit(
     """Insert (or re-arm) the job of `photo_id` in the caller's current transaction.
 
     Args:
-        conn: the caller's connection; its transaction decides whether the job exists.
+        conn: the caller's connection (see the module docstring); its transaction decides
+            whether the job exists.
         photo_id: the photo.
         type: the job type (must have a route in the reactor to be dispatched).
         run_at: not before this time (timezone-aware); None = at once.
@@ -59,12 +61,171 @@ def submit(
         True when a row was inserted or re-armed; False when it was already pending/active.
 
     Raises:
-        InvalidJobError: the photo id or the type is invalid (checked before the database).
-        psycopg.Error: the insert failed.
+        InvalidJobError: a bad photo id, type, run_at or max_attempts (checked before the
+            database).
+        TypeError: `conn` is not a connection this function can use (a message says what is
+            needed).
+        Exception: the driver's own error when the statement fails.
     """
-    validate_job(photo_id, type)
-    row = conn.execute(
-        _SUBMIT,
-        {"photo_id": photo_id, "type": type, "run_at": run_at, "max_attempts": max_attempts},
-    ).fetchone()
-    return row is not None
+    return submit_many(conn, [photo_id], type, run_at=run_at, max_attempts=max_attempts) == 1
+
+
+def submit_many(
+    conn: Any,
+    photo_ids: Iterable[str],
+    type: str = DEFAULT_JOB_TYPE,  # noqa: A002 - the column's name
+    *,
+    run_at: datetime | None = None,
+    max_attempts: int | None = None,
+) -> int:
+    """Submit every id of `photo_ids` in one statement, in the caller's current transaction
+    (repeated ids count once); how many rows were inserted or re-armed. Its COMMIT sends one
+    notification per type (and per kind: inserted, re-armed), however many ids.
+
+    Raises:
+        InvalidJobError, TypeError: see `submit` (no id is written when one is invalid).
+        Exception: the driver's own error when the statement fails.
+    """
+    params = _params(photo_ids, type, run_at, max_attempts)
+    run = _sync_runner(conn)
+    return 0 if not params["photo_ids"] else run(queries.SUBMIT_MANY, params)
+
+
+async def submit_async(
+    conn: Any,
+    photo_id: str,
+    type: str = DEFAULT_JOB_TYPE,  # noqa: A002 - the column's name
+    *,
+    run_at: datetime | None = None,
+    max_attempts: int | None = None,
+) -> bool:
+    """`submit` for a psycopg `AsyncConnection` or a SQLAlchemy `AsyncConnection` or
+    `AsyncSession`.
+
+    Raises:
+        InvalidJobError, TypeError: see `submit`.
+        Exception: the driver's own error when the statement fails.
+    """
+    submitted = await submit_many_async(
+        conn, [photo_id], type, run_at=run_at, max_attempts=max_attempts
+    )
+    return submitted == 1
+
+
+async def submit_many_async(
+    conn: Any,
+    photo_ids: Iterable[str],
+    type: str = DEFAULT_JOB_TYPE,  # noqa: A002 - the column's name
+    *,
+    run_at: datetime | None = None,
+    max_attempts: int | None = None,
+) -> int:
+    """`submit_many` for a psycopg `AsyncConnection` or a SQLAlchemy `AsyncConnection` or
+    `AsyncSession`.
+
+    Raises:
+        InvalidJobError, TypeError: see `submit`.
+        Exception: the driver's own error when the statement fails.
+    """
+    params = _params(photo_ids, type, run_at, max_attempts)
+    kind = _kind(conn)
+    if not params["photo_ids"] and kind in ("psycopg async", "sqlalchemy async"):
+        return 0
+    if kind == "psycopg async":
+        async with conn.cursor() as cursor:
+            await cursor.execute(queries.SUBMIT_MANY, params)
+            return int(cursor.rowcount)
+    if kind == "sqlalchemy async":
+        target = conn
+        if _class_name(conn) == "AsyncSession":
+            target = await conn.connection()
+        _check_sqlalchemy_dialect(target.dialect, conn)
+        result = await target.exec_driver_sql(queries.SUBMIT_MANY, params)
+        return int(result.rowcount)
+    raise _unusable(
+        conn,
+        "submit_async() needs an async Postgres connection: a psycopg AsyncConnection, or a "
+        "SQLAlchemy AsyncConnection or AsyncSession",
+    )
+
+
+# -- parameters ----------------------------------------------------------------------------
+
+
+def _params(
+    photo_ids: Iterable[str], job_type: str, run_at: datetime | None, max_attempts: int | None
+) -> dict[str, Any]:
+    if isinstance(photo_ids, str):
+        raise InvalidJobError("photo_ids must be a collection of ids, not one string")
+    ids = list(dict.fromkeys(photo_ids))  # ON CONFLICT cannot touch one row twice
+    for photo_id in ids:
+        check_photo_id(photo_id)
+    check_job_type(job_type)
+    if run_at is not None and (not isinstance(run_at, datetime) or run_at.utcoffset() is None):
+        raise InvalidJobError(f"run_at must be a timezone-aware datetime, got {run_at!r:.60}")
+    if max_attempts is not None and (
+        isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1
+    ):
+        raise InvalidJobError(f"max_attempts must be an integer of 1 or more, got {max_attempts!r}")
+    return {"photo_ids": ids, "type": job_type, "run_at": run_at, "max_attempts": max_attempts}
+
+
+# -- connections ---------------------------------------------------------------------------
+
+
+def _class_name(conn: object) -> str:
+    return type(conn).__name__
+
+
+def _kind(conn: object) -> str:
+    """What kind of connection `conn` is, from its class alone (nothing is imported)."""
+    if isinstance(conn, psycopg.Connection):
+        return "psycopg"
+    if isinstance(conn, psycopg.AsyncConnection):
+        return "psycopg async"
+    module = type(conn).__module__
+    if module.startswith("sqlalchemy."):
+        if _class_name(conn) in ("AsyncConnection", "AsyncSession"):
+            return "sqlalchemy async"
+        if _class_name(conn) in ("Connection", "Session") or hasattr(conn, "exec_driver_sql"):
+            return "sqlalchemy"
+    if module.startswith("django.") and hasattr(conn, "cursor") and hasattr(conn, "vendor"):
+        return "django"
+    return "unknown"
+
+
+def _sync_runner(conn: Any) -> Any:
+    """A function (statement, params) -> rowcount that runs on `conn` in its transaction."""
+    kind = _kind(conn)
+    if kind == "psycopg":
+        return lambda query, params: int(conn.execute(query, params).rowcount)
+    if kind == "sqlalchemy":
+        target = conn.connection() if _class_name(conn) == "Session" else conn
+        _check_sqlalchemy_dialect(target.dialect, conn)
+        return lambda query, params: int(target.exec_driver_sql(query, params).rowcount)
+    if kind == "django":
+        if conn.vendor != "postgresql":
+            raise TypeError(f"submit() needs a Postgres database; Django's is {conn.vendor}")
+
+        def run(query: str, params: Mapping[str, Any]) -> int:
+            with conn.cursor() as cursor:
+                cursor.execute(query, params)
+                return int(cursor.rowcount)
+
+        return run
+    if kind in ("psycopg async", "sqlalchemy async"):
+        raise _unusable(conn, "an async connection needs submit_async() / submit_many_async()")
+    raise _unusable(conn, "submit() needs a Postgres connection: psycopg, SQLAlchemy or Django")
+
+
+def _check_sqlalchemy_dialect(dialect: Any, conn: object) -> None:
+    if dialect.name != "postgresql" or dialect.driver not in _SQLALCHEMY_DRIVERS:
+        raise TypeError(
+            "submit() needs a Postgres connection: psycopg, SQLAlchemy (postgresql+psycopg or "
+            "postgresql+psycopg2) or Django; got a SQLAlchemy "
+            f"{_class_name(conn)} on {dialect.name}+{dialect.driver}"
+        )
+
+
+def _unusable(conn: object, need: str) -> TypeError:
+    return TypeError(f"{need}; got {type(conn).__module__}.{_class_name(conn)}")

@@ -70,6 +70,7 @@ __all__ = [
     "SET_SEARCH_PATH",
     "STATUS_COUNTS",
     "STATUS_PER_TYPE",
+    "SUBMIT_MANY",
     "WARM_UP_ROW",
 ]
 
@@ -717,6 +718,28 @@ UPDATE photo_jobs
        next_retry_at = now() + make_interval(secs => %(delay)s)
  WHERE photo_id = %(photo_id)s AND type = %(type)s
    AND state = 'active' AND prior_attempts + attempts = %(token)s
+"""
+
+# -- the producer side -------------------------------------------------------------------------
+
+#: Insert the given photos' jobs of one type (`reactor.producer`), in the caller's transaction.
+#: A pending/active row is left as it is (idempotent); a done/failed row is re-armed: a new life
+#: at attempts 0, due from now (or `run_at`), its attempts added to prior_attempts so that the
+#: fencing token goes on growing. The row count is the rows inserted or re-armed. One statement
+#: for any number of ids: the triggers send one notification per type for all of them.
+SUBMIT_MANY = """
+INSERT INTO photo_jobs AS j (photo_id, type, next_retry_at, max_attempts)
+SELECT p.photo_id, %(type)s::text, %(run_at)s::timestamptz, coalesce(%(max_attempts)s::int, 5)
+  FROM unnest(%(photo_ids)s::text[]) AS p(photo_id)
+    ON CONFLICT (photo_id, type) DO UPDATE
+   SET state = 'pending',
+       prior_attempts = j.prior_attempts + j.attempts,
+       attempts = 0,
+       next_retry_at = coalesce(EXCLUDED.next_retry_at, now()),
+       last_error = NULL,
+       max_attempts = CASE WHEN %(max_attempts)s::int IS NULL THEN j.max_attempts
+                           ELSE EXCLUDED.max_attempts END
+ WHERE j.state IN ('done', 'failed')
 """
 
 #: Whether this role may insert into photo_jobs (workers may run as a role that cannot).
