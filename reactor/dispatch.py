@@ -389,28 +389,35 @@ class Dispatcher:
         return usable
 
     def _withdraw(self, refs: Sequence[JobRef]) -> int:
-        """Withdraw the queued jobs of named rows that cannot use them; how many. A Redis
-        error leaves them (their fenced starts refuse them)."""
+        """Withdraw the jobs of named rows that cannot use them, if still queued; how many.
+        A job already taken is left to its worker: most often the row's own, run and finished
+        within the claim's wait (its fenced start decided), else one its fenced start refuses.
+        A Redis error leaves them all, likewise."""
         if not refs:
             return 0
-        self._metrics.named_unusable.inc(len(refs))
         try:
             withdrawn = self._enqueuer.withdraw(refs)
         except EnqueueError as exc:
-            withdrawn, error = 0, str(exc)
-        else:
-            error = ""
-        if self._strays_log.allow():
-            logger.warning(
-                "notified_rows_unusable rows=%d withdrawn=%d first=%s:%s%s suppressed=%d (named "
-                "by a notification, not startable: no such row, or not pending at token 0)",
-                len(refs),
-                withdrawn,
-                refs[0].type,
-                short_id(refs[0].photo_id),
-                f" error={error}" if error else "",
-                self._strays_log.suppressed(),
-            )
+            if self._strays_log.allow():
+                logger.warning(
+                    "notified_withdraw_failed rows=%d error=%s suppressed=%d",
+                    len(refs),
+                    exc,
+                    self._strays_log.suppressed(),
+                )
+            return 0
+        if withdrawn:
+            self._metrics.named_withdrawn.inc(withdrawn)
+            if self._strays_log.allow():
+                logger.warning(
+                    "notified_jobs_withdrawn jobs=%d first=%s:%s suppressed=%d (rows named by "
+                    "notifications that are not startable: no such row, or not pending at "
+                    "token 0)",
+                    withdrawn,
+                    refs[0].type,
+                    short_id(refs[0].photo_id),
+                    self._strays_log.suppressed(),
+                )
         return withdrawn
 
     def _claim_skipped(self, refs: Sequence[JobRef], error: ReactorError) -> None:

@@ -61,10 +61,10 @@ class Metrics:
             "Claimed attempts whose job was already alive in Redis (after a lost COMMIT).",
             registry=r,
         )
-        self.named_unusable = Counter(
-            "reactor_named_unusable",
-            "Jobs enqueued for rows named by notifications that no row could use (no such "
-            "row, or not pending at token 0): withdrawn unless a worker took them first.",
+        self.named_withdrawn = Counter(
+            "reactor_named_withdrawn",
+            "Jobs enqueued for rows named by notifications and withdrawn at their claim: no "
+            "such row, or not pending at token 0.",
             registry=r,
         )
         self.claim_seconds = Histogram(

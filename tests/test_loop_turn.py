@@ -65,9 +65,9 @@ def queued(env: Env) -> list[str]:
     return [i.decode() if isinstance(i, bytes) else i for i in ids]
 
 
-def unusable(reactor: Reactor) -> float:
-    """Jobs the reactor enqueued for named rows that no row could use."""
-    value = reactor.metrics.registry.get_sample_value("reactor_named_unusable_total")
+def withdrawn(reactor: Reactor) -> float:
+    """Jobs the reactor enqueued for named rows and withdrawn: no row could use them."""
+    value = reactor.metrics.registry.get_sample_value("reactor_named_withdrawn_total")
     assert value is not None, "no such series"
     return value
 
@@ -353,7 +353,7 @@ def test_jobs_of_rows_named_by_a_stray_notification_are_withdrawn(
     assert state_of(conn, "finished") == ("done", 1)
     assert queued(env) == []
     assert not env.redis().exists("rq:job:" + job_id("photo.process", "finished", 1))
-    assert unusable(reactor) == 2
+    assert withdrawn(reactor) == 2
     assert conn.execute("SELECT count(*) FROM photo_jobs").fetchone() == (1,)
 
 
@@ -389,7 +389,7 @@ def test_a_flood_of_named_rows_costs_at_most_the_budget_and_real_rows_still_go(
     conn.execute(flood, [loop.NAMED_ROWS_BUDGET + 50])
     turn = reactor.turn()
     assert (turn.work, turn.claimed) == (Work.HINTS, 0)
-    assert unusable(reactor) == loop.NAMED_ROWS_BUDGET
+    assert withdrawn(reactor) == loop.NAMED_ROWS_BUDGET
     assert queued(env) == []
     with conn.transaction():
         conn.execute(flood, [loop.NAMED_ROWS_BUDGET])
@@ -397,4 +397,4 @@ def test_a_flood_of_named_rows_costs_at_most_the_budget_and_real_rows_still_go(
     turn_until(reactor, lambda t: state_of(conn, "real") == ("active", 1))
     assert queued(env) == [job_id("photo.process", "real", 1)]
     # The refill over the test's few seconds, at most.
-    assert unusable(reactor) < loop.NAMED_ROWS_BUDGET + 50
+    assert withdrawn(reactor) < loop.NAMED_ROWS_BUDGET + 50
