@@ -447,11 +447,8 @@ def status(database_url: str, stale_after: float, as_json: bool) -> None:
 def failures(database_url: str, job_type: str | None, limit: int, as_json: bool) -> None:
     """Show the latest failed and retried rows: attempt, last_error, when."""
     with _connect(database_url, "failures", read_write=False) as conn:
-        rows = read_failures(conn, job_type, limit)
-    if as_json:
-        click.echo(json.dumps({"failures": [r.as_dict() for r in rows]}))
-    else:
-        click.echo(format_failures(rows))
+        found = read_failures(conn, job_type, limit)
+    click.echo(json.dumps(found.as_dict()) if as_json else format_failures(found))
 
 
 @cli.command()

@@ -28,6 +28,7 @@ __all__ = [
     "DOORBELL_RELEASE",
     "DOORBELL_TRY_ARM",
     "FAILURES",
+    "FAILURES_COUNT",
     "FINISHED_BY_MINUTE",
     "FORGET_DEAD_ROUTES",
     "FOUND_PHOTO_IDS",
@@ -312,6 +313,15 @@ SELECT type, photo_id, state, attempts, max_attempts, last_error, updated_at,
  ORDER BY updated_at DESC
  LIMIT %(limit)s
 """
+
+#: `reactor failures`: how many rows `FAILURES` would list without its limit.
+FAILURES_COUNT = """
+SELECT count(*)
+  FROM photo_jobs
+ WHERE (state = 'failed' OR (state IN ('pending', 'active') AND last_error IS NOT NULL))
+   AND (%(type)s::text IS NULL OR type = %(type)s)
+"""
+
 #: Pause the given types (already paused ones are left as they are); returns those paused now.
 PAUSE_TYPES = """
 INSERT INTO reactor_paused_types (type, paused_by)
