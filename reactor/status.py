@@ -2,8 +2,9 @@
 
 Counts by type and state, the age of the oldest due pending row, the next scheduled retry,
 stale `active` rows, paused types, the routes recorded by the reactors (and how many running
-reactors use each), and pending types that no route covers. The counts scan the table; the
-other figures use the partial indexes. The table for people shows texts from the database
+reactors use each), and pending types that no route covers. Counting `done` rows scans the
+table (one statement, which Postgres may run in parallel); every other figure is read through
+an index. The table for people shows texts from the database
 (who paused a type, a recorded route) with control characters escaped (`reactor.terminal`).
 """
 
@@ -84,6 +85,8 @@ def read_status(conn: Connection, stale_after_seconds: float) -> Status:
             counts: dict[str, dict[str, int]] = {}
             for job_type, state, count in conn.execute(queries.STATUS_COUNTS):
                 counts.setdefault(job_type, dict.fromkeys(_STATES, 0))[state] = int(count)
+            for job_type, count in conn.execute(queries.DONE_COUNTS):
+                counts.setdefault(job_type, dict.fromkeys(_STATES, 0))["done"] = int(count)
             pending_types = [row[0] for row in conn.execute(queries.PENDING_TYPES)]
             paused = paused_types(conn)
             paused_names = {p.type for p in paused}
