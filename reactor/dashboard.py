@@ -296,8 +296,12 @@ class Dashboard:
         return Page(200, html.encode(), "text/html; charset=utf-8")
 
     def close(self) -> None:
-        with self._reading:
-            self._drop_connection()
+        # A read still running after the wait keeps its connection: the process is exiting.
+        if self._reading.acquire(timeout=READ_WAIT_SECONDS):
+            try:
+                self._drop_connection()
+            finally:
+                self._reading.release()
         self._redis.close()
 
 

@@ -7,6 +7,7 @@ Each form is raised by a real handler run by a real worker; nothing is mocked.""
 
 from __future__ import annotations
 
+import urllib.request
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +21,7 @@ from tests.secret_handlers import FORMS, SECRET_HEAD, SECRET_TAIL
 from tests.support.cli import run_cli
 from tests.support.env import Env
 from tests.support.processes import Process, start_worker
+from tests.support.servers import free_port
 
 ROUTE = "photo.process=tests.secret_handlers.leak"
 
@@ -116,3 +118,27 @@ def test_a_malformed_database_url_shows_no_piece_of_its_password(env: Env, url: 
         assert "bad database URL" in result.stderr, result.stderr
         assert_no_secret(result.stdout + result.stderr, " ".join(command))
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_rows_written_unmasked_are_masked_when_shown(
+    env: Env, spawn: Callable[..., Process]
+) -> None:
+    # As a release that did not know these forms wrote them.
+    secret = SECRET_HEAD + SECRET_TAIL
+    conn = env.connect()
+    conn.execute(
+        "INSERT INTO photo_jobs (photo_id, type, state, attempts, max_attempts, last_error)"
+        " VALUES ('old', 'photo.process', 'failed', 1, 1, %s)",
+        [f"RuntimeError: { ({'password': secret})!r} PGPASSWORD={secret}"],
+    )
+    for args in (["failures"], ["failures", "--json"]):
+        shown = run_cli(env, *args)
+        assert shown.returncode == 0 and "old" in shown.stdout, shown.stderr
+        assert_no_secret(shown.stdout, " ".join(args))
+    port = free_port()
+    board = spawn("-m", "reactor", "dashboard", "--port", str(port), name="dashboard")
+    board.wait_for_line("dashboard_serving")
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/overview", timeout=30) as page:
+        body = page.read().decode()
+    assert "PGPASSWORD=***" in body
+    assert_no_secret(body, "the dashboard")

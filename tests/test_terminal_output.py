@@ -24,7 +24,7 @@ EVIL_ERROR = f"RuntimeError: bad{OSC_TITLE}{CLEAR}\rall good\x07\nsecond line\x9
 RAW_CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
 
 
-def insert_row(conn: psycopg.Connection[object], photo_id: str, error: str, **kw: object) -> None:
+def insert_row(conn: psycopg.Connection[object], photo_id: str, error: str) -> None:
     conn.execute(
         "INSERT INTO photo_jobs (photo_id, type, state, attempts, max_attempts, last_error)"
         " VALUES (%s, 'photo.process', 'failed', 1, 1, %s)",
