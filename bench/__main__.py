@@ -1,4 +1,4 @@
-"""`python -m bench [all|latency|drain|sweep|writers|memory|scaleout|operator|workers ...]
+"""`python -m bench [all|latency|drain|sweep|writers|memory|scaleout|operator|workers|dashboard ...]
 [--quick]`.
 
 Runs the chosen benchmarks against real servers (see bench.common), prints each table, and
@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bench import (
+    dashboard,
     drain,
     latency,
     memory,
@@ -35,6 +36,7 @@ SUITES: dict[str, tuple[str, Callable[[bool], dict[str, Any]]]] = {
     "scaleout": ("Scale-out", scaleout.run),
     "operator": ("Operator features: pause check and retention", operator_features.run),
     "workers": ("Workers end to end", workers.run),
+    "dashboard": ("Dashboard on a big table", dashboard.run),
 }
 
 

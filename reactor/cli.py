@@ -468,11 +468,8 @@ def status(database_url: str, stale_after: float, as_json: bool) -> None:
 def failures(database_url: str, job_type: str | None, limit: int, as_json: bool) -> None:
     """Show the latest failed and retried rows: attempt, last_error, when."""
     with _connect(database_url, "failures", read_write=False) as conn:
-        rows = read_failures(conn, job_type, limit)
-    if as_json:
-        click.echo(json.dumps({"failures": [r.as_dict() for r in rows]}))
-    else:
-        click.echo(format_failures(rows))
+        found = read_failures(conn, job_type, limit)
+    click.echo(json.dumps(found.as_dict()) if as_json else format_failures(found))
 
 
 @cli.command()
@@ -621,24 +618,69 @@ def submit_command(
     show_default=True,
     help="Seconds between page reloads.",
 )
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    envvar="REACTOR_DASHBOARD_ALLOWED_HOSTS",
+    show_envvar=True,
+    help="A name the dashboard answers to in the Host header, besides localhost, 127.0.0.1, "
+    "[::1] and the --host address (repeatable; the variable is comma-separated). Requests "
+    "naming any other host get 421.",
+)
+@click.option(
+    "--cache-seconds",
+    type=click.FloatRange(0, 3600),
+    envvar="REACTOR_DASHBOARD_CACHE_SECONDS",
+    default=2.0,
+    show_default=True,
+    show_envvar=True,
+    help="How long one read of the database serves every request (0: read for each).",
+)
+@click.option(
+    "--client-timeout",
+    type=click.FloatRange(0.1, 3600),
+    envvar="REACTOR_DASHBOARD_CLIENT_TIMEOUT",
+    default=5.0,
+    show_default=True,
+    show_envvar=True,
+    help="Seconds a client may stay silent before the dashboard drops it.",
+)
 def dashboard(**options: Any) -> None:
     """Serve a read-only web page of the table, the reactors and RQ (and /api/overview)."""
     try:
-        from reactor.dashboard import Dashboard, serve_dashboard  # noqa: PLC0415
+        from reactor.dashboard import (  # noqa: PLC0415
+            Dashboard,
+            parse_allowed_host,
+            serve_dashboard,
+        )
     except ImportError as exc:
         raise ConfigError(
             f"reactor dashboard needs {exc.name}: pip install 'photo-reactor[dashboard]'"
         ) from None
+    allowed = [
+        parse_allowed_host(name)
+        for given in options["allowed_hosts"]
+        for name in given.split(",")
+        if name.strip()
+    ]
     board = Dashboard(
         options["database_url"],
         options["redis_url"],
         resolve_routes(options["routes"]),
         stale_after_seconds=options["stale_after"],
         refresh_seconds=options["refresh"],
+        cache_seconds=options["cache_seconds"],
     )
     stopper = Stopper()
     stopper.install()
-    server = serve_dashboard(board, options["host"], options["port"])
+    server = serve_dashboard(
+        board,
+        options["host"],
+        options["port"],
+        allowed=allowed,
+        client_timeout=options["client_timeout"],
+    )
     bound_host, bound_port = server.server_address[:2]
     logger.info("dashboard_serving url=http://%s:%d/", bound_host, bound_port)
     while not stopper.sleep(3600):

@@ -4,19 +4,31 @@
 meta refresh; `GET /api/overview` is the same data as JSON (see `reactor.overview`). The page
 carries everything it needs (inline CSS, server-side SVG charts: no script, no CDN), so it
 works offline, and it is served with a Content-Security-Policy that forbids every script:
-even a row whose `last_error` or photo id holds markup is shown as text. Each request reads
-the database on a short-lived connection of its own; when Postgres cannot be read, both
-endpoints answer 503 with the reason (one line, no password, no URL). The dashboard writes
-nothing, anywhere.
+even a row whose `last_error` or photo id holds markup is shown as text. When Postgres cannot
+be read, both endpoints answer 503 with the reason (one line, no password, no URL). The
+dashboard writes nothing, anywhere.
+
+What it guarantees on a shared host and a big table:
+- Only requests whose `Host` names it are served (loopback names, the address it is bound to
+  unless that is a wildcard, and the names given with `--allowed-host`); any other gets 421,
+  so a web page that rebinds its own DNS name to 127.0.0.1 cannot read the dashboard.
+- It holds one Postgres connection (reopened after a failure); one read runs at a time and its
+  result (or error) serves every request for `cache_seconds`, so any number of concurrent
+  requests cost one backend and at most one read per interval.
+- At most `MAX_CLIENTS` connections are served at once (more are closed at once), and a client
+  that sends nothing for `client_timeout` seconds is dropped: idle sockets cannot pile up
+  threads.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import re
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -33,12 +45,36 @@ from reactor.redact import redact
 from reactor.redis_url import connect_redis
 from reactor.routes import Route
 
-__all__ = ["DEFAULT_DASHBOARD_PORT", "DEFAULT_REFRESH_SECONDS", "Dashboard", "serve_dashboard"]
+__all__ = [
+    "DATABASE_CONNECTIONS",
+    "DEFAULT_CACHE_SECONDS",
+    "DEFAULT_CLIENT_TIMEOUT_SECONDS",
+    "DEFAULT_DASHBOARD_PORT",
+    "DEFAULT_REFRESH_SECONDS",
+    "MAX_CLIENTS",
+    "Dashboard",
+    "parse_allowed_host",
+    "serve_dashboard",
+]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_DASHBOARD_PORT = 9180
 DEFAULT_REFRESH_SECONDS = 5
+#: How long one read of the database serves every request.
+DEFAULT_CACHE_SECONDS = 2.0
+#: A client silent for this long is dropped.
+DEFAULT_CLIENT_TIMEOUT_SECONDS = 5.0
+#: Connections served at once; a connection beyond them is closed at once.
+MAX_CLIENTS = 32
+#: Postgres connections the dashboard holds, however many requests come.
+DATABASE_CONNECTIONS = 1
+#: How long a request waits for the read in progress before it answers 503.
+READ_WAIT_SECONDS = 30.0
+#: Host names every dashboard answers to, besides its bound address and `--allowed-host`.
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+_WILDCARDS = frozenset({"", "0.0.0.0", "::"})
+_HOST_NAME = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.-]{0,251}[A-Za-z0-9_])?$")
 
 #: No script of any origin, no request to anywhere: the page is markup, inline CSS and SVG.
 _CSP = (
@@ -55,6 +91,52 @@ def public_reason(text: str) -> str:
     return _URL.sub("<url>", redact(lines[0] if lines else "unknown error"))
 
 
+def _normal_host(name: str) -> str:
+    """A host name or IP address as the Host check compares it: lower case, no trailing dot,
+    an IPv6 address without brackets and in its compressed form."""
+    name = name.strip().lower().rstrip(".")
+    if name.startswith("[") and name.endswith("]"):
+        name = name[1:-1]
+    try:
+        return str(ipaddress.ip_address(name))
+    except ValueError:
+        return name
+
+
+def parse_allowed_host(text: str) -> str:
+    """A name given to `--allowed-host`: a host name or an IP address (an IPv6 one in brackets
+    or not), without scheme, port or path.
+
+    Raises:
+        ConfigError: anything else.
+    """
+    name = _normal_host(text)
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        if not _HOST_NAME.match(name) or ".." in name:
+            raise ConfigError(
+                f"bad --allowed-host {text!r}: give a host name or an IP address, "
+                "without scheme, port or path"
+            ) from None
+    return name
+
+
+def _host_of(header: str) -> str | None:
+    """The host part of a Host header (`name`, `name:port`, `[v6]`, `[v6]:port`); None when
+    it is malformed."""
+    header = header.strip()
+    if header.startswith("["):
+        host, sep, rest = header[1:].partition("]")
+        if not sep or (rest and not (rest.startswith(":") and rest[1:].isdigit())):
+            return None
+    else:
+        host, _, port = header.partition(":")
+        if port and not port.isdigit():
+            return None
+    return _normal_host(host) if host else None
+
+
 @dataclass(frozen=True)
 class Page:
     """One response."""
@@ -64,8 +146,21 @@ class Page:
     content_type: str
 
 
+@dataclass(frozen=True)
+class _Read:
+    """One read of the overview (or why it failed), and when it was made."""
+
+    at: float
+    found: Overview | None
+    error: str | None
+
+
 class Dashboard:
-    """Reads the overview and renders it; safe to call from several threads."""
+    """Reads the overview and renders it; safe to call from several threads.
+
+    One connection, one read at a time: a request finds the last read if it is younger than
+    `cache_seconds`, else waits for the read in progress or makes one.
+    """
 
     def __init__(
         self,
@@ -75,6 +170,7 @@ class Dashboard:
         *,
         stale_after_seconds: float,
         refresh_seconds: int = DEFAULT_REFRESH_SECONDS,
+        cache_seconds: float = DEFAULT_CACHE_SECONDS,
     ) -> None:
         """Raises:
         ConfigError: a URL is malformed (checked here: the servers may be down).
@@ -88,30 +184,93 @@ class Dashboard:
         self._routes = routes
         self._stale_after = stale_after_seconds
         self._refresh = refresh_seconds
+        self._cache_seconds = cache_seconds
+        self._conn: db.Connection | None = None
+        self._reading = threading.Lock()  # held by the one read in progress
+        self._last: _Read | None = None
         self._templates = Environment(
             loader=PackageLoader("reactor", "templates"),
             autoescape=select_autoescape(default=True, default_for_string=True),
         )
 
-    def overview(self) -> Overview:
-        """Raises:
-        ReactorError: Postgres cannot be read (or is not migrated).
-        """
+    def _connection(self) -> tuple[db.Connection, bool]:
+        """The dashboard's connection, and whether it was open already."""
+        if self._conn is not None and not self._conn.closed and not self._conn.broken:
+            return self._conn, True
+        self._drop_connection()
         conn = db.connect(self._database_url, purpose="dashboard")
-        with conn:
+        conn.read_only = True
+        self._conn = conn
+        return conn, False
+
+    def _drop_connection(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def overview(self) -> Overview:
+        """Read the overview now (no cache), on the dashboard's connection.
+
+        Raises:
+            ReactorError: Postgres cannot be read (or is not migrated).
+        """
+        conn, reused = self._connection()
+        try:
+            return self._overview_on(conn)
+        except ReactorError:
+            self._drop_connection()
+            if not reused:
+                raise
+        # The kept connection may have died while idle (a server restart): once more, on a
+        # new one, so that only a database that is down now answers 503.
+        conn, _ = self._connection()
+        try:
+            return self._overview_on(conn)
+        except ReactorError:
+            self._drop_connection()
+            raise
+
+    def _overview_on(self, conn: db.Connection) -> Overview:
+        try:
             db.check_schema(conn)
-            conn.read_only = True
             return read_overview(conn, self._redis, self._routes, self._stale_after)
+        finally:
+            # Never left idle in a transaction (it would hold back vacuum) between reads.
+            if not conn.closed and not conn.broken:
+                try:
+                    conn.rollback()
+                except psycopg.Error:
+                    self._drop_connection()
+
+    def _fresh(self) -> _Read | None:
+        last = self._last
+        if last is not None and time.monotonic() - last.at < self._cache_seconds:
+            return last
+        return None
 
     def _read(self) -> tuple[Overview | None, str | None]:
+        found = self._fresh()
+        if found is None:
+            if not self._reading.acquire(timeout=READ_WAIT_SECONDS):
+                return None, "the dashboard's read of the database is taking too long"
+            try:
+                found = self._fresh() or self._read_now()  # another request may have read
+            finally:
+                self._reading.release()
+        return found.found, found.error
+
+    def _read_now(self) -> _Read:
         try:
             found = self.overview()
         except ReactorError as exc:
-            logger.warning("dashboard_read_failed error=%s", public_reason(str(exc)))
-            return None, public_reason(str(exc))
+            reason = public_reason(str(exc))
+            logger.warning("dashboard_read_failed error=%s", reason)
+            self._last = _Read(time.monotonic(), None, reason)
+            return self._last
         if found.redis_error is not None:
             found = replace(found, redis_error=public_reason(found.redis_error))
-        return found, None
+        self._last = _Read(time.monotonic(), found, None)
+        return self._last
 
     def json_page(self) -> Page:
         found, error = self._read()
@@ -137,6 +296,12 @@ class Dashboard:
         return Page(200, html.encode(), "text/html; charset=utf-8")
 
     def close(self) -> None:
+        # A read still running after the wait keeps its connection: the process is exiting.
+        if self._reading.acquire(timeout=READ_WAIT_SECONDS):
+            try:
+                self._drop_connection()
+            finally:
+                self._reading.release()
         self._redis.close()
 
 
@@ -160,17 +325,70 @@ def _charts(found: Overview) -> list[Markup]:
     ]
 
 
-def serve_dashboard(dashboard: Dashboard, host: str, port: int) -> ThreadingHTTPServer:
-    """Serve the dashboard on `host:port` from a daemon thread; returns the server.
+class _BoundedServer(ThreadingHTTPServer):
+    """A thread per connection, at most `MAX_CLIENTS` of them: a connection beyond is closed
+    at once (an idle client cannot hold a thread past its handler's socket timeout)."""
+
+    daemon_threads = True
+    request_queue_size = MAX_CLIENTS  # connections the kernel holds until they are accepted
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        self._slots = threading.BoundedSemaphore(MAX_CLIENTS)
+        super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
+def allowed_hosts(bound: str, extra: Iterable[str]) -> frozenset[str]:
+    """The Host names the dashboard answers to: loopback names, the bound address unless it
+    is a wildcard, and `extra` (already checked by `parse_allowed_host`)."""
+    names = set(LOOPBACK_NAMES) | {_normal_host(n) for n in extra}
+    if _normal_host(bound) not in _WILDCARDS:
+        names.add(_normal_host(bound))
+    return frozenset(names)
+
+
+def serve_dashboard(
+    dashboard: Dashboard,
+    host: str,
+    port: int,
+    *,
+    allowed: Iterable[str] = (),
+    client_timeout: float = DEFAULT_CLIENT_TIMEOUT_SECONDS,
+) -> ThreadingHTTPServer:
+    """Serve the dashboard on `host:port` from a daemon thread; returns the server. Requests
+    whose Host header is not among `allowed_hosts(host, allowed)` get 421.
 
     Raises:
         ConfigError: the address cannot be bound.
     """
+    names = allowed_hosts(host, allowed)
 
     class Handler(BaseHTTPRequestHandler):
+        # The socket's timeout: a client that sends nothing (or too slowly) is dropped.
+        timeout = client_timeout
+
         def do_GET(self) -> None:
+            name = _host_of(self.headers.get("Host", ""))
             path = self.path.split("?", 1)[0]
-            if path == "/":
+            if name is None or name not in names:
+                # A DNS-rebinding page sends its own name: never answer it with our data.
+                page = Page(421, _MISDIRECTED, "text/plain; charset=utf-8")
+            elif path == "/":
                 page = dashboard.html_page()
             elif path == "/api/overview":
                 page = dashboard.json_page()
@@ -189,9 +407,14 @@ def serve_dashboard(dashboard: Dashboard, host: str, port: int) -> ThreadingHTTP
             pass
 
     try:
-        server = ThreadingHTTPServer((host, port), Handler)
+        server = _BoundedServer((host, port), Handler)
     except (OSError, OverflowError) as exc:
         raise ConfigError(f"cannot serve the dashboard on {host}:{port}: {exc}") from None
-    server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="reactor-dashboard", daemon=True).start()
     return server
+
+
+_MISDIRECTED = (
+    b"421 misdirected request: this Host is not the dashboard's "
+    b"(reactor dashboard --allowed-host NAME allows a name)\n"
+)

@@ -1,8 +1,12 @@
 """`reactor failures`: why rows failed, without psql.
 
 The latest `failed` rows and the rows that failed at least once and are retried (`pending` or
-`active` with a `last_error`), newest first, with their attempt, `last_error` and when. The
-table for people shows the first line of each error, cut to fit; JSON carries it whole.
+`active` with a `last_error`), newest first, with their attempt, `last_error` and when, and
+how many more rows there are beyond the limit. The table for people shows each row on one
+line: its texts with control characters escaped (`reactor.terminal`) and passwords masked
+(rows written by older releases or by hand were not), the error cut to fit around an
+ellipsis, so its start and its end (where the cause usually is) both show. JSON carries the
+texts whole.
 """
 
 from __future__ import annotations
@@ -16,8 +20,10 @@ import psycopg
 from reactor import queries
 from reactor.db import Connection, describe_error
 from reactor.errors import DatabaseError
+from reactor.redact import redact
+from reactor.terminal import shorten, visible
 
-__all__ = ["Failure", "format_failures", "read_failures"]
+__all__ = ["Failure", "Failures", "format_failures", "read_failures"]
 
 #: Characters of `last_error` the table shows (JSON has it all).
 ERROR_COLUMN_CHARS = 80
@@ -38,41 +44,60 @@ class Failure:
 
     def as_dict(self) -> dict[str, Any]:
         data = dict(vars(self))
+        data["last_error"] = None if self.last_error is None else redact(self.last_error)
         data["updated_at"] = self.updated_at.isoformat()
         data["next_retry_at"] = self.next_retry_at.isoformat() if self.next_retry_at else None
         return data
 
 
-def read_failures(conn: Connection, job_type: str | None, limit: int) -> list[Failure]:
-    """The latest `limit` failed and retried rows (of `job_type`, if given).
+@dataclass(frozen=True)
+class Failures:
+    """The rows listed, and how many more the limit left out."""
+
+    rows: list[Failure]
+    more: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"failures": [r.as_dict() for r in self.rows], "more": self.more}
+
+
+def read_failures(conn: Connection, job_type: str | None, limit: int) -> Failures:
+    """The latest `limit` failed and retried rows (of `job_type`, if given), and how many
+    more there are (counted only when the limit is reached).
 
     Raises:
-        DatabaseError: the query failed.
+        DatabaseError: a query failed.
     """
+    params = {"type": job_type, "limit": limit}
     try:
         with conn.transaction():
-            rows = conn.execute(queries.FAILURES, {"type": job_type, "limit": limit}).fetchall()
+            rows = conn.execute(queries.FAILURES, params).fetchall()
+            total = len(rows)
+            if total == limit:
+                found = conn.execute(queries.FAILURES_COUNT, params).fetchone()
+                total = int(found[0]) if found else total
     except psycopg.Error as exc:
         raise DatabaseError(f"failures query failed: {describe_error(exc)}") from exc
-    return [Failure(*row) for row in rows]
+    return Failures([Failure(*row) for row in rows], max(0, total - len(rows)))
 
 
-def _one_line(text: str | None, width: int) -> str:
-    lines = (text or "").strip().splitlines()
-    line = lines[0] if lines else ""
-    return line if len(line) <= width else line[: width - 1] + "…"
+def _cell(text: str) -> str:
+    return visible(redact(text))
 
 
-def format_failures(failures: list[Failure]) -> str:
-    """A table for people: one line per row."""
-    if not failures:
+def format_failures(failures: Failures) -> str:
+    """A table for people: one line per row, then how many more rows there are."""
+    if not failures.rows:
         return "no failed or retried rows"
     header = f"{'when (UTC)':<19}  {'type':<16} {'photo_id':<20} {'state':<7} {'attempt':>7}  error"
     lines = [header]
-    for f in failures:
+    for f in failures.rows:
         when = f.updated_at.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+        error = shorten(_cell((f.last_error or "").strip()), ERROR_COLUMN_CHARS)
         lines.append(
-            f"{when:<19}  {f.type:<16} {f.photo_id:<20} {f.state:<7} "
-            f"{f'{f.attempt}/{f.max_attempts}':>7}  {_one_line(f.last_error, ERROR_COLUMN_CHARS)}"
+            f"{when:<19}  {_cell(f.type):<16} {_cell(f.photo_id):<20} {f.state:<7} "
+            f"{f'{f.attempt}/{f.max_attempts}':>7}  {error}"
         )
+    if failures.more:
+        lines.append(f"… {failures.more} more (--limit to show more)")
     return "\n".join(lines)

@@ -7,7 +7,8 @@ Every figure comes from a source that holds it, nothing is estimated:
   their last update, and the attempts those rows took (each attempt was one dispatch). A row
   re-submitted or pruned since is no longer counted; dispatches of rows not finished yet are
   not in the table (the reactors' `reactor_dispatched_total` metric counts those);
-- the last failures (`last_error`, attempt), the paused types;
+- the last failures (`last_error`, passwords masked even in rows written before the masking
+  knew their form; attempt), the paused types;
 - the reactors' connections from `pg_stat_activity` and whether one holds the doorbell;
 - RQ: jobs waiting and workers (`Worker.all`) per queue.
 The database part is one read-only transaction; a Redis failure leaves the RQ part empty with
@@ -179,7 +180,7 @@ def read_overview(
             now, minute = row
             finished = _finished(conn, minute)
             failures = [
-                Failure(t, p, s, a, m, e or "", u.isoformat(), n)
+                Failure(t, p, s, a, m, redact(e or ""), u.isoformat(), n)
                 for t, p, s, a, m, e, u, n in conn.execute(
                     queries.RECENT_FAILURES, {"limit": FAILURES_SHOWN}
                 )

@@ -24,11 +24,13 @@ __all__ = [
     "COUNT_FINISHED",
     "CURRENT_MINUTE",
     "DATABASE_NOW",
+    "DONE_COUNTS",
     "DOORBELL_ARM",
     "DOORBELL_HOLDERS",
     "DOORBELL_RELEASE",
     "DOORBELL_TRY_ARM",
     "FAILURES",
+    "FAILURES_COUNT",
     "FINISHED_BY_MINUTE",
     "FORGET_DEAD_ROUTES",
     "FOUND_PHOTO_IDS",
@@ -338,6 +340,15 @@ SELECT type, photo_id, state, attempts, max_attempts, last_error,
  ORDER BY updated_at DESC
  LIMIT %(limit)s
 """
+
+#: `reactor failures`: how many rows `FAILURES` would list without its limit.
+FAILURES_COUNT = """
+SELECT count(*)
+  FROM photo_jobs
+ WHERE (state = 'failed' OR (state IN ('pending', 'active') AND last_error IS NOT NULL))
+   AND (%(type)s::text IS NULL OR type = %(type)s)
+"""
+
 #: Pause the given types (already paused ones are left as they are); returns those paused now.
 PAUSE_TYPES = """
 INSERT INTO reactor_paused_types (type, paused_by)
@@ -395,15 +406,23 @@ SELECT now(), date_trunc('minute', now())
 
 #: The dashboard: rows finished in the last 60 minutes (up to `minute`), by the minute of
 #: their last update, type and state, with the attempts they took. Rows re-submitted or
-#: pruned since are not counted. One range of the finished-rows index per state. Rows
-#: updated after `minute` (clock skew, or 'infinity' written before sql/0012) are left out.
+#: pruned since are not counted. One range of the finished-rows index per state (one arm
+#: each: with `state IN (...)` Postgres estimated a large share of the table and scanned it).
+#: Rows updated after `minute` (clock skew, or 'infinity' written before sql/0012) are left out.
 FINISHED_BY_MINUTE = """
-SELECT date_trunc('minute', updated_at) AS minute, type, state, count(*), sum(attempts)
+SELECT date_trunc('minute', updated_at) AS minute, type, 'done', count(*), sum(attempts)
   FROM photo_jobs
- WHERE state IN ('done', 'failed')
+ WHERE state = 'done'
    AND updated_at >= %(minute)s::timestamptz - interval '59 minutes'
    AND updated_at < %(minute)s::timestamptz + interval '1 minute'
- GROUP BY 1, 2, 3
+ GROUP BY 1, 2
+UNION ALL
+SELECT date_trunc('minute', updated_at) AS minute, type, 'failed', count(*), sum(attempts)
+  FROM photo_jobs
+ WHERE state = 'failed'
+   AND updated_at >= %(minute)s::timestamptz - interval '59 minutes'
+   AND updated_at < %(minute)s::timestamptz + interval '1 minute'
+ GROUP BY 1, 2
 """
 
 #: The dashboard: the last `limit` failures: failed rows and pending rows waiting for a retry
@@ -588,7 +607,21 @@ MIGRATION_UNLOCK = "SELECT pg_advisory_unlock(%(key)s)"
 DATABASE_NOW = "SELECT now()"
 
 #: `reactor status`: rows by type and state (a scan of the table: an operator's query).
-STATUS_COUNTS = "SELECT type, state, count(*) FROM photo_jobs GROUP BY type, state ORDER BY type"
+#: `reactor status` and the dashboard: rows by type and state. Each state is its own arm, so
+#: pending, active and failed rows are read through their indexes (partial ones for pending and
+#: active, the finished-rows index for failed) and only `done` rows, usually nearly all of
+#: the table, need a scan: see `DONE_COUNTS`.
+STATUS_COUNTS = """
+SELECT type, 'pending', count(*) FROM photo_jobs WHERE state = 'pending' GROUP BY type
+UNION ALL
+SELECT type, 'active', count(*) FROM photo_jobs WHERE state = 'active' GROUP BY type
+UNION ALL
+SELECT type, 'failed', count(*) FROM photo_jobs WHERE state = 'failed' GROUP BY type
+"""
+
+#: `done` rows by type: a scan (no index holds type and state), in a statement of its own so
+#: Postgres can split it over parallel workers.
+DONE_COUNTS = "SELECT type, count(*) FROM photo_jobs WHERE state = 'done' GROUP BY type"
 
 #: `reactor status`: per given type, the age of the oldest due row, the next retry, and how
 #: many active rows have had no heartbeat for `stale_after` seconds.

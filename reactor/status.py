@@ -2,8 +2,10 @@
 
 Counts by type and state, the age of the oldest due pending row, the next scheduled retry,
 stale `active` rows, paused types, the routes recorded by the reactors (and how many running
-reactors use each), and pending types that no route covers. The counts scan the table; the
-other figures use the partial indexes.
+reactors use each), and pending types that no route covers. Counting `done` rows scans the
+table (one statement, which Postgres may run in parallel); every other figure is read through
+an index. The table for people shows texts from the database
+(who paused a type, a recorded route) with control characters escaped (`reactor.terminal`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from reactor.errors import DatabaseError
 from reactor.pause import PausedType, paused_types
 from reactor.registry import RecordedRoute, read_recorded_routes
 from reactor.routes import format_route
+from reactor.terminal import visible
 
 __all__ = ["Status", "TypeStatus", "format_status", "read_status"]
 
@@ -82,6 +85,8 @@ def read_status(conn: Connection, stale_after_seconds: float) -> Status:
             counts: dict[str, dict[str, int]] = {}
             for job_type, state, count in conn.execute(queries.STATUS_COUNTS):
                 counts.setdefault(job_type, dict.fromkeys(_STATES, 0))[state] = int(count)
+            for job_type, count in conn.execute(queries.DONE_COUNTS):
+                counts.setdefault(job_type, dict.fromkeys(_STATES, 0))["done"] = int(count)
             pending_types = [row[0] for row in conn.execute(queries.PENDING_TYPES)]
             paused = paused_types(conn)
             paused_names = {p.type for p in paused}
@@ -145,4 +150,5 @@ def format_status(status: Status) -> str:
         )
     for p in status.paused_types:
         lines.append(f"paused: {p.type} since {p.paused_at.isoformat()} by {p.paused_by}")
-    return "\n".join(lines)
+    # Every line is one line on the screen, whatever a value from the database holds.
+    return "\n".join(visible(line) for line in lines)

@@ -200,8 +200,9 @@ def test_failures_shows_the_latest_failed_and_retried_rows(env: Env) -> None:
     assert "r1" in lines[1] and "pending" in lines[1] and "2/5" in lines[1]
     assert "OSError: disk full" in lines[1]
     assert "f1" in lines[2] and "failed" in lines[2] and "5/5" in lines[2]
-    assert lines[2].endswith("x…"), lines[2]  # one line, cut to fit
-    assert "second line" not in table.stdout
+    # One line, cut to fit around an ellipsis: the start and the end of the error show.
+    assert lines[2].endswith("x\\nsecond line"), lines[2]
+    assert "RuntimeError: xxx" in lines[2] and "x…x" in lines[2]
 
     data = json.loads(run_cli(env, "failures", "--json", "--limit", "2").stdout)["failures"]
     assert [(f["photo_id"], f["state"], f["attempt"]) for f in data] == [

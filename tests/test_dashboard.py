@@ -7,13 +7,16 @@ and skips (saying why) only when that is impossible.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import re
 import shutil
 import socket
 import subprocess
+import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -22,6 +25,7 @@ import psycopg
 import pytest
 from rq import Worker
 
+from reactor.dashboard import DATABASE_CONNECTIONS, MAX_CLIENTS
 from reactor.migrate import migrate
 from tests.support.cli import run_cli
 from tests.support.doorbell import armed_by
@@ -193,10 +197,15 @@ def finished_last_hour(conn: psycopg.Connection[Any]) -> tuple[int, int, int]:
 
 
 def start_dashboard(
-    spawn: Callable[..., Process], *args: str, database_url: str | None = None
+    spawn: Callable[..., Process],
+    *args: str,
+    database_url: str | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> tuple[Process, str]:
     port = free_port()
-    extra = {} if database_url is None else {"DATABASE_URL": database_url}
+    extra = dict(extra_env or {})
+    if database_url is not None:
+        extra["DATABASE_URL"] = database_url
     proc = spawn(
         "-m",
         "reactor",
@@ -364,7 +373,7 @@ def test_503_with_the_reason_when_postgres_is_down(
     try:
         with psycopg.connect(server.url, autocommit=True) as conn:
             migrate(conn)
-        _, base = start_dashboard(spawn, database_url=server.url)
+        _, base = start_dashboard(spawn, "--cache-seconds", "0", database_url=server.url)
         assert get(base + "/api/overview")[0] == 200
     finally:
         server.stop()
@@ -413,6 +422,220 @@ def test_bad_input_is_one_line_and_exit_2(env: Env) -> None:
     assert "hunter2" not in bad_url.stderr and "postgresql://" not in bad_url.stderr
     bad_host = run("--host", "no.such.host.invalid")
     assert bad_host.returncode == 2 and len(bad_host.stderr.strip().splitlines()) == 1
+
+
+# -- a shared host, a busy page -------------------------------------------------------------
+
+
+def get_with_host(port: int, host_header: str | None, path: str = "/api/overview") -> int:
+    """GET `path` from 127.0.0.1:`port` with the given Host header (None: no Host at all)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.putrequest("GET", path, skip_host=True)
+        if host_header is not None:
+            conn.putheader("Host", host_header)
+        conn.endheaders()
+        response = conn.getresponse()
+        response.read()
+        return response.status
+    finally:
+        conn.close()
+
+
+def dashboard_backends(conn: psycopg.Connection[Any], *, waiting: bool = False) -> int:
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    row = conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND application_name = 'photo-reactor dashboard'"
+        " AND (NOT %s OR wait_event_type = 'Lock')",
+        [waiting],
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def threads_of(proc: Process) -> int:
+    return len(os.listdir(f"/proc/{proc.proc.pid}/task"))
+
+
+def test_foreign_host_headers_are_refused(env: Env, spawn: Callable[..., Process]) -> None:
+    # Given in the environment, as a deployment would (a flag works the same).
+    allowed = {"REACTOR_DASHBOARD_ALLOWED_HOSTS": "dash.internal,[fd00::7]"}
+    _, base = start_dashboard(spawn, extra_env=allowed)
+    port = int(base.rsplit(":", 1)[1])
+    for host in (
+        "localhost",
+        f"localhost:{port}",
+        "LOCALHOST.",
+        f"127.0.0.1:{port}",
+        f"[::1]:{port}",
+        "dash.internal",
+        "dash.internal:443",
+        "[fd00::7]:80",
+    ):
+        assert get_with_host(port, host) == 200, host
+    foreign: tuple[str | None, ...] = (
+        "evil.example",
+        f"evil.example:{port}",
+        "127.0.0.1.evil.example",
+        "localhost.evil.example",
+        "dash.internal.evil.example",
+        "127.0.0.2",
+        "localhost:notaport",
+        None,
+    )
+    for name in foreign:
+        for path in ("/api/overview", "/", "/nothing"):
+            assert get_with_host(port, name, path) == 421, (name, path)
+
+    # The address it is bound to is allowed without being named (a wildcard is not a name).
+    bound_port = free_port()
+    spawn(
+        "-m",
+        "reactor",
+        "dashboard",
+        "--host",
+        "127.0.0.2",
+        "--port",
+        str(bound_port),
+        name="dashboard-127.0.0.2",
+    ).wait_for_line("dashboard_serving")
+    conn = http.client.HTTPConnection("127.0.0.2", bound_port, timeout=30)
+    for host, expected in ((f"127.0.0.2:{bound_port}", 200), ("localhost", 200), ("x.y", 421)):
+        conn.putrequest("GET", "/api/overview", skip_host=True)
+        conn.putheader("Host", host)
+        conn.endheaders()
+        response = conn.getresponse()
+        response.read()
+        assert response.status == expected, host
+        conn.close()
+
+    bad = run_cli(env, "dashboard", "--allowed-host", "http://evil.example/")
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines() == [
+        "reactor: error: bad --allowed-host 'http://evil.example/': give a host name or an "
+        "IP address, without scheme, port or path"
+    ]
+
+
+def test_concurrent_requests_share_one_postgres_connection(
+    env: Env, spawn: Callable[..., Process]
+) -> None:
+    conn = env.connect()
+    seed(conn)
+    # No cache: every request would read the database; the connection is the bound.
+    proc, base = start_dashboard(spawn, extra_env={"REACTOR_DASHBOARD_CACHE_SECONDS": "0"})
+    requests = 30
+    idle_threads = threads_of(proc)
+    seen = [0]
+    sampling = threading.Event()
+
+    def sample() -> None:
+        with psycopg.connect(env.database_url, autocommit=True) as watcher:
+            while not sampling.is_set():
+                seen[0] = max(seen[0], dashboard_backends(watcher))
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        with env.connect(autocommit=False) as locker, ThreadPoolExecutor(requests) as pool:
+            # Every read blocks on the table until the lock goes: the requests pile up.
+            locker.execute("LOCK TABLE photo_jobs IN ACCESS EXCLUSIVE MODE")
+            replies = [pool.submit(get, base + "/api/overview") for _ in range(requests)]
+            wait_for(
+                lambda: threads_of(proc) >= idle_threads + requests,
+                timeout=30,
+                what="every request in the dashboard",
+            )
+            wait_for(
+                lambda: dashboard_backends(conn, waiting=True) >= 1,
+                timeout=30,
+                what="a read waiting on the lock",
+            )
+            wait_for(
+                lambda: dashboard_backends(conn) == dashboard_backends(conn, waiting=True),
+                timeout=30,
+                what="every backend the dashboard opened waiting on the lock",
+            )
+            locker.rollback()
+            answers = [reply.result(timeout=120) for reply in replies]
+    finally:
+        sampling.set()
+        sampler.join()
+    assert [status for status, _, _ in answers] == [200] * requests
+    counts = table_counts(conn)
+    for _, body, _ in answers:
+        data = json.loads(body)
+        shown = {(t["type"], s): n for t in data["types"] for s, n in t["counts"].items() if n}
+        assert shown == counts
+    assert 1 <= seen[0] <= DATABASE_CONNECTIONS, seen[0]
+    assert dashboard_backends(conn) == DATABASE_CONNECTIONS  # kept for the next request
+
+
+def test_one_read_serves_every_request_for_the_cache_interval(
+    env: Env, spawn: Callable[..., Process]
+) -> None:
+    conn = env.connect()
+    seed(conn)
+    _, cached = start_dashboard(spawn, "--cache-seconds", "3600")
+    _, uncached = start_dashboard(spawn, "--cache-seconds", "0")
+    first = json.loads(get(cached + "/api/overview")[1])
+    before = json.loads(get(uncached + "/api/overview")[1])
+    conn.execute("INSERT INTO photo_jobs (photo_id, type) VALUES ('new-1', 'photo.process')")
+    again = json.loads(get(cached + "/api/overview")[1])
+    after = json.loads(get(uncached + "/api/overview")[1])
+
+    def pending(data: dict[str, Any]) -> int:
+        return sum(t["counts"]["pending"] for t in data["types"])
+
+    assert again == first  # the same read, to the timestamp
+    assert pending(after) == pending(before) + 1 == pending(first) + 1
+    assert after["generated_at"] > before["generated_at"]
+    assert pending(after) == sum(n for (_, s), n in table_counts(conn).items() if s == "pending")
+
+
+def test_an_idle_client_is_dropped_after_the_timeout(
+    env: Env, spawn: Callable[..., Process]
+) -> None:
+    timeout = 1.0
+    _, base = start_dashboard(spawn, extra_env={"REACTOR_DASHBOARD_CLIENT_TIMEOUT": str(timeout)})
+    port = int(base.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port)) as idle:
+        idle.settimeout(timeout + 20)  # the deadline: the server closes it well before
+        assert idle.recv(1) == b""  # EOF: the server closed it, having received nothing
+    assert get(base + "/api/overview")[0] == 200
+
+
+def test_idle_sockets_beyond_the_limit_are_closed_at_once(
+    env: Env, spawn: Callable[..., Process]
+) -> None:
+    proc, base = start_dashboard(spawn, extra_env={"REACTOR_DASHBOARD_CLIENT_TIMEOUT": "120"})
+    port = int(base.rsplit(":", 1)[1])
+    idle_threads = threads_of(proc)
+    extra = 10
+    sockets = [socket.create_connection(("127.0.0.1", port)) for _ in range(MAX_CLIENTS + extra)]
+    try:
+        for sock in sockets:
+            sock.settimeout(0)
+
+        def closed() -> int:
+            count = 0
+            for sock in sockets:
+                try:
+                    count += sock.recv(1) == b""
+                except BlockingIOError:  # open, nothing to read
+                    continue
+                except ConnectionResetError:
+                    count += 1
+            return count
+
+        wait_for(lambda: closed() == extra, timeout=30, what="the sockets beyond the limit closed")
+        assert threads_of(proc) <= idle_threads + MAX_CLIENTS
+    finally:
+        for sock in sockets:
+            sock.close()
+    # The slots come back as the clients leave.
+    wait_for(lambda: get(base + "/api/overview")[0] == 200, timeout=30, what="a free slot")
 
 
 @pytest.fixture(autouse=True)
