@@ -49,7 +49,7 @@ __all__ = [
 ]
 
 #: The migration version this release of the code needs (the last file in sql/).
-LATEST_SCHEMA_VERSION = 10
+LATEST_SCHEMA_VERSION = 11
 
 Connection = psycopg.Connection[TupleRow]
 

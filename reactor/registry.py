@@ -3,14 +3,17 @@
 A process that dispatches with routes it was given (`--route`, `REACTOR_ROUTES`) records them
 at start (`RouteRegistration.register`) and keeps them *live* by holding a session-level
 advisory lock of its own: a route is live while the reactor that uses it has not marked it
-stopped (`release`, when it stops) and its lock is held. Connected straight to Postgres, the
-lock goes with the reactor's session, so a reactor killed outright stops being live at once.
+stopped (`release`, when it stops) and its lock is held by the backend recorded with the route
+(the session that took it: any session could take the same key, which is visible in
+`pg_locks`, and that hold does not count). Connected straight to Postgres, the lock goes with
+the reactor's session, so a reactor killed outright stops being live at once.
 Behind a transaction pooler the lock stays with the server session that took it: a clean
 stop still ends liveness at once (the mark), a reactor killed outright stays live until the
 pooler closes that server session, and a running reactor takes its lock again at its next
-check if the pooler closed it (`keep`). A reactor that registers again after a reconnect
-while its old session still holds the lock takes a new key and forgets its rows under the
-old one.
+check if the pooler closed it, recording the new session as the holder (`keep`); if another
+session holds its key, it records its routes again under a new key. A reactor that registers
+again after a reconnect while its old session still holds the lock takes a new key and forgets
+its rows under the old one.
 
 Registration refuses a route that differs from one a live reactor uses for the same type (one
 `ConfigError` line), so two running reactors never route a type differently. Routes of
@@ -177,11 +180,18 @@ class RouteRegistration:
                 conn.execute(queries.LOCK_ROUTES)  # no registration judges us meanwhile
                 row = conn.execute(queries.ROUTES_KEPT, params).fetchone()
                 recorded = row is not None and row[0] == len(self.routes)
+                lock = None
                 if recorded:
-                    conn.execute(queries.ROUTES_LOCK_KEEP, params)
+                    kept = conn.execute(queries.ROUTES_LOCK_KEEP, params).fetchone()
+                    lock = kept[0] if kept else None
+                    if lock == "taken":
+                        # Behind a pooler this is another server session than the one that
+                        # took the lock before: only the recorded backend's hold counts.
+                        conn.execute(queries.ROUTES_LOCK_OWNER, params)
         except psycopg.Error as exc:
             raise translate_error(exc, "cannot keep the routes live", conn) from exc
-        if not recorded:
+        if not recorded or lock == "refused":
+            # Refused: another session holds our key; `register` takes a new one.
             logger.warning("routes_recorded_again lock_key=%d", self.lock_key)
             self.register(conn)
 
