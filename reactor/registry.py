@@ -22,7 +22,8 @@ route for the type: that is how an operator changes a route on purpose (stop the
 the type, start one with the new route).
 
 A process given no routes (`reactor sweep`, a second `reactor run`, `reactor status`, the
-worker side) reads them with `load_routes`. Nothing here falls back to a built-in handler:
+worker side) reads them with `load_routes`, which checks each as a `--route` flag is checked.
+Nothing here falls back to a built-in handler:
 no route recorded and none given is a `ConfigError` that says how to route.
 """
 
@@ -42,7 +43,7 @@ import psycopg
 from reactor import queries
 from reactor.db import Connection, describe_error, translate_error
 from reactor.errors import ConfigError, DatabaseError
-from reactor.routes import Route, format_route
+from reactor.routes import Route, format_route, recorded_route
 
 __all__ = [
     "NO_ROUTE_HINT",
@@ -91,13 +92,15 @@ def load_routes(conn: Connection) -> dict[str, Route]:
     the last one recorded. Empty when no reactor ever recorded a route.
 
     Raises:
+        ConfigError: a route used is not valid as a `--route` would be.
         DatabaseError: the query failed.
     """
     routes: dict[str, Route] = {}
     recorded = read_recorded_routes(conn)
     for entry in sorted(recorded, key=lambda r: r.live_reactors == 0):
         routes.setdefault(entry.route.type, entry.route)
-    return dict(sorted(routes.items()))
+    # Checked as flags are: the table is data, and a process given no routes runs on it.
+    return {t: recorded_route(r.type, r.handler, r.queue) for t, r in sorted(routes.items())}
 
 
 class RouteRegistration:
