@@ -8,10 +8,10 @@ inside the allowed module prefixes (`REACTOR_HANDLER_PREFIXES`, `reactor worker
 
 A worker's own routes are the ones it was given (`reactor worker --route`, `REACTOR_ROUTES`),
 or, given none, the routes the reactors recorded (`reactor_routes`, checked as a flag is,
-`reactor.registry.load_routes`): read at the first job (or at start), and read again, at most
-once a second, when a job names a handler they do not route, so a route changed on purpose
-(its reactors stopped, one started with the new route) is followed without a restart. Given
-routes never change.
+`reactor.registry.load_routes`): read at the first job (or at start), and read again when a
+job names a handler they do not route (at most once a second for the same type and handler),
+so a route changed on purpose (its reactors stopped, one started with the new route) is
+followed without a restart. Given routes never change.
 """
 
 from __future__ import annotations
@@ -28,9 +28,11 @@ __all__ = ["REFRESH_SECONDS", "HandlerRefusedError", "OwnRoutes", "given_routes"
 
 logger = logging.getLogger(__name__)
 
-#: The least time between two reads of the recorded routes for jobs they do not route (a
-#: queue full of such jobs must not cost a query each).
+#: The least time between two reads of the recorded routes for jobs of one type and handler
+#: they do not route (a queue full of such jobs must not cost a query each).
 REFRESH_SECONDS = 1.0
+#: Type and handler pairs remembered for that; beyond, the memory starts again.
+MAX_REMEMBERED = 1000
 #: How much of a job's handler text an error shows (it comes from Redis: anything at all).
 MAX_SHOWN = 200
 
@@ -69,7 +71,7 @@ class OwnRoutes:
         self.prefixes = prefixes
         self._read_recorded = read_recorded
         self._routes = self.given
-        self._read_at: float | None = None
+        self._refused_at: dict[tuple[str, str], float] = {}
 
     def routes(self) -> dict[str, Route]:
         """The own routes now (the recorded ones are read the first time).
@@ -84,16 +86,21 @@ class OwnRoutes:
         return self._routes
 
     def _read(self) -> None:
-        self._read_at = time.monotonic()
         self._routes = dict(self._read_recorded())
 
-    def _read_again(self) -> bool:
-        """Read the recorded routes again if they may have changed; whether they were read.
-        A failed read keeps the routes known (logged): refusing a job is never worse."""
+    def _read_again(self, job_type: str, handler: str) -> bool:
+        """Read the recorded routes again, unless they are given or were read for this type and
+        handler less than `REFRESH_SECONDS` ago; whether they were read. A failed read keeps
+        the routes known (logged): refusing a job is never worse."""
         if self.given is not None:
             return False
-        if self._read_at is not None and time.monotonic() - self._read_at < REFRESH_SECONDS:
+        now = time.monotonic()
+        last = self._refused_at.get((job_type, handler))
+        if last is not None and now - last < REFRESH_SECONDS:
             return False
+        if len(self._refused_at) >= MAX_REMEMBERED:
+            self._refused_at.clear()
+        self._refused_at[job_type, handler] = now
         try:
             self._read()
         except (ConfigError, DatabaseError) as exc:
@@ -115,7 +122,7 @@ class OwnRoutes:
                 f"allowed handler prefixes ({','.join(self.prefixes)})"
             )
         own = self.routes().get(job_type)
-        if (own is None or own.handler != handler) and self._read_again():
+        if (own is None or own.handler != handler) and self._read_again(job_type, handler):
             own = self.routes().get(job_type)
         if own is None:
             raise HandlerRefusedError(

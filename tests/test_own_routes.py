@@ -28,6 +28,7 @@ from tests.support.paths import ROOT
 from tests.support.processes import Process, start_worker
 from tests.support.roles import as_role, throwaway_role
 from tests.support.rows import states
+from tests.support.waiting import wait_for
 
 OK = "photo.process=tests.handlers.ok"
 NOOP = "photo.process=tests.handlers.noop"
@@ -224,3 +225,45 @@ def test_workers_and_producers_work_with_readmes_grants_and_workers_cannot_write
                 with pytest.raises(psycopg.errors.InsufficientPrivilege):
                     as_worker.execute(statement)
         producer.close()
+
+
+def test_a_worker_following_the_recorded_routes_runs_a_route_changed_on_purpose(
+    env: Env,
+    conn: psycopg.Connection[Any],
+    spawn: Callable[..., Process],
+    tmp_path: Path,
+) -> None:
+    """The worker reads the recorded routes again when a job names another handler: a route
+    changed on purpose runs at once, a tampered one outside the allow-list never does."""
+    assert cli(env, "sweep", "--route", OK).returncode == 0
+    worker = spawn(
+        *("-m", "reactor", "worker", "--simple", "--handler-prefix", "tests.handlers"),
+        name="worker",
+        extra_env={**NO_ROUTES, "PLANTED_TRACE_DIR": str(tmp_path)},
+    )
+    worker.wait_for_line("worker_ready")
+
+    def outcome(photo_id: str) -> tuple[Any, ...] | None:
+        found = conn.execute(
+            "SELECT state, last_error FROM photo_jobs WHERE photo_id = %s AND attempts = 1",
+            [photo_id],
+        ).fetchone()
+        return tuple(found) if found is not None and found[0] != "active" else None
+
+    submit(conn, "p1")
+    assert cli(env, "sweep").returncode == 0
+    assert wait_for(lambda: outcome("p1"), timeout=30, what="p1 run") == ("done", None)
+    # No reactor runs: a sweep records the new route as it dispatches p2.
+    submit(conn, "p2", max_attempts=1)
+    assert cli(env, "sweep", "--route", FAILS).returncode == 0
+    assert wait_for(lambda: outcome("p2"), timeout=30, what="p2 run") == (
+        "failed",
+        "RuntimeError: boom 1",
+    )
+    conn.execute("UPDATE reactor_routes SET handler = %s", [PLANTED])
+    submit(conn, "p3", max_attempts=1)
+    assert cli(env, "sweep").returncode == 0
+    refused = wait_for(lambda: outcome("p3"), timeout=30, what="p3 refused")
+    assert refused is not None and refused[0] == "failed", refused
+    assert "outside the allowed handler prefixes" in refused[1], refused
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], worker.output()
