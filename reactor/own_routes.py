@@ -108,14 +108,19 @@ class OwnRoutes:
             return False
         return True
 
-    def check(self, job_type: str, handler: str) -> None:
+    def check(self, job_type: str, handler: object) -> None:
         """Refuse a job whose handler is outside the allow-list or not this worker's route
-        for its type.
+        for its type (`handler` is what the job in Redis holds: anything at all).
 
         Raises:
             HandlerRefusedError: one line saying why.
             ConfigError, DatabaseError: the recorded routes could not be read the first time.
         """
+        if not isinstance(handler, str):
+            raise HandlerRefusedError(
+                f"handler {_shown(repr(handler))} refused for type {_shown(job_type)}: not a "
+                "dotted path"
+            )
         if not handler_allowed(handler, self.prefixes):
             raise HandlerRefusedError(
                 f"handler {_shown(handler)} refused for type {_shown(job_type)}: outside the "
