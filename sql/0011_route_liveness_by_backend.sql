@@ -10,7 +10,9 @@
 -- ran the registration (its pid is recorded in the same transaction); when a running reactor
 -- takes its lock again because that session was closed, it records the new session's pid in
 -- the same transaction. A row with no pid (recorded before this migration, whose lock no
--- session held then) is not live.
+-- session held then) is not live. Reactors of earlier releases record no pid when they
+-- register again (after a reconnect): their routes then count as stopped. Stop them before
+-- applying this migration (a reactor refuses to start on a schema it does not know).
 
 SELECT reactor_migration_begin(11, 'route_liveness_by_backend');
 
