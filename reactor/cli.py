@@ -31,7 +31,7 @@ from reactor.pause import pause_types, resume_types, who
 from reactor.producer import DEFAULT_JOB_TYPE, submit_many
 from reactor.redact import has_password, redact
 from reactor.registry import load_routes
-from reactor.routes import Route, parse_routes
+from reactor.routes import Route, parse_handler_prefixes, parse_routes
 from reactor.settings import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_POLL_INTERVAL_SECONDS,
@@ -709,12 +709,21 @@ WORKER_RESTART_SECONDS = 1.0
     "--max-jobs", type=click.IntRange(min=1), default=None, help="Quit after this many jobs."
 )
 @click.option(
+    "--handler-prefix",
+    "handler_prefixes",
+    multiple=True,
+    metavar="MODULE",
+    help="Import handlers only from this module (repeatable; default: REACTOR_HANDLER_PREFIXES,"
+    " comma-separated; none: no limit).",
+)
+@click.option(
     "-q", "--quiet", is_flag=True, help="Log warnings and errors only (as --log-level warning)."
 )
 @click.argument("queues", nargs=-1)
 def worker_command(**options: Any) -> None:
     """Run an RQ worker on QUEUES (default: the routed ones) with the lifecycle in this process.
 
+    It runs only its own routes' handlers (--route, REACTOR_ROUTES, else the recorded ones).
     Retry and heartbeat settings come from REACTOR_RETRY_BASE_SECONDS,
     REACTOR_RETRY_MAX_SECONDS and REACTOR_HEARTBEAT_SECONDS.
     """
@@ -728,7 +737,8 @@ def worker_command(**options: Any) -> None:
 
     if options["quiet"]:
         logging.getLogger().setLevel(logging.WARNING)
-    routed = resolve_routes(options["routes"])
+    given = resolve_routes(options["routes"])
+    routed = given
     if not routed:
         with _connect(options["database_url"], "worker") as conn:
             routed = dict(load_routes(conn))
@@ -739,6 +749,9 @@ def worker_command(**options: Any) -> None:
             "or start a reactor with routes first"
         )
     settings = replace(WorkerSettings.from_env(), database_url=options["database_url"])
+    if options["handler_prefixes"]:
+        prefixes = parse_handler_prefixes(options["handler_prefixes"])
+        settings = replace(settings, handler_prefixes=prefixes)
     worker_class = SimpleWorker if options["simple"] else Worker
     # Rides out a Redis restart or a Sentinel failover (about 40 s of retries) instead of
     # exiting on the first connection error outside the blocking dequeue.
@@ -747,7 +760,8 @@ def worker_command(**options: Any) -> None:
         names,
         name=options["name"],
         connection=connect_redis(options["redis_url"], retry=retry),
-        routes=routed,
+        # Given none, the worker follows the recorded routes (read again when they change).
+        routes=given or None,
         settings=settings,
     )
     instance.check_startup()

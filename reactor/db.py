@@ -54,7 +54,7 @@ __all__ = [
 ]
 
 #: The migration version this release of the code needs (the last file in sql/).
-LATEST_SCHEMA_VERSION = 12
+LATEST_SCHEMA_VERSION = 13
 
 Connection = psycopg.Connection[TupleRow]
 

@@ -61,6 +61,7 @@ __all__ = [
     "RESUME_TYPES",
     "ROUTES_KEPT",
     "ROUTES_LOCK_KEEP",
+    "ROUTES_LOCK_OWNER",
     "ROUTES_LOCK_TIMEOUT",
     "ROUTES_LOCK_TRY",
     "ROUTES_STOPPED",
@@ -259,11 +260,19 @@ SELECT count(*), reactor_routes_lock_held(%(lock_key)s)
  WHERE lock_key = %(lock_key)s AND stopped_at IS NULL
 """
 
-#: Take the lock again if no session holds it (behind a transaction pooler, the server
-#: session that took it may have been closed).
+#: Take the lock again if the backend recorded with it no longer holds it (behind a
+#: transaction pooler, the server session that took it may have been closed): `held`,
+#: `taken` (this session holds it now: ROUTES_LOCK_OWNER follows in the same transaction) or
+#: `refused` (another session holds the key).
 ROUTES_LOCK_KEEP = """
-SELECT CASE WHEN reactor_routes_lock_held(%(lock_key)s) THEN true
-            ELSE pg_try_advisory_lock(reactor_routes_lock_class(), %(lock_key)s) END
+SELECT CASE WHEN reactor_routes_lock_held(%(lock_key)s) THEN 'held'
+            WHEN pg_try_advisory_lock(reactor_routes_lock_class(), %(lock_key)s) THEN 'taken'
+            ELSE 'refused' END
+"""
+
+#: The session that holds the liveness lock now is the one whose hold counts.
+ROUTES_LOCK_OWNER = """
+UPDATE reactor_routes SET backend_pid = pg_backend_pid() WHERE lock_key = %(lock_key)s
 """
 
 #: A stopping reactor's rows are no longer live, whichever session holds its lock.
@@ -298,9 +307,11 @@ DELETE FROM reactor_routes AS r
    AND (r.lock_key = ANY (%(own_keys)s::integer[]) OR NOT reactor_routes_live(r.lock_key))
 """
 
+#: The rows are recorded by the session that took the lock (same transaction), so its pid is
+#: the holder whose lock makes them live.
 RECORD_ROUTE = """
-INSERT INTO reactor_routes (type, handler, queue, lock_key, registered_by)
-SELECT t.type, t.handler, t.queue, %(lock_key)s, %(registered_by)s
+INSERT INTO reactor_routes (type, handler, queue, lock_key, registered_by, backend_pid)
+SELECT t.type, t.handler, t.queue, %(lock_key)s, %(registered_by)s, pg_backend_pid()
   FROM unnest(%(types)s::text[], %(handlers)s::text[], %(queues)s::text[])
        AS t(type, handler, queue)
 """

@@ -3,14 +3,17 @@
 A process that dispatches with routes it was given (`--route`, `REACTOR_ROUTES`) records them
 at start (`RouteRegistration.register`) and keeps them *live* by holding a session-level
 advisory lock of its own: a route is live while the reactor that uses it has not marked it
-stopped (`release`, when it stops) and its lock is held. Connected straight to Postgres, the
-lock goes with the reactor's session, so a reactor killed outright stops being live at once.
+stopped (`release`, when it stops) and its lock is held by the backend recorded with the route
+(the session that took it: any session could take the same key, which is visible in
+`pg_locks`, and that hold does not count). Connected straight to Postgres, the lock goes with
+the reactor's session, so a reactor killed outright stops being live at once.
 Behind a transaction pooler the lock stays with the server session that took it: a clean
 stop still ends liveness at once (the mark), a reactor killed outright stays live until the
 pooler closes that server session, and a running reactor takes its lock again at its next
-check if the pooler closed it (`keep`). A reactor that registers again after a reconnect
-while its old session still holds the lock takes a new key and forgets its rows under the
-old one.
+check if the pooler closed it, recording the new session as the holder (`keep`); if another
+session holds its key, it records its routes again under a new key. A reactor that registers
+again after a reconnect while its old session still holds the lock takes a new key and forgets
+its rows under the old one.
 
 Registration refuses a route that differs from one a live reactor uses for the same type (one
 `ConfigError` line), so two running reactors never route a type differently. Routes of
@@ -19,7 +22,8 @@ route for the type: that is how an operator changes a route on purpose (stop the
 the type, start one with the new route).
 
 A process given no routes (`reactor sweep`, a second `reactor run`, `reactor status`, the
-worker side) reads them with `load_routes`. Nothing here falls back to a built-in handler:
+worker side) reads them with `load_routes`, which checks each as a `--route` flag is checked.
+Nothing here falls back to a built-in handler:
 no route recorded and none given is a `ConfigError` that says how to route.
 """
 
@@ -39,7 +43,7 @@ import psycopg
 from reactor import queries
 from reactor.db import Connection, describe_error, translate_error
 from reactor.errors import ConfigError, DatabaseError
-from reactor.routes import Route, format_route
+from reactor.routes import Route, format_route, recorded_route
 
 __all__ = [
     "NO_ROUTE_HINT",
@@ -88,13 +92,15 @@ def load_routes(conn: Connection) -> dict[str, Route]:
     the last one recorded. Empty when no reactor ever recorded a route.
 
     Raises:
+        ConfigError: a route used is not valid as a `--route` would be.
         DatabaseError: the query failed.
     """
     routes: dict[str, Route] = {}
     recorded = read_recorded_routes(conn)
     for entry in sorted(recorded, key=lambda r: r.live_reactors == 0):
         routes.setdefault(entry.route.type, entry.route)
-    return dict(sorted(routes.items()))
+    # Checked as flags are: the table is data, and a process given no routes runs on it.
+    return {t: recorded_route(r.type, r.handler, r.queue) for t, r in sorted(routes.items())}
 
 
 class RouteRegistration:
@@ -177,11 +183,18 @@ class RouteRegistration:
                 conn.execute(queries.LOCK_ROUTES)  # no registration judges us meanwhile
                 row = conn.execute(queries.ROUTES_KEPT, params).fetchone()
                 recorded = row is not None and row[0] == len(self.routes)
+                lock = None
                 if recorded:
-                    conn.execute(queries.ROUTES_LOCK_KEEP, params)
+                    kept = conn.execute(queries.ROUTES_LOCK_KEEP, params).fetchone()
+                    lock = kept[0] if kept else None
+                    if lock == "taken":
+                        # Behind a pooler this is another server session than the one that
+                        # took the lock before: only the recorded backend's hold counts.
+                        conn.execute(queries.ROUTES_LOCK_OWNER, params)
         except psycopg.Error as exc:
             raise translate_error(exc, "cannot keep the routes live", conn) from exc
-        if not recorded:
+        if not recorded or lock == "refused":
+            # Refused: another session holds our key; `register` takes a new one.
             logger.warning("routes_recorded_again lock_key=%d", self.lock_key)
             self.register(conn)
 

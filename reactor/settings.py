@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from reactor.doorbell import DoorbellMode
 from reactor.errors import ConfigError
-from reactor.routes import Route
+from reactor.routes import Route, parse_handler_prefixes
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
@@ -121,13 +121,16 @@ class WorkerSettings:
     retry_base_seconds: float = DEFAULT_RETRY_BASE_SECONDS
     retry_max_seconds: float = DEFAULT_RETRY_MAX_SECONDS
     heartbeat_seconds: float = DEFAULT_HEARTBEAT_SECONDS
+    #: The modules handlers may be imported from (`reactor.own_routes`); empty: any.
+    handler_prefixes: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> WorkerSettings:
-        """Read `DATABASE_URL` and the `REACTOR_RETRY_*`/`REACTOR_HEARTBEAT_SECONDS` variables.
+        """Read `DATABASE_URL`, the `REACTOR_RETRY_*`/`REACTOR_HEARTBEAT_SECONDS` variables and
+        `REACTOR_HANDLER_PREFIXES`.
 
         Raises:
-            ConfigError: a value is not a positive number.
+            ConfigError: a value is not a positive number, or a prefix not a module path.
         """
         env = os.environ if env is None else env
         return cls(
@@ -141,4 +144,5 @@ class WorkerSettings:
             heartbeat_seconds=_positive_float(
                 env, "REACTOR_HEARTBEAT_SECONDS", DEFAULT_HEARTBEAT_SECONDS
             ),
+            handler_prefixes=parse_handler_prefixes([env.get("REACTOR_HANDLER_PREFIXES", "")]),
         )

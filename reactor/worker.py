@@ -5,7 +5,9 @@ two ways:
 
 - In a plain `rq worker` (no `-w`), the job runs the whole lifecycle itself: fenced start,
   heartbeat thread, outcome, on one Postgres connection per process (a forked work horse opens
-  its own; it never touches one inherited through the fork).
+  its own; it never touches one inherited through the fork). Its own routes, the only
+  handlers it runs (`reactor.own_routes`), are `REACTOR_ROUTES`, else the routes the reactors
+  recorded (read by each forked horse), inside `REACTOR_HANDLER_PREFIXES`.
 - In a worker of the project's classes (`reactor.Worker`, `reactor.SimpleWorker`), the worker
   process did the fenced start and imported the handler before the fork, and handed the
   attempt over (`hand_over`). The job then only calls the handler and reports how it ended
@@ -31,8 +33,19 @@ from typing import Literal, NoReturn
 
 from reactor.errors import PermanentError
 from reactor.jobs import JobRef
-from reactor.lifecycle import Heartbeat, Outcome, Store, backoff_seconds, error_text, finish, start
+from reactor.lifecycle import (
+    Heartbeat,
+    Outcome,
+    Store,
+    backoff_seconds,
+    describe,
+    error_text,
+    finish,
+    start,
+)
+from reactor.own_routes import HandlerRefusedError, OwnRoutes, given_routes
 from reactor.redact import redact
+from reactor.registry import load_routes
 from reactor.settings import WorkerSettings
 
 __all__ = [
@@ -213,6 +226,20 @@ def _reraise(exc: Exception) -> NoReturn:
     raise HandlerError(error_text(exc)).with_traceback(exc.__traceback__) from None
 
 
+_own: OwnRoutes | None = None
+_own_pid = 0
+
+
+def _process_own_routes(settings: WorkerSettings, store: Store) -> OwnRoutes:
+    # Kept per process, like the store: an in-process worker reuses it (and reads the
+    # recorded routes again only for a job they do not route); a forked horse reads them once.
+    global _own, _own_pid
+    if _own is None or _own_pid != os.getpid():
+        _own = OwnRoutes(given_routes(), settings.handler_prefixes, lambda: load_routes(store.conn))
+        _own_pid = os.getpid()
+    return _own
+
+
 def _run_lifecycle(ref: JobRef, handler: str) -> str:
     settings = WorkerSettings.from_env()
     store = _process_store(settings)
@@ -220,8 +247,15 @@ def _run_lifecycle(ref: JobRef, handler: str) -> str:
     if started is None:
         return "skipped"
     try:
-        # Imported inside the fence: a handler that cannot be found is a failed attempt with a
-        # last_error that says so (retried, since a deploy may fix it), never a stuck row.
+        # Checked, then imported, inside the fence: a handler this worker does not run, or
+        # cannot find, is a failed attempt with a last_error that says so (retried, since a
+        # deploy may fix it), never a stuck row. The check comes first: nothing is imported
+        # for a job that names a handler other than this worker's route.
+        try:
+            _process_own_routes(settings, store).check(ref.type, handler)
+        except HandlerRefusedError as exc:
+            logger.error("handler_refused %s %s", describe(ref), exc)
+            raise
         func = load_handler(handler)
         with Heartbeat(store, ref, settings.heartbeat_seconds):
             func(ref.photo_id)

@@ -7,8 +7,11 @@ reactor.Worker -n 2 QUEUE...` or `reactor worker [QUEUE...]`.
 For a job of `reactor.worker.perform`, the worker process, not the job:
 - keeps one autocommit Postgres connection for its whole life (reconnected with backoff), so
   no Postgres session is opened per job, and has the lifecycle and the routed handlers imported
-  before the first fork (a handler first seen in a job is imported then, in this process, and
-  kept);
+  before the first fork;
+- runs only its own handlers (`reactor.own_routes`): its routes (`routes=`, `reactor worker
+  --route`, `REACTOR_ROUTES`, else the recorded ones) inside `REACTOR_HANDLER_PREFIXES`. A job
+  naming any other handler is refused before anything is imported: a failed attempt whose
+  `last_error` says why (retried while attempts remain, like an unimportable handler);
 - does the fenced start before the horse is forked (or the handler called), then hands the
   attempt over to `perform` (`reactor.worker.hand_over`), which only calls the handler and
   reports how it ended through a pipe made before the fork (in memory in-process). The
@@ -29,9 +32,10 @@ The horse never uses the worker's connection: it runs only the handler and leave
 `os._exit`, which sends nothing on inherited sockets. Jobs of other functions run as in RQ.
 RQ's stored tracebacks and the log lines of the process are redacted (no passwords).
 
-At start (`check_startup`, also run by `bootstrap`) the worker connects, checks the schema
-(exit 2 with one line otherwise) and imports the handlers of the routes it serves; a handler
-that cannot be imported is reported in one line, and its attempts fail with that text.
+At start (`check_startup`, also run by `bootstrap`) the worker connects, checks the schema and
+its routes (exit 2 with one line otherwise) and imports the handlers of the routes it serves; a
+handler that cannot be imported or lies outside the allow-list is reported in one line, and its
+attempts fail with that text.
 """
 
 from __future__ import annotations
@@ -53,8 +57,9 @@ from reactor import db, lifecycle, registry
 from reactor.errors import ConfigError, DatabaseError
 from reactor.inflight import DONE, START, InFlight
 from reactor.jobs import ENTRY_POINT, JobRef, warm_up_ref
+from reactor.own_routes import HandlerRefusedError, OwnRoutes, given_routes
 from reactor.redact import redact
-from reactor.routes import Route, parse_routes
+from reactor.routes import Route
 from reactor.settings import WorkerSettings
 from reactor.worker import HandlerImportError, Handoff, decode_outcome, hand_over, load_handler
 from reactor.worker_key import KeyRenewal
@@ -70,18 +75,14 @@ HORSE_LOST = "WorkHorseLost: the work horse ended before the handler returned"
 
 def load_routes(conn: db.Connection, env: Mapping[str, str] | None = None) -> Mapping[str, Route]:
     """The routes a worker started without explicit routes serves: `REACTOR_ROUTES`, else the
-    routes the reactors recorded in the database (`reactor.registry`), else none (handlers are
-    then imported when a job first names them).
+    routes the reactors recorded in the database (`reactor.registry`), else none.
 
     Raises:
-        ConfigError: `REACTOR_ROUTES` is invalid.
+        ConfigError: `REACTOR_ROUTES` or a recorded route is invalid.
         DatabaseError: the recorded routes could not be read.
     """
-    env = os.environ if env is None else env
-    text = env.get("REACTOR_ROUTES", "")
-    if text.strip():
-        return parse_routes([text])
-    return registry.load_routes(conn)
+    given = given_routes(env)
+    return registry.load_routes(conn) if given is None else given
 
 
 class _RedactingFilter(logging.Filter):
@@ -139,7 +140,6 @@ class _Lifecycle(KeyRenewal, BaseWorker):
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
-        self._routes = routes
         self._settings_error: ConfigError | None = None
         if settings is None:
             try:
@@ -149,6 +149,15 @@ class _Lifecycle(KeyRenewal, BaseWorker):
                 settings = WorkerSettings(database_url="")
         self.settings = settings
         self._store = lifecycle.Store(settings.database_url)
+        if routes is None:
+            try:
+                routes = given_routes()
+            except ConfigError as exc:
+                self._settings_error = self._settings_error or exc
+        # The only handlers this worker runs: every job is checked against them.
+        self._own = OwnRoutes(
+            routes, settings.handler_prefixes, lambda: registry.load_routes(self._store.conn)
+        )
         try:
             prepared = db.prepared_statements_enabled()
         except ConfigError as exc:
@@ -166,14 +175,14 @@ class _Lifecycle(KeyRenewal, BaseWorker):
     # -- start -----------------------------------------------------------------------------
 
     def served_routes(self) -> list[Route]:
-        """The routes whose queue this worker listens on.
+        """The own routes whose queue this worker listens on.
 
         Raises:
-            ConfigError: `REACTOR_ROUTES` is invalid.
+            ConfigError: a recorded route is invalid.
+            DatabaseError: the recorded routes could not be read.
         """
-        routes = self._routes or load_routes(self._store.conn)
         queues = set(self.queue_names())
-        return [route for route in routes.values() if route.queue in queues]
+        return [route for route in self._own.routes().values() if route.queue in queues]
 
     def check_startup(self) -> None:
         """Connect, check the schema, import the served routes' handlers (once).
@@ -192,13 +201,16 @@ class _Lifecycle(KeyRenewal, BaseWorker):
             db.check_schema(self._store.conn)
             lifecycle.warm_up(self._store)
             self._warm_up_inflight()
+            served = self.served_routes()
         except DatabaseError as exc:
             raise ConfigError(str(exc)) from exc
         self._heartbeat.start()
-        served = self.served_routes()
         for route in served:
             try:
+                self._own.check(route.type, route.handler)
                 load_handler(route.handler)
+            except HandlerRefusedError as exc:
+                logger.error("handler_refused %s", exc)
             except HandlerImportError as exc:
                 logger.error("handler_unavailable type=%s %s", route.type, exc)
         self._checked = True
@@ -268,8 +280,15 @@ class _Lifecycle(KeyRenewal, BaseWorker):
         if started is None:
             return Handoff(ref, "skip"), None
         try:
+            # Before any import: a handler the job names is only a claim (anyone who can write
+            # to Redis or reactor_routes can name one), this worker's route is the authority.
+            self._own.check(ref.type, handler)
             return Handoff(ref, "run", handler=load_handler(handler)), started
-        except HandlerImportError as exc:
+        except HandlerRefusedError as exc:
+            logger.error("handler_refused %s %s", lifecycle.describe(ref), exc)
+            return Handoff(ref, "run", failure=exc), started
+        except (HandlerImportError, ConfigError, DatabaseError) as exc:
+            # Unimportable, or the recorded routes unreadable: a failed attempt that says so.
             return Handoff(ref, "run", failure=exc), started
 
     def _finish(self, ref: JobRef, outcome: lifecycle.Outcome) -> None:

@@ -153,6 +153,7 @@ def cli_env_vars() -> set[str]:
         "REACTOR_RETRY_BASE_SECONDS",
         "REACTOR_RETRY_MAX_SECONDS",
         "REACTOR_HEARTBEAT_SECONDS",
+        "REACTOR_HANDLER_PREFIXES",
     }
 
 

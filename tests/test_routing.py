@@ -25,6 +25,7 @@ from tests.handlers import SCHEMA
 from tests.support.cli import run_cli
 from tests.support.env import Env
 from tests.support.processes import Process, start_reactor, start_worker
+from tests.support.roles import as_role, throwaway_role
 from tests.support.rows import states, unwritten_for
 from tests.support.rq_state import queue_ids
 from tests.support.waiting import wait_for
@@ -160,9 +161,10 @@ def test_a_reactor_whose_routes_were_taken_over_stops_with_the_conflict(
         conn.execute("DELETE FROM reactor_routes")
         conn.execute("SELECT pg_advisory_lock(reactor_routes_lock_class(), 4242)")
         conn.execute(
-            "INSERT INTO reactor_routes (type, handler, queue, lock_key, registered_by)"
+            "INSERT INTO reactor_routes"
+            " (type, handler, queue, lock_key, registered_by, backend_pid)"
             " VALUES ('photo.process', 'tests.handlers.always_fails', 'photo-process', 4242,"
-            " 'the second')"
+            " 'the second', pg_backend_pid())"
         )
     assert first.exit_code(timeout=30) == 2
     expected = (
@@ -292,3 +294,74 @@ def test_the_sweep_records_rqs_error_on_a_re_dispatch(
         "job failed in RQ without recording an outcome: psycopg.errors.UndefinedTable: "
         'relation "photo_jobs" does not exist',
     )
+
+
+def test_a_session_holding_a_dead_reactors_lock_key_does_not_keep_its_route(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
+) -> None:
+    first = start_reactor(spawn, "--route", OK, "--sweep-interval", "600", **NO_ROUTES)
+    with throwaway_role(env) as attacker:
+        spoofer = psycopg.connect(as_role(env.database_url, attacker), autocommit=True)
+        # Any role may read pg_locks: the reactor's key is there.
+        (key,) = spoofer.execute(
+            "SELECT objid::int FROM pg_locks WHERE locktype = 'advisory'"
+            " AND classid = reactor_routes_lock_class()::oid AND objsubid = 2 AND granted"
+        ).fetchone() or (None,)
+        assert key is not None
+        first.proc.send_signal(signal.SIGKILL)
+        first.proc.wait(timeout=10)
+        # Granted once the killed reactor's session has ended.
+        spoofer.execute("SET statement_timeout = '20s'")
+        spoofer.execute("SELECT pg_advisory_lock(reactor_routes_lock_class(), %s)", [key])
+        second = start_reactor(
+            spawn, "--route", FAILS, "--sweep-interval", "600", name="second", **NO_ROUTES
+        )
+        assert load_routes(conn)["photo.process"].handler == "tests.handlers.always_fails"
+        assert second.stop() == 0, second.output()
+        spoofer.close()
+
+
+def live_rows(conn: psycopg.Connection[Any]) -> list[tuple[int, int]]:
+    """(lock_key, backend_pid) of the live rows."""
+    return [
+        (int(k), int(p))
+        for k, p in conn.execute(
+            "SELECT lock_key, backend_pid FROM reactor_routes WHERE reactor_routes_live(lock_key)"
+        )
+    ]
+
+
+def backend_pid(conn: psycopg.Connection[Any]) -> int:
+    found = conn.execute("SELECT pg_backend_pid()").fetchone()
+    assert found is not None
+    return int(found[0])
+
+
+def test_keeping_routes_behind_a_pooler_records_the_new_holder_and_ignores_a_foreign_one(
+    env: Env, conn: psycopg.Connection[Any]
+) -> None:
+    """Behind a transaction pooler the server session that took the lock can close, and the
+    next check takes it on another: that session's pid is recorded. If meanwhile another
+    session took the key, the reactor records its routes again under a key of its own."""
+    registration = RouteRegistration({"photo.process": parse_route(OK)})
+    first = env.connect(autocommit=False)
+    registration.register(first)
+    assert live_rows(conn) == [(registration.lock_key, backend_pid(first))]
+    first.close()  # the pooler closes that server session
+    second = env.connect(autocommit=False)
+    registration.keep(second)
+    assert live_rows(conn) == [(registration.lock_key, backend_pid(second))]
+
+    second.close()
+    foreign = env.connect(autocommit=True)
+    foreign.execute(
+        "SELECT pg_advisory_lock(reactor_routes_lock_class(), %s)", [registration.lock_key]
+    )
+    spoofed_key = registration.lock_key
+    third = env.connect(autocommit=False)
+    registration.keep(third)
+    assert registration.lock_key != spoofed_key
+    assert live_rows(conn) == [(registration.lock_key, backend_pid(third))]
+    with third.transaction():
+        kept = third.execute(queries.ROUTES_KEPT, {"lock_key": registration.lock_key})
+        assert kept.fetchone() == (1, True)

@@ -13,8 +13,16 @@ from reactor.admin import parse_duration
 from reactor.errors import ConfigError
 from reactor.job_errors import MAX_ERROR_CHARS, last_line
 from reactor.jobs import MAX_ENCODED_PART, job_id, parse_job_id
+from reactor.own_routes import HandlerRefusedError, OwnRoutes
 from reactor.redact import redact
-from reactor.routes import Route, parse_route, parse_routes
+from reactor.routes import (
+    Route,
+    handler_allowed,
+    parse_handler_prefixes,
+    parse_route,
+    parse_routes,
+    recorded_route,
+)
 from reactor.settings import ReactorSettings, WorkerSettings
 from reactor.worker import backoff_seconds
 
@@ -107,6 +115,65 @@ def test_routes_twice_or_none() -> None:
         parse_routes(["a=m.f", "a=m.g"])
     with pytest.raises(ConfigError, match="no route"):
         parse_routes([" , "])
+
+
+def test_handler_prefixes_name_whole_modules() -> None:
+    prefixes = parse_handler_prefixes(["myapp, other.jobs.", ""])
+    assert prefixes == ("myapp", "other.jobs")
+    assert handler_allowed("myapp.photos.process", prefixes)
+    assert handler_allowed("other.jobs.thumb", prefixes)
+    assert not handler_allowed("myapp2.x.f", prefixes)
+    assert not handler_allowed("other.f", prefixes)
+    assert not handler_allowed("os.system", prefixes)
+    assert handler_allowed("os.system", ())
+    with pytest.raises(ConfigError, match=r"^bad handler prefix 'my app': expected a module"):
+        parse_handler_prefixes(["my app"])
+    with pytest.raises(ConfigError, match=r"^bad handler prefix 'a\.\.b'"):
+        WorkerSettings.from_env({"REACTOR_HANDLER_PREFIXES": "a..b"})
+
+
+def test_recorded_routes_are_checked_like_flags() -> None:
+    assert recorded_route("t", "m.f", "q") == Route("t", "m.f", "q")
+    with pytest.raises(ConfigError) as caught:
+        recorded_route("t", "os.system; x" * 50, "q")
+    message = str(caught.value)
+    assert message.startswith("bad route 't=os.system; xos.system; x")
+    assert message.endswith(
+        "... recorded in reactor_routes: handler must be a dotted path like pkg.module.func"
+    )
+    assert "\n" not in message and len(message) < 300
+    with pytest.raises(ConfigError, match="queue must not be empty"):
+        recorded_route("t", "m.f", "")
+
+
+def test_a_job_naming_anything_but_the_own_route_is_refused() -> None:
+    reads: list[int] = []
+
+    def recorded() -> dict[str, Route]:
+        reads.append(1)
+        return {"t": Route("t", "m.f", "q")}
+
+    own = OwnRoutes(None, (), recorded)
+    own.check("t", "m.f")
+    for handler, why in (
+        ("m.g", "this worker's route runs m.f"),
+        (["m.f"], "not a dotted path"),
+        ("x" * 1000, "this worker's route runs m.f"),
+    ):
+        with pytest.raises(HandlerRefusedError, match=why) as caught:
+            own.check("t", handler)
+        assert len(str(caught.value)) < 400
+    with pytest.raises(HandlerRefusedError, match="has no route for the type"):
+        own.check("u", "m.f")
+    # Read at the first job, then once for each new type and handler that did not match.
+    assert len(reads) == 4
+    with pytest.raises(HandlerRefusedError):
+        own.check("t", "m.g")
+    assert len(reads) == 4
+    given = OwnRoutes({"t": Route("t", "m.f", "q")}, ("n",), recorded)
+    with pytest.raises(HandlerRefusedError, match=r"outside the allowed handler prefixes \(n\)"):
+        given.check("t", "m.f")
+    assert len(reads) == 4
 
 
 @pytest.mark.parametrize(

@@ -800,7 +800,13 @@ def burst_attempt(
         job_id=job_id("photo.process", "p1", attempt),
         meta={"type": "photo.process", "photo_id": "p1", "token": attempt},
     )
-    return start_worker(spawn, env, burst=True, extra_args=("--worker-class", worker_class))
+    return start_worker(
+        spawn,
+        env,
+        burst=True,
+        extra_args=("--worker-class", worker_class),
+        REACTOR_ROUTES=route("ok"),
+    )
 
 
 @pytest.mark.parametrize("worker_class", [*CLASSES.values(), "rq.worker.Worker"])

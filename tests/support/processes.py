@@ -135,7 +135,10 @@ def start_worker(
     redis_url: str | None = None,
     **extra_env: str,
 ) -> Process:
-    """Start a plain `rq worker` on `queues` (default photo-process)."""
+    """Start a plain `rq worker` on `queues` (default photo-process). Its own routes, the only
+    handlers it runs, are the recorded ones unless REACTOR_ROUTES is given (the jobs of a test
+    name the handlers its reactors and sweeps routed)."""
+    extra_env.setdefault("REACTOR_ROUTES", "")
     url = redis_url or env.redis_url
     args = ["-m", "rq.cli", "worker", *(queues or ("photo-process",)), "--url", url]
     args += extra_args
