@@ -733,7 +733,7 @@ def worker_command(**options: Any) -> None:
 
     from reactor.redis_url import connect_redis  # noqa: PLC0415
     from reactor.settings import WorkerSettings  # noqa: PLC0415
-    from reactor.workers import SimpleWorker, Worker  # noqa: PLC0415
+    from reactor.workers import RQ_DEFAULT_QUEUE, SimpleWorker, Worker  # noqa: PLC0415
 
     if options["quiet"]:
         logging.getLogger().setLevel(logging.WARNING)
@@ -742,12 +742,9 @@ def worker_command(**options: Any) -> None:
     if not routed:
         with _connect(options["database_url"], "worker") as conn:
             routed = dict(load_routes(conn))
+    # With no queue and no route yet, the worker waits for a reactor to record its routes.
     names = list(options["queues"]) or sorted({route.queue for route in routed.values()})
-    if not names:
-        raise ConfigError(
-            "no queue: name QUEUE..., route a type (--route or REACTOR_ROUTES), "
-            "or start a reactor with routes first"
-        )
+    names = names or [RQ_DEFAULT_QUEUE]
     settings = replace(WorkerSettings.from_env(), database_url=options["database_url"])
     if options["handler_prefixes"]:
         prefixes = parse_handler_prefixes(options["handler_prefixes"])

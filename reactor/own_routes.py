@@ -88,6 +88,17 @@ class OwnRoutes:
     def _read(self) -> None:
         self._routes = dict(self._read_recorded())
 
+    def refresh(self) -> dict[str, Route]:
+        """The own routes, the recorded ones read again now (given ones stay as given).
+
+        Raises:
+            ConfigError: a recorded route is invalid.
+            DatabaseError: the recorded routes could not be read.
+        """
+        if self.given is None:
+            self._read()
+        return self.routes()
+
     def _read_again(self, job_type: str, handler: str) -> bool:
         """Read the recorded routes again, unless they are given or were read for this type and
         handler less than `REFRESH_SECONDS` ago; whether they were read. A failed read keeps

@@ -33,9 +33,13 @@ The horse never uses the worker's connection: it runs only the handler and leave
 RQ's stored tracebacks and the log lines of the process are redacted (no passwords).
 
 At start (`check_startup`, also run by `bootstrap`) the worker connects, checks the schema and
-its routes (exit 2 with one line otherwise) and imports the handlers of the routes it serves; a
-handler that cannot be imported or lies outside the allow-list is reported in one line, and its
-attempts fail with that text.
+its routes (exit 2 with one line otherwise) and imports the handlers of the routes it serves.
+A handler that cannot be imported stops the start (exit 2, one line naming it and the import
+error): its jobs stay queued and no attempt is spent, where serving on would fail every one of
+them (a forgotten PYTHONPATH failed rows within a minute). A handler outside the allow-list is
+reported in one line, and its jobs are refused. A worker that finds no route for its queues
+(started beside its reactor, before the reactor recorded them) waits for them, saying so; one
+started with no queue name (RQ's CLI then listens on `default`) serves its routes' queues.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ import gc
 import logging
 import os
 import signal
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -71,6 +76,12 @@ logger = logging.getLogger(__name__)
 #: The `last_error` head of an attempt whose handler never reported an outcome (a horse killed
 #: mid-handler, or RQ failing the job before the handler ran, e.g. on a Redis error).
 HORSE_LOST = "WorkHorseLost: the work horse ended before the handler returned"
+#: A worker with no route for its queues yet reads the recorded routes again this often, and
+#: says it is waiting at most once per `ROUTES_WAIT_LOG_SECONDS`.
+ROUTES_WAIT_POLL_SECONDS = 1.0
+ROUTES_WAIT_LOG_SECONDS = 60.0
+#: The queue RQ's CLI listens on when given none.
+RQ_DEFAULT_QUEUE = "default"
 
 
 def load_routes(conn: db.Connection, env: Mapping[str, str] | None = None) -> Mapping[str, Route]:
@@ -174,16 +185,6 @@ class _Lifecycle(KeyRenewal, BaseWorker):
 
     # -- start -----------------------------------------------------------------------------
 
-    def served_routes(self) -> list[Route]:
-        """The own routes whose queue this worker listens on.
-
-        Raises:
-            ConfigError: a recorded route is invalid.
-            DatabaseError: the recorded routes could not be read.
-        """
-        queues = set(self.queue_names())
-        return [route for route in self._own.routes().values() if route.queue in queues]
-
     def check_startup(self) -> None:
         """Connect, check the schema, import the served routes' handlers (once).
 
@@ -201,10 +202,9 @@ class _Lifecycle(KeyRenewal, BaseWorker):
             db.check_schema(self._store.conn)
             lifecycle.warm_up(self._store)
             self._warm_up_inflight()
-            served = self.served_routes()
+            served = self._wait_for_routes()
         except DatabaseError as exc:
             raise ConfigError(str(exc)) from exc
-        self._heartbeat.start()
         for route in served:
             try:
                 self._own.check(route.type, route.handler)
@@ -212,7 +212,11 @@ class _Lifecycle(KeyRenewal, BaseWorker):
             except HandlerRefusedError as exc:
                 logger.error("handler_refused %s", exc)
             except HandlerImportError as exc:
-                logger.error("handler_unavailable type=%s %s", route.type, exc)
+                raise ConfigError(
+                    f"type {route.type}: {exc} (its jobs stay queued, no attempt spent: fix "
+                    "the route or PYTHONPATH, then start the worker again)"
+                ) from None
+        self._heartbeat.start()
         self._checked = True
         # What is loaded now lives as long as the process: keep the collector from walking it
         # again and again (a full pass over it stalls a job by tens of ms; a forked horse
@@ -225,6 +229,54 @@ class _Lifecycle(KeyRenewal, BaseWorker):
             ",".join(self.queue_names()),
             ",".join(f"{r.type}={r.handler}" for r in served) or "-",
         )
+
+    def _wait_for_routes(self) -> list[Route]:
+        """The served routes, once there are any: a worker started beside its reactor (as
+        supervisors and compose do) may come up before the reactor recorded its routes; it
+        waits for them rather than exit and be restarted in a loop. A worker given no queue
+        name (RQ's CLI then listens on `default`) serves its routes' queues instead.
+
+        Raises:
+            ConfigError: a recorded route is invalid.
+            DatabaseError: the recorded routes could not be read.
+        """
+        said = -ROUTES_WAIT_LOG_SECONDS
+        while True:
+            routes = self._own.refresh()
+            self._serve_routed_queues(routes)
+            queues = set(self.queue_names())
+            served = [route for route in routes.values() if route.queue in queues]
+            if served or self._own.given is not None:
+                return served
+            now = time.monotonic()
+            if now - said >= ROUTES_WAIT_LOG_SECONDS:
+                said = now
+                logger.warning(
+                    "worker_waiting_for_routes queues=%s (no route for them is recorded yet: "
+                    "start a reactor with --route, or give this worker its routes)",
+                    ",".join(sorted(queues)),
+                )
+            time.sleep(ROUTES_WAIT_POLL_SECONDS)
+
+    def _serve_routed_queues(self, routes: Mapping[str, Route]) -> None:
+        """Listen on the routes' queues instead of RQ's `default` when no queue was named and
+        no route sends jobs there (before the worker registers itself with its queues)."""
+        if self.queue_names() != [RQ_DEFAULT_QUEUE]:
+            return
+        names = sorted({route.queue for route in routes.values()})
+        if not names or RQ_DEFAULT_QUEUE in names:
+            return
+        self.queues = [
+            self.queue_class(
+                name,
+                connection=self.connection,
+                job_class=self.job_class,
+                serializer=self.serializer,
+            )
+            for name in names
+        ]
+        self._ordered_queues = self.queues[:]
+        logger.info("worker_queues_from_routes queues=%s", ",".join(names))
 
     def bootstrap(self, *args: Any, **kwargs: Any) -> None:
         _redact_logs()

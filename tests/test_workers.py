@@ -756,34 +756,73 @@ def test_unmigrated_database_exits_2_with_one_line(
     assert "database is not migrated" in lines[0]
 
 
-def test_unimportable_handler_is_reported_at_start_and_fails_only_its_type(
+def test_an_unimportable_handler_stops_the_start_and_spends_no_attempt(
     env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], kind: str
 ) -> None:
+    """A worker whose route names a handler it cannot import (a forgotten PYTHONPATH) exits
+    2 in one line naming it, and the row's job stays queued, untouched, for a worker that can
+    run it: no attempt is spent."""
     routes = [route("ok"), "photo.broken=myapp.photos.process@photo-process"]
     start_reactor(spawn, "--route", routes[0], "--route", routes[1], "--sweep-interval", "60")
-    worker = start_ours(spawn, env, kind, REACTOR_ROUTES=",".join(routes))
-    worker.wait_for_line("worker_ready")
-    reported = [line for line in worker.lines if "cannot import handler" in line]
-    assert len(reported) == 1
-    assert "cannot import handler myapp.photos.process: No module named 'myapp'" in reported[0]
-    submit(conn, "p1")
     submit(conn, "p2", "photo.broken")
-    wait_for(lambda: row_of(conn, "p1")[0] == "done", timeout=20, what="ok type served")
-    wait_for(
-        lambda: (
-            conn.execute("SELECT last_error FROM photo_jobs WHERE type = 'photo.broken'").fetchone()
-            != (None,)
-        ),
-        timeout=20,
-        what="broken type attempted",
+    wait_for(lambda: row_of(conn, "p2")[:2] == ("active", 1), timeout=20, what="dispatched")
+    worker = start_worker(
+        spawn,
+        env,
+        extra_args=("--worker-class", CLASSES[kind]),
+        REACTOR_ROUTES=",".join(routes),
     )
-    state, attempts, error = conn.execute(
-        "SELECT state, attempts, last_error FROM photo_jobs WHERE type = 'photo.broken'"
-    ).fetchone() or (None, None, None)
-    assert (state, attempts) == ("pending", 1)
-    assert error == (
-        "HandlerImportError: cannot import handler myapp.photos.process: No module named 'myapp'"
+    assert worker.exit_code(timeout=60) == 2, worker.output()
+    errors = [line for line in worker.lines if "error" in line.lower()]
+    assert len(errors) == 1, worker.output()
+    assert (
+        "type photo.broken: cannot import handler myapp.photos.process: No module named 'myapp'"
+        " (its jobs stay queued, no attempt spent" in errors[0]
     )
+    key = Job.key_for(job_id("photo.broken", "p2", 1))
+    assert env.redis().hget(key, "status") == b"queued"
+    assert row_of(conn, "p2") == ("active", 1, None, None)
+
+
+def test_a_worker_started_before_its_reactor_waits_for_the_routes_then_serves_them(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], kind: str
+) -> None:
+    # As a supervisor or compose starts them: the worker first, with no route recorded yet.
+    worker = spawn(
+        "-m",
+        "reactor",
+        "worker",
+        *(("--simple",) if kind == "simple" else ()),
+        name="worker",
+        extra_env={"REACTOR_ROUTES": ""},
+    )
+    worker.wait_for_line("worker_waiting_for_routes")
+    assert worker.proc.poll() is None
+    start_reactor(spawn, "--route", route("ok"))
+    worker.wait_for_line("worker_ready")
+    submit(conn, "p1")
+    wait_for(lambda: row_of(conn, "p1")[0] == "done", timeout=30, what="served")
+
+
+def test_rq_worker_with_our_class_and_no_queue_serves_the_routed_queues(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], kind: str
+) -> None:
+    start_reactor(spawn, "--route", route("ok") + "@photos")
+    # RQ's CLI listens on `default` when given no queue name.
+    worker = spawn(
+        "-m",
+        "rq.cli",
+        "worker",
+        "--url",
+        env.redis_url,
+        "--worker-class",
+        CLASSES[kind],
+        name="worker",
+        extra_env={"REACTOR_ROUTES": ""},
+    )
+    worker.wait_for_line("Listening on photos")
+    submit(conn, "p1")
+    wait_for(lambda: row_of(conn, "p1")[0] == "done", timeout=30, what="served")
 
 
 def burst_attempt(
