@@ -24,6 +24,7 @@ from reactor.db import Connection, describe_error
 from reactor.errors import DatabaseError, MigrationError
 
 __all__ = [
+    "CURRENT_SCHEMA_FILE",
     "MIGRATION_LOCK_KEY",
     "SEARCH_PATH",
     "MigrateResult",
@@ -32,6 +33,8 @@ __all__ = [
     "migrate",
 ]
 
+#: The current schema in one file beside the migrations, for new databases (not a migration).
+CURRENT_SCHEMA_FILE = "schema.sql"
 #: Advisory lock held by `reactor migrate` while it applies files ("phmigr" in ASCII).
 MIGRATION_LOCK_KEY = 0x7068_6D69_6772
 #: The search_path of a migrating session: objects are created in `public`; names resolve in
@@ -78,7 +81,7 @@ def load_migrations() -> list[Migration]:
     """
     found: list[Migration] = []
     for name, text in _sql_files():
-        if not name.endswith(".sql"):
+        if not name.endswith(".sql") or name == CURRENT_SCHEMA_FILE:
             continue
         match = _NAME.fullmatch(name)
         if not match:

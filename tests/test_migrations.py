@@ -19,7 +19,8 @@ from tests.support.env import Env
 from tests.support.paths import ROOT
 from tests.support.servers import find_binary
 
-SQL_FILES = sorted((ROOT / "sql").glob("*.sql"))
+SQL_FILES = sorted((ROOT / "sql").glob("[0-9][0-9][0-9][0-9]_*.sql"))
+SCHEMA_FILE = ROOT / "sql" / "schema.sql"
 
 
 def psql_file(url: str, path: Path) -> subprocess.CompletedProcess[str]:
@@ -81,6 +82,23 @@ def test_psql_and_migrate_build_the_same_schema(
     assert "applied 0003_create_notify_triggers" in result.stdout
     assert schema_dump(by_psql) == schema_dump(fresh) == schema_dump(by_cli)
     assert ledger(by_psql) == ledger(fresh)
+
+
+def test_the_current_schema_file_builds_what_the_migrations_build(
+    make_empty_database: Callable[[], str], env: Env
+) -> None:
+    loaded = make_empty_database()
+    result = psql_file(loaded, SCHEMA_FILE)
+    assert result.returncode == 0, result.stderr
+    assert schema_dump(loaded) == schema_dump(env.database_url), (
+        "sql/schema.sql is not what the migrations build: run scripts/schema.py"
+    )
+    assert ledger(loaded) == ledger(env.database_url)
+    assert sorted(p.name for p in (ROOT / "sql").glob("*.sql")) == sorted(
+        [*(p.name for p in SQL_FILES), SCHEMA_FILE.name]
+    )
+    status = reactor_cli("status", url=loaded)
+    assert status.returncode == 0, status.stderr
 
 
 def test_second_runs_are_refused_or_no_ops(empty_database: str) -> None:
