@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from reactor.migrate import load_migrations  # noqa: E402
-from tests.support.servers import PostgresServer, find_binary  # noqa: E402
+from tests.support.db import schema_dump  # noqa: E402
+from tests.support.servers import PostgresServer  # noqa: E402
 
 TARGET = ROOT / "sql" / "schema.sql"
 HEADER = """\
@@ -29,23 +30,6 @@ HEADER = """\
 -- with this file.
 
 """
-
-
-def dump(url: str) -> str:
-    """`pg_dump --schema-only` of `url`, without the lines that vary from run to run."""
-    pg_dump = find_binary("pg_dump")
-    if pg_dump is None:
-        raise SystemExit("pg_dump not found")
-    out = subprocess.run(
-        [pg_dump, "--schema-only", "--no-owner", "--no-privileges", "-d", url],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    # Newer pg_dump brackets its output with \\restrict lines holding a random key.
-    return "\n".join(
-        line for line in out.splitlines() if not line.startswith(("\\restrict", "\\unrestrict"))
-    )
 
 
 def ledger_rows() -> str:
@@ -65,7 +49,7 @@ def main() -> None:
             check=True,
             capture_output=True,
         )
-        TARGET.write_text(HEADER + dump(target).strip() + "\n\n" + ledger_rows())
+        TARGET.write_text(HEADER + schema_dump(target).strip() + "\n\n" + ledger_rows())
     finally:
         server.stop()
     print(f"wrote {TARGET.relative_to(ROOT)}")

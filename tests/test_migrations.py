@@ -15,9 +15,9 @@ import pytest
 from reactor.db import LATEST_SCHEMA_VERSION
 from reactor.migrate import load_migrations
 from tests.support.cli import run_cli
+from tests.support.db import schema_dump
 from tests.support.env import Env
 from tests.support.paths import ROOT
-from tests.support.servers import find_binary
 
 SQL_FILES = sorted((ROOT / "sql").glob("[0-9][0-9][0-9][0-9]_*.sql"))
 SCHEMA_FILE = ROOT / "sql" / "schema.sql"
@@ -28,21 +28,6 @@ def psql_file(url: str, path: Path) -> subprocess.CompletedProcess[str]:
         ["psql", "-X", "-v", "ON_ERROR_STOP=1", "-1", "-q", "-d", url, "-f", str(path)],
         capture_output=True,
         text=True,
-    )
-
-
-def schema_dump(url: str) -> str:
-    pg_dump = find_binary("pg_dump")
-    assert pg_dump, "pg_dump is needed for the schema comparison"
-    out = subprocess.run(
-        [pg_dump, "--schema-only", "--no-owner", "--no-privileges", "-d", url],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    # Newer pg_dump brackets its output with \restrict lines holding a random key.
-    return "\n".join(
-        line for line in out.splitlines() if not line.startswith(("\\restrict", "\\unrestrict"))
     )
 
 

@@ -9,7 +9,6 @@ reactor.SimpleWorker`, `reactor worker`) on real Postgres and Redis. A tampered 
 from __future__ import annotations
 
 import re
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from reactor import submit
 from reactor.jobs import job_id
 from reactor.registry import load_routes
 from tests.handlers import SCHEMA
-from tests.support.cli import run_cli
+from tests.support.cli import NO_ROUTES, cli_without_routes, one_line
 from tests.support.env import Env
 from tests.support.paths import ROOT
 from tests.support.processes import Process, start_worker
@@ -34,7 +33,6 @@ OK = "photo.process=tests.handlers.ok"
 NOOP = "photo.process=tests.handlers.noop"
 FAILS = "photo.process=tests.handlers.always_fails"
 PLANTED = "tests.planted.run"
-NO_ROUTES = {"REACTOR_ROUTES": ""}
 WORKER_CLASSES = {"fork": "reactor.Worker", "simple": "reactor.SimpleWorker"}
 
 
@@ -43,18 +41,6 @@ def conn(env: Env) -> psycopg.Connection[Any]:
     connection = env.connect()
     connection.execute(SCHEMA)
     return connection
-
-
-def cli(env: Env, *args: str, **extra_env: str) -> subprocess.CompletedProcess[str]:
-    return run_cli(env, *args, extra_env={**NO_ROUTES, **extra_env})
-
-
-def one_line(result: subprocess.CompletedProcess[str], code: int) -> str:
-    out = (result.stdout + result.stderr).strip()
-    assert result.returncode == code, out
-    assert len(out.splitlines()) == 1, out
-    assert "Traceback" not in out
-    return out
 
 
 def burst_worker(
@@ -88,10 +74,10 @@ def burst_worker(
 def tamper_and_dispatch(env: Env, conn: psycopg.Connection[Any], handler: str) -> None:
     """A reactor recorded OK; a role that may write reactor_routes (as README let workers)
     rewrites the handler; a sweep started without routes enqueues p1's job with it."""
-    assert cli(env, "sweep", "--route", OK).returncode == 0
+    assert cli_without_routes(env, "sweep", "--route", OK).returncode == 0
     conn.execute("UPDATE reactor_routes SET handler = %s", [handler])
     submit(conn, "p1", max_attempts=1)
-    swept = cli(env, "sweep")
+    swept = cli_without_routes(env, "sweep")
     assert swept.returncode == 0, swept.stderr
     job = Job.fetch(job_id("photo.process", "p1", 1), connection=env.redis())
     assert job.kwargs["handler"] == handler
@@ -154,15 +140,15 @@ def test_a_handler_outside_the_allowed_prefixes_is_refused_whatever_the_routes_s
 def test_a_malformed_recorded_route_is_refused_in_one_line_and_no_row_is_lost(
     env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
 ) -> None:
-    assert cli(env, "sweep", "--route", OK).returncode == 0
+    assert cli_without_routes(env, "sweep", "--route", OK).returncode == 0
     conn.execute("UPDATE reactor_routes SET handler = 'os.system; touch /tmp/x'")
     submit(conn, "p1")
     expected = (
         "reactor: error: bad route 'photo.process=os.system; touch /tmp/x@photo-process' "
         "recorded in reactor_routes: handler must be a dotted path like pkg.module.func"
     )
-    assert one_line(cli(env, "sweep"), 2) == expected
-    assert one_line(cli(env, "worker", "--burst"), 2) == expected
+    assert one_line(cli_without_routes(env, "sweep"), 2) == expected
+    assert one_line(cli_without_routes(env, "worker", "--burst"), 2) == expected
     # A worker of the classes, given no route, reads the recorded ones at start.
     worker = start_worker(
         spawn, env, burst=True, extra_args=("--worker-class", "reactor.Worker"), **NO_ROUTES
@@ -235,7 +221,7 @@ def test_a_worker_following_the_recorded_routes_runs_a_route_changed_on_purpose(
 ) -> None:
     """The worker reads the recorded routes again when a job names another handler: a route
     changed on purpose runs at once, a tampered one outside the allow-list never does."""
-    assert cli(env, "sweep", "--route", OK).returncode == 0
+    assert cli_without_routes(env, "sweep", "--route", OK).returncode == 0
     worker = spawn(
         *("-m", "reactor", "worker", "--simple", "--handler-prefix", "tests.handlers"),
         name="worker",
@@ -251,18 +237,18 @@ def test_a_worker_following_the_recorded_routes_runs_a_route_changed_on_purpose(
         return tuple(found) if found is not None and found[0] != "active" else None
 
     submit(conn, "p1")
-    assert cli(env, "sweep").returncode == 0
+    assert cli_without_routes(env, "sweep").returncode == 0
     assert wait_for(lambda: outcome("p1"), timeout=30, what="p1 run") == ("done", None)
     # No reactor runs: a sweep records the new route as it dispatches p2.
     submit(conn, "p2", max_attempts=1)
-    assert cli(env, "sweep", "--route", FAILS).returncode == 0
+    assert cli_without_routes(env, "sweep", "--route", FAILS).returncode == 0
     assert wait_for(lambda: outcome("p2"), timeout=30, what="p2 run") == (
         "failed",
         "RuntimeError: boom 1",
     )
     conn.execute("UPDATE reactor_routes SET handler = %s", [PLANTED])
     submit(conn, "p3", max_attempts=1)
-    assert cli(env, "sweep").returncode == 0
+    assert cli_without_routes(env, "sweep").returncode == 0
     refused = wait_for(lambda: outcome("p3"), timeout=30, what="p3 refused")
     assert refused is not None and refused[0] == "failed", refused
     assert "outside the allowed handler prefixes" in refused[1], refused

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import signal
 import socket
-import subprocess
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +21,7 @@ from reactor.jobs import job_id
 from reactor.registry import NO_ROUTE_HINT, RouteRegistration, load_routes
 from reactor.routes import Route, parse_route
 from tests.handlers import SCHEMA
-from tests.support.cli import run_cli
+from tests.support.cli import NO_ROUTES, cli_without_routes, one_line
 from tests.support.env import Env
 from tests.support.processes import Process, start_reactor, start_worker
 from tests.support.roles import as_role, throwaway_role
@@ -32,7 +31,6 @@ from tests.support.waiting import wait_for
 
 OK = "photo.process=tests.handlers.ok"
 FAILS = "photo.process=tests.handlers.always_fails"
-NO_ROUTES = {"REACTOR_ROUTES": ""}
 NO_SWEEP = ("--sweep-interval", "600")
 
 
@@ -41,18 +39,6 @@ def conn(env: Env) -> psycopg.Connection[Any]:
     connection = env.connect()
     connection.execute(SCHEMA)
     return connection
-
-
-def cli(env: Env, *args: str, **extra_env: str) -> subprocess.CompletedProcess[str]:
-    return run_cli(env, *args, extra_env={**NO_ROUTES, **extra_env})
-
-
-def one_line(result: subprocess.CompletedProcess[str], code: int) -> str:
-    out = (result.stdout + result.stderr).strip()
-    assert result.returncode == code, out
-    assert len(out.splitlines()) == 1, out
-    assert "Traceback" not in out
-    return out
 
 
 def reactor(spawn: Callable[..., Process], *args: str, name: str = "reactor") -> Process:
@@ -69,7 +55,7 @@ def test_with_no_route_anywhere_run_and_sweep_refuse_and_dispatch_nothing(
     for i in range(3):
         submit(conn, f"p{i}")
     for command in ("sweep", "run"):
-        out = one_line(cli(env, command), 2)
+        out = one_line(cli_without_routes(env, command), 2)
         assert out == f"reactor: error: {NO_ROUTE_HINT}"
     assert states(conn) == {"pending": 3}
     assert queue_ids(env.redis()) == []
@@ -85,7 +71,7 @@ def test_a_sweep_without_routes_uses_the_recorded_route_never_the_demo(
     assert first.stop() == 0
     for i in range(3):
         submit(conn, f"p{i}")
-    result = cli(env, "sweep")
+    result = cli_without_routes(env, "sweep")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["enqueued"] == 3
     assert "reactor_started" not in result.stderr
@@ -108,7 +94,7 @@ def test_a_conflicting_route_is_refused_while_its_reactor_runs(
         "conflicts with photo.process=tests.handlers.ok@photo-process of the running reactor "
     )
     for command in ("run", "sweep"):
-        out = one_line(cli(env, command, "--route", FAILS), 2)
+        out = one_line(cli_without_routes(env, command, "--route", FAILS), 2)
         assert out.startswith(expected), out
         assert out.endswith("to change it"), out
     # Same route by flag, and no route at all (the recorded one): both join the first.
@@ -116,13 +102,13 @@ def test_a_conflicting_route_is_refused_while_its_reactor_runs(
     third = reactor(spawn, name="third")
     assert "routes=photo.process=tests.handlers.ok@photo-process" in third.output()
 
-    status = cli(env, "status", "--json")
+    status = cli_without_routes(env, "status", "--json")
     assert status.returncode == 0, status.stderr
     routes = json.loads(status.stdout)["routes"]
     assert [(r["type"], r["handler"], r["queue"], r["running_reactors"]) for r in routes] == [
         ("photo.process", "tests.handlers.ok", "photo-process", 3)
     ]
-    table = cli(env, "status").stdout
+    table = cli_without_routes(env, "status").stdout
     assert "photo.process=tests.handlers.ok@photo-process  used by 3 running reactors" in table
     assert "NO ROUTE" not in table
 
@@ -131,12 +117,12 @@ def test_a_conflicting_route_is_refused_while_its_reactor_runs(
     first.proc.send_signal(signal.SIGKILL)
     first.proc.wait(timeout=10)
     assert second.stop() == 0
-    one_line(cli(env, "sweep", "--route", FAILS), 2)  # the third still runs
+    one_line(cli_without_routes(env, "sweep", "--route", FAILS), 2)  # the third still runs
     assert third.stop() == 0
-    changed = cli(env, "sweep", "--route", FAILS)
+    changed = cli_without_routes(env, "sweep", "--route", FAILS)
     assert changed.returncode == 0, changed.stderr
     assert load_routes(conn)["photo.process"].handler == "tests.handlers.always_fails"
-    after = cli(env, "status").stdout
+    after = cli_without_routes(env, "status").stdout
     assert "photo.process=tests.handlers.always_fails@photo-process  no running reactor" in after
 
 
@@ -203,7 +189,9 @@ def test_a_reactor_that_fails_to_start_marks_its_routes_stopped(
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        out = one_line(cli(env, "run", "--route", OK, "--metrics-port", str(port)), 2)
+        out = one_line(
+            cli_without_routes(env, "run", "--route", OK, "--metrics-port", str(port)), 2
+        )
     assert "cannot serve metrics" in out, out
     rows = conn.execute("SELECT stopped_at IS NOT NULL FROM reactor_routes").fetchall()
     assert rows == [(True,)]
@@ -232,11 +220,11 @@ def live_reactors(conn: psycopg.Connection[Any]) -> int:
 
 def test_status_without_any_route_says_no_route(env: Env, conn: psycopg.Connection[Any]) -> None:
     submit(conn, "p1")
-    table = cli(env, "status")
+    table = cli_without_routes(env, "status")
     assert table.returncode == 0, table.stderr
     assert "NO ROUTE" in table.stdout
     assert "unrouted types with pending rows (left alone): photo.process" in table.stdout
-    assert json.loads(cli(env, "status", "--json").stdout)["routes"] == []
+    assert json.loads(cli_without_routes(env, "status", "--json").stdout)["routes"] == []
 
 
 def test_a_job_that_failed_in_rq_without_an_outcome_gets_rqs_error(
@@ -252,7 +240,7 @@ def test_a_job_that_failed_in_rq_without_an_outcome_gets_rqs_error(
     for attempt in (1, 2):
         if attempt > 1:
             wait_for(lambda: unwritten_for(conn, 1), what="the row unwritten for 1 s")
-        dispatched = cli(env, "sweep", "--route", OK, "--stale-after", "1")
+        dispatched = cli_without_routes(env, "sweep", "--route", OK, "--stale-after", "1")
         assert dispatched.returncode == 0, dispatched.stderr
         row = conn.execute("SELECT state, attempts FROM photo_jobs").fetchone()
         assert row == ("active", attempt)
@@ -261,7 +249,7 @@ def test_a_job_that_failed_in_rq_without_an_outcome_gets_rqs_error(
         status = env.redis().hget(f"rq:job:{job_id('photo.process', 'p1', attempt)}", "status")
         assert status == b"failed", worker.output()
     wait_for(lambda: unwritten_for(conn, 1), what="the row unwritten for 1 s")
-    final = cli(env, "sweep", "--route", OK, "--stale-after", "1")
+    final = cli_without_routes(env, "sweep", "--route", OK, "--stale-after", "1")
     assert final.returncode == 0, final.stderr
     assert json.loads(final.stdout)["rescue_failed"] == 1
     row = conn.execute("SELECT state, last_error FROM photo_jobs").fetchone()
@@ -279,11 +267,11 @@ def test_the_sweep_records_rqs_error_on_a_re_dispatch(
     env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], empty_database: str
 ) -> None:
     submit(conn, "p1", max_attempts=3)
-    assert cli(env, "sweep", "--route", OK).returncode == 0
+    assert cli_without_routes(env, "sweep", "--route", OK).returncode == 0
     worker = start_worker(spawn, env, burst=True, DATABASE_URL=empty_database)
     worker.proc.wait(timeout=60)
     wait_for(lambda: unwritten_for(conn, 1), what="the row unwritten for 1 s")
-    again = cli(env, "sweep", "--route", OK, "--stale-after", "1")
+    again = cli_without_routes(env, "sweep", "--route", OK, "--stale-after", "1")
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["lost"] == 1
     assert job_id("photo.process", "p1", 2) in queue_ids(env.redis())

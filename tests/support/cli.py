@@ -65,3 +65,21 @@ def cli_json(env: Env, *args: str) -> dict[str, Any]:
     result = run_cli(env, *args)
     assert result.returncode == 0, result.stderr
     return dict(json.loads(result.stdout))
+
+
+#: The environment of a process that follows the recorded routes (none given).
+NO_ROUTES = {"REACTOR_ROUTES": ""}
+
+
+def cli_without_routes(env: Env, *args: str, **extra_env: str) -> subprocess.CompletedProcess[str]:
+    """`run_cli` with no REACTOR_ROUTES: the command uses its flags or the recorded routes."""
+    return run_cli(env, *args, extra_env={**NO_ROUTES, **extra_env})
+
+
+def one_line(result: subprocess.CompletedProcess[str], code: int) -> str:
+    """The single line a command printed, having exited with `code` (no traceback)."""
+    out = (result.stdout + result.stderr).strip()
+    assert result.returncode == code, out
+    assert len(out.splitlines()) == 1, out
+    assert "Traceback" not in out
+    return out

@@ -4,12 +4,14 @@ request. Every database created here is named with a random suffix and dropped b
 
 from __future__ import annotations
 
+import subprocess
 import uuid
 
 import psycopg
 from psycopg import sql
 
 from reactor.migrate import migrate
+from tests.support.servers import find_binary
 from tests.support.urls import with_path
 
 
@@ -53,3 +55,19 @@ def create_empty(pg_server_url: str) -> str:
     name = f"reactor_e_{uuid.uuid4().hex[:12]}"
     create_database(pg_server_url, name)
     return name
+
+
+def schema_dump(url: str) -> str:
+    """`pg_dump --schema-only` of the database at `url`, without the lines that vary from run
+    to run (newer pg_dump brackets its output with \\restrict lines holding a random key)."""
+    pg_dump = find_binary("pg_dump")
+    assert pg_dump, "pg_dump is needed for the schema comparison"
+    out = subprocess.run(
+        [pg_dump, "--schema-only", "--no-owner", "--no-privileges", "-d", url],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return "\n".join(
+        line for line in out.splitlines() if not line.startswith(("\\restrict", "\\unrestrict"))
+    )
