@@ -1,9 +1,11 @@
 """`reactor status`: what the table holds, for people and (as JSON) for scripts.
 
 Counts by type and state, the age of the oldest due pending row, the next scheduled retry,
-stale `active` rows, paused types, the routes recorded by the reactors (and how many running
-reactors use each), and pending types that no route covers. The counts scan the table; the
-other figures use the partial indexes.
+stale `active` rows, `active` rows whose RQ worker is gone (the job's worker key expired and
+the row has had no write for `gone_after`: the sweep rescues these at its next pass; read from
+Redis when a client is given, None when not or when Redis failed), paused types, the routes
+recorded by the reactors (and how many running reactors use each), and pending types that no
+route covers. The counts scan the table; the other figures use the partial indexes.
 """
 
 from __future__ import annotations
@@ -12,17 +14,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
+import redis
 
 from reactor import queries
 from reactor.db import Connection, describe_error
-from reactor.errors import DatabaseError
+from reactor.errors import DatabaseError, EnqueueError
+from reactor.jobs import JobRef
 from reactor.pause import PausedType, paused_types
+from reactor.redact import redact
 from reactor.registry import RecordedRoute, read_recorded_routes
 from reactor.routes import format_route
+from reactor.rq_state import STARTED, job_statuses, workers_gone
+from reactor.settings import DEFAULT_GONE_AFTER_SECONDS
 
 __all__ = ["Status", "TypeStatus", "format_status", "read_status"]
 
 _STATES = ("pending", "active", "done", "failed")
+#: Quiet active rows whose RQ worker `reactor status` looks up (the oldest first).
+MAX_WORKER_CHECKS = 10_000
 
 
 @dataclass(frozen=True)
@@ -36,6 +45,8 @@ class TypeStatus:
     stale_active: int
     routed: bool
     paused: bool = False
+    #: Active rows whose RQ worker is gone (None: not known, Redis not read).
+    worker_gone: int | None = None
 
 
 @dataclass(frozen=True)
@@ -46,6 +57,8 @@ class Status:
     unrouted_types: list[str] = field(default_factory=list)
     routes: list[RecordedRoute] = field(default_factory=list)
     paused_types: list[PausedType] = field(default_factory=list)
+    #: Why the workers' liveness could not be read from Redis (None: it was, or not asked).
+    redis_error: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -66,14 +79,22 @@ class Status:
                 {"type": p.type, "paused_at": p.paused_at.isoformat(), "paused_by": p.paused_by}
                 for p in self.paused_types
             ],
+            "redis_error": self.redis_error,
         }
 
 
-def read_status(conn: Connection, stale_after_seconds: float) -> Status:
-    """Read the figures (one short read-only transaction) and the recorded routes.
+def read_status(
+    conn: Connection,
+    stale_after_seconds: float,
+    *,
+    client: redis.Redis | None = None,
+    gone_after_seconds: float = DEFAULT_GONE_AFTER_SECONDS,
+) -> Status:
+    """Read the figures (one short read-only transaction) and the recorded routes; with
+    `client`, also which quiet active rows' jobs were started by an RQ worker that is gone.
 
     Raises:
-        DatabaseError: a query failed.
+        DatabaseError: a query failed (a Redis failure is reported in `redis_error`).
     """
     routes = read_recorded_routes(conn)
     routed = {r.route.type for r in routes}
@@ -89,8 +110,28 @@ def read_status(conn: Connection, stale_after_seconds: float) -> Status:
             rows = conn.execute(
                 queries.STATUS_PER_TYPE, {"types": all_types, "stale_after": stale_after_seconds}
             ).fetchall()
+            quiet = [
+                JobRef(t, p, int(token))
+                for t, p, token in conn.execute(
+                    queries.QUIET_ACTIVE,
+                    {
+                        "types": all_types,
+                        "gone_after": min(gone_after_seconds, stale_after_seconds),
+                        "limit": MAX_WORKER_CHECKS,
+                    },
+                )
+            ]
     except psycopg.Error as exc:
         raise DatabaseError(f"status query failed: {describe_error(exc)}") from exc
+    gone: dict[str, int] | None = None
+    redis_error = None
+    if client is not None:
+        try:
+            gone = _workers_gone(client, quiet)
+        except (redis.RedisError, EnqueueError) as exc:
+            redis_error = redact(
+                str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+            )
     types = [
         TypeStatus(
             type=job_type,
@@ -100,10 +141,31 @@ def read_status(conn: Connection, stale_after_seconds: float) -> Status:
             stale_active=int(stale),
             routed=job_type in routed,
             paused=job_type in paused_names,
+            worker_gone=None if gone is None else gone.get(job_type, 0),
         )
         for job_type, age, next_at, stale in rows
     ]
-    return Status(types, sorted(t for t in pending_types if t not in routed), routes, paused)
+    unrouted = sorted(t for t in pending_types if t not in routed)
+    return Status(types, unrouted, routes, paused, redis_error)
+
+
+def _workers_gone(client: redis.Redis, refs: list[JobRef]) -> dict[str, int]:
+    """Per type, how many of `refs` have a started job whose RQ worker is gone; the sweep
+    also rescues ended jobs of gone workers, which `reactor status` does not count.
+
+    Raises:
+        redis.RedisError, EnqueueError: Redis failed.
+    """
+    started = [
+        ref
+        for ref, status in zip(refs, job_statuses(client, refs), strict=True)
+        if status == STARTED
+    ]
+    counts: dict[str, int] = {}
+    for ref, lost in zip(started, workers_gone(client, started), strict=True):
+        if lost:
+            counts[ref.type] = counts.get(ref.type, 0) + 1
+    return counts
 
 
 def format_status(status: Status) -> str:
@@ -118,6 +180,8 @@ def format_status(status: Status) -> str:
             details.append(f"next retry {t.next_retry_at}")
         if t.stale_active:
             details.append(f"{t.stale_active} stale active")
+        if t.worker_gone:
+            details.append(f"{t.worker_gone} worker gone")
         if t.paused:
             details.append("PAUSED")
         if not t.routed:
@@ -145,4 +209,6 @@ def format_status(status: Status) -> str:
         )
     for p in status.paused_types:
         lines.append(f"paused: {p.type} since {p.paused_at.isoformat()} by {p.paused_by}")
+    if status.redis_error is not None:
+        lines.append(f"workers' liveness unknown (Redis: {status.redis_error})")
     return "\n".join(lines)
