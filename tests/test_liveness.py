@@ -174,6 +174,34 @@ def test_a_slow_handler_on_a_live_worker_is_never_shown_gone_nor_rescued(
     assert "rows_rescued" not in reactor.output()
 
 
+def test_a_paused_worker_is_rescued_once_its_key_lapsed_and_its_late_outcome_is_fenced(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
+) -> None:
+    """SIGSTOP looks like death to RQ (the key lapses): the row is rescued. When the worker
+    resumes, its handler finishes but its outcome changes nothing (the fence), and the rescued
+    attempt runs and completes the row."""
+    options = ("--gone-after", f"{GONE_AFTER:g}", "--stale-after", f"{STALE_AFTER:g}")
+    paused = start_worker(
+        spawn, "simple", REACTOR_HEARTBEAT_SECONDS=f"{HEARTBEAT:g}", REACTOR_TEST_WORK_SECONDS="15"
+    )
+    submit(conn, "p1")
+    assert env.cli_json("sweep", "--route", ROUTE, *options)["enqueued"] == 1
+    wait_for(lambda: started(conn, "p1", 1), timeout=30, what="attempt 1 started")
+    os.kill(paused.proc.pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: gone(env, *options) == 1, timeout=60, interval=0.2, what="worker gone")
+        assert env.cli_json("sweep", "--route", ROUTE, *options)["rescued"] == 1
+    finally:
+        os.kill(paused.proc.pid, signal.SIGCONT)
+    wait_for(lambda: row(conn, "p1") == ("done", 2), timeout=60, interval=0.1, what="done")
+    paused.wait_for_line("completion_superseded", timeout=30)
+    outcomes = conn.execute(
+        "SELECT attempt, outcome FROM handler_runs WHERE photo_id = 'p1' ORDER BY attempt, at"
+    ).fetchall()
+    assert outcomes == [(1, "started"), (1, "ok"), (2, "started"), (2, "ok")]
+    assert row(conn, "p1") == ("done", 2)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_with_the_defaults_killed_workers_rows_are_done_within_150_s(
@@ -201,6 +229,7 @@ def test_with_the_defaults_killed_workers_rows_are_done_within_150_s(
     killed = time.monotonic()
     start_worker(spawn, "simple")
     shown: dict[str, float] = {}  # photo → seconds from the kill to "worker gone" in status
+    finished: dict[str, float] = {}  # photo → seconds from the kill to `done`
 
     def done() -> bool:
         rows = {p: row(conn, p) for p in ("p1", "p2")}
@@ -210,21 +239,13 @@ def test_with_the_defaults_killed_workers_rows_are_done_within_150_s(
         if count and count == len(waiting):
             for p in waiting:
                 shown.setdefault(p, round(time.monotonic() - killed, 1))
-        return all(state == ("done", 2) for state in rows.values())
+        for p, state in rows.items():
+            if state == ("done", 2):
+                finished.setdefault(p, round(time.monotonic() - killed, 1))
+        return len(finished) == len(rows)
 
     wait_for(done, timeout=DEFAULTS_TARGET_SECONDS + 60, interval=0.5, what="both rows done")
-    ran = {
-        p: conn.execute(
-            "SELECT extract(epoch FROM max(at) - min(at)) FROM handler_runs"
-            " WHERE photo_id = %s AND attempt = 2",
-            [p],
-        ).fetchone()
-        for p in ("p1", "p2")
-    }
     elapsed = time.monotonic() - killed
-    print(
-        f"\ndefaults: both rows done {elapsed:.1f} s after the kill; status showed the worker"
-        f" gone at {shown}; attempt 2 ran {ran}"
-    )
+    print(f"\ndefaults: seconds from the kill to worker gone in status {shown}, to done {finished}")
     assert elapsed < DEFAULTS_TARGET_SECONDS
     assert shown, "reactor status never showed a worker gone before the rescue"
