@@ -138,7 +138,7 @@ def _routes_option(func: F) -> F:
 
 
 def _stale_option(func: F) -> F:
-    func = click.option(
+    return click.option(
         "--stale-after",
         type=click.FloatRange(min=0, min_open=True),
         envvar="REACTOR_STALE_AFTER",
@@ -147,6 +147,9 @@ def _stale_option(func: F) -> F:
         show_envvar=True,
         help="Seconds without heartbeat after which an active row is rescued.",
     )(func)
+
+
+def _gone_option(func: F) -> F:
     return click.option(
         "--gone-after",
         type=click.FloatRange(min=0, min_open=True),
@@ -162,6 +165,7 @@ def _stale_option(func: F) -> F:
 def _sweep_options(func: F) -> F:
     """The options of every dispatching command (`sweep`, and `run` with `_run_options`)."""
     func = _stale_option(func)
+    func = _gone_option(func)
     func = click.option(
         "--job-timeout",
         type=click.IntRange(min=1),
@@ -446,6 +450,7 @@ STATUS_REDIS_TIMEOUT_SECONDS = 5.0
 @_database_option
 @_redis_option
 @_stale_option
+@_gone_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def status(
     database_url: str, redis_url: str, stale_after: float, gone_after: float, as_json: bool
