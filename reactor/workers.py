@@ -415,7 +415,10 @@ class _Lifecycle(KeyRenewal, BaseWorker):
     def _renew_rq_heartbeats(self) -> None:
         """From the heartbeat thread, after each beat: RQ's renewal of the worker key, the
         job's execution and its `last_heartbeat`, with the attempt's TTL (one round trip)."""
-        job, execution = self._job, next(iter(self.executions.values()), None)
+        # A copy (one C call): RQ's thread adds and removes executions meanwhile. Once RQ has
+        # ended the job its execution is gone, and only the worker key is renewed.
+        job, executions = self._job, list(self.executions.values())
+        execution = executions[0] if executions else None
         if job is None or execution is None:
             self.heartbeat(self._attempt_key_ttl)
             return
