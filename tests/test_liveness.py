@@ -19,6 +19,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from rq import Worker as RqWorker
 
 from reactor import submit
 from reactor.settings import (
@@ -139,8 +140,9 @@ def test_a_slow_handler_on_a_live_worker_is_never_shown_gone_nor_rescued(
     spawn: Callable[..., Process],
     kind: str,
 ) -> None:
-    """A handler that works for many key TTLs (4 heartbeats) on a live worker: its key and its
-    row are renewed at every beat, so neither the status nor the reactor's sweeps take it."""
+    """A handler that works for three key TTLs (4 heartbeats) on a live worker: its key and its
+    row are renewed at every beat, so RQ lists the worker busy throughout (`rq info`), and
+    neither the status nor the reactor's sweeps take the row."""
     reactor = spawn(
         "-m",
         "reactor",
@@ -162,15 +164,21 @@ def test_a_slow_handler_on_a_live_worker_is_never_shown_gone_nor_rescued(
     )
     submit(conn, "p1")
     wait_for(lambda: started(conn, "p1", 1), timeout=30, what="attempt 1 started")
+    client = env.redis()
     seen: list[int] = []
+    listed: list[list[str]] = []  # the workers RQ lists, by state, at each look
 
     def done() -> bool:
+        listed.append([w.get_state() for w in RqWorker.all(connection=client)])
         seen.append(gone(env, "--gone-after", f"{GONE_AFTER:g}"))
         return row(conn, "p1")[0] == "done"
 
     wait_for(done, timeout=60, interval=0.2, what="done")
     assert row(conn, "p1") == ("done", 1)
     assert not any(seen), seen
+    # Busy until the end (the last looks may find it idle again), never missing.
+    assert all(states in (["busy"], ["idle"]) for states in listed), listed
+    assert listed.count(["busy"]) >= 5, listed
     assert "rows_rescued" not in reactor.output()
 
 
