@@ -11,6 +11,7 @@ real settings: heartbeat 15 → 1 s, `--gone-after` 30 → 2 s, `--sweep-interva
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import time
@@ -29,6 +30,7 @@ from reactor.settings import (
     DEFAULT_SWEEP_INTERVAL_SECONDS,
 )
 from tests.handlers import SCHEMA
+from tests.support.cli import run_cli
 from tests.support.env import Env
 from tests.support.processes import Process
 from tests.support.waiting import wait_for
@@ -257,3 +259,23 @@ def test_with_the_defaults_killed_workers_rows_are_done_within_150_s(
     print(f"\ndefaults: seconds from the kill to worker gone in status {shown}, to done {finished}")
     assert elapsed < DEFAULTS_TARGET_SECONDS
     assert shown, "reactor status never showed a worker gone before the rescue"
+
+
+def test_status_without_redis_still_answers_and_says_liveness_is_unknown(
+    env: Env, conn: psycopg.Connection[Any]
+) -> None:
+    submit(conn, "p1")
+    # An active row without a write for an hour: its job's worker is looked up in Redis.
+    with conn.transaction():
+        conn.execute("SET LOCAL session_replication_role = replica")  # keep updated_at as given
+        conn.execute(
+            "UPDATE photo_jobs SET state = 'active', attempts = 1,"
+            " updated_at = now() - interval '1 hour'"
+        )
+    unreachable = {"REDIS_URL": "redis://127.0.0.1:1/0"}
+    text = run_cli(env, "status", extra_env=unreachable)
+    assert text.returncode == 0, text.stderr
+    assert "workers' liveness unknown (Redis: " in text.stdout, text.stdout
+    status = json.loads(run_cli(env, "status", "--json", extra_env=unreachable).stdout)
+    assert status["redis_error"] and status["types"][0]["worker_gone"] is None, status
+    assert env.cli_json("status", "--json")["types"][0]["worker_gone"] == 0
