@@ -34,6 +34,7 @@ from reactor.registry import load_routes
 from reactor.routes import Route, parse_handler_prefixes, parse_routes
 from reactor.settings import (
     DEFAULT_BATCH_SIZE,
+    DEFAULT_GONE_AFTER_SECONDS,
     DEFAULT_POLL_INTERVAL_SECONDS,
     DEFAULT_PRUNE_BATCH_SIZE,
     DEFAULT_REDIS_TIMEOUT_SECONDS,
@@ -149,9 +150,23 @@ def _stale_option(func: F) -> F:
     )(func)
 
 
+def _gone_option(func: F) -> F:
+    return click.option(
+        "--gone-after",
+        type=click.FloatRange(min=0, min_open=True),
+        envvar="REACTOR_GONE_AFTER",
+        default=DEFAULT_GONE_AFTER_SECONDS,
+        show_default=True,
+        show_envvar=True,
+        help="Seconds without heartbeat after which an active row whose RQ worker is gone "
+        "(its worker key expired) is rescued.",
+    )(func)
+
+
 def _sweep_options(func: F) -> F:
     """The options of every dispatching command (`sweep`, and `run` with `_run_options`)."""
     func = _stale_option(func)
+    func = _gone_option(func)
     func = click.option(
         "--job-timeout",
         type=click.IntRange(min=1),
@@ -290,6 +305,7 @@ def _settings(options: dict[str, Any]) -> ReactorSettings:
         routes=resolve_routes(options["routes"]),
         batch_size=options["batch_size"],
         stale_after_seconds=options["stale_after"],
+        gone_after_seconds=options["gone_after"],
         job_timeout_seconds=options["job_timeout"],
         redis_timeout_seconds=options["redis_timeout"],
         **run_only,
@@ -446,15 +462,34 @@ def sweep(ctx: click.Context, /, **options: Any) -> None:
         ctx.exit(1)
 
 
+#: `reactor status` gives up on a Redis that does not answer within this long (seconds), and
+#: prints the rest.
+STATUS_REDIS_TIMEOUT_SECONDS = 5.0
+
+
 @cli.command()
 @_database_option
+@_redis_option
 @_stale_option
+@_gone_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def status(database_url: str, stale_after: float, as_json: bool) -> None:
-    """Show counts by type and state, backlog age, retries, stale rows, the routes the
-    reactors use, unrouted types."""
-    with _connect(database_url, "status", read_write=False) as conn:
-        result = read_status(conn, stale_after)
+def status(
+    database_url: str, redis_url: str, stale_after: float, gone_after: float, as_json: bool
+) -> None:
+    """Show counts by type and state, backlog age, retries, stale rows and rows whose RQ worker
+    is gone, the routes the reactors use, unrouted types."""
+    from reactor.redis_url import connect_redis  # noqa: PLC0415 - only this command's Redis
+
+    client = connect_redis(
+        redis_url,
+        socket_timeout=STATUS_REDIS_TIMEOUT_SECONDS,
+        socket_connect_timeout=STATUS_REDIS_TIMEOUT_SECONDS,
+    )
+    try:
+        with _connect(database_url, "status", read_write=False) as conn:
+            result = read_status(conn, stale_after, client=client, gone_after_seconds=gone_after)
+    finally:
+        client.close()
     click.echo(json.dumps(result.as_dict()) if as_json else format_status(result))
 
 

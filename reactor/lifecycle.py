@@ -22,7 +22,8 @@ writes an outcome; `attempts` still counts per life for `max_attempts` and the b
    stamped (`updated_at`), so the sweep cannot take a job that waited long in the queue for a
    dead worker's before its first heartbeat.
 2. `Heartbeat` — a thread that touches `updated_at` every `heartbeat_seconds` while the
-   handler runs, so the sweep does not rescue a live attempt.
+   handler runs, so the sweep does not rescue a live attempt (the worker classes' `Heartbeater`
+   also renews the worker's RQ key at each beat, which tells the sweep the worker lives).
 3. `finish` — the outcome, fenced by the token (`state = 'active' AND prior_attempts +
    attempts = N`):
    ok → `done`; permanent → `failed`; error → `pending` after a backoff while attempts remain,
@@ -374,6 +375,7 @@ class Heartbeater:
         self._lock = threading.Lock()
         self._busy = threading.Lock()
         self._ref: JobRef | None = None
+        self._renew: Callable[[], None] | None = None
         self._due = 0.0
         self._thread: threading.Thread | None = None
 
@@ -386,10 +388,13 @@ class Heartbeater:
                 )
                 self._thread.start()
 
-    def beat_for(self, ref: JobRef) -> None:
+    def beat_for(self, ref: JobRef, renew: Callable[[], None] | None = None) -> None:
+        """Beat for `ref` from now on; `renew` (if given) is called after each beat, whether
+        the beat's write succeeded or not (the worker classes renew their RQ key with it)."""
         self.start()
         with self._lock:
             self._ref = ref
+            self._renew = renew
             self._due = time.monotonic() + self._interval
 
     def pause(self) -> None:
@@ -402,7 +407,7 @@ class Heartbeater:
         while True:
             time.sleep(self._interval * HEARTBEAT_SLACK)
             with self._lock:
-                ref = self._ref
+                ref, renew = self._ref, self._renew
                 if ref is None or time.monotonic() < self._due:
                     continue
                 self._due = time.monotonic() + self._interval
@@ -417,3 +422,10 @@ class Heartbeater:
                                 self._ref = None
                 except Exception as exc:  # a statement error too: the next beat is the retry
                     logger.warning("heartbeat_failed %s error=%s", describe(ref), error_text(exc))
+                if renew is not None:
+                    try:
+                        renew()
+                    except Exception as exc:  # Redis down: the next beat is the retry
+                        logger.warning(
+                            "worker_key_renewal_failed %s error=%s", describe(ref), error_text(exc)
+                        )

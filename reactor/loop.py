@@ -348,6 +348,7 @@ class Reactor:
             self.routes,
             batch_size=self.settings.batch_size,
             stale_after_seconds=self.settings.stale_after_seconds,
+            gone_after_seconds=self.settings.gone_after_seconds,
             metrics=self.metrics,
         )
 

@@ -51,6 +51,7 @@ __all__ = [
     "PENDING_TYPES",
     "PING",
     "PRUNE_FINISHED",
+    "QUIET_ACTIVE",
     "REACTOR_SESSIONS",
     "RECENT_FAILURES",
     "RECORDED_ROUTES",
@@ -160,15 +161,17 @@ SELECT extract(epoch FROM least(min(d.due), now() + interval '1 day') - now())::
 """
 
 #: One page of active rows of the given types, for the rescue pass, with whether each is
-#: stale (no heartbeat for `stale_after` seconds). Keyset-paged in (updated_at, type,
-#: photo_id) order up to `until` (the sweep's start), so rows re-dispatched during the sweep
-#: (their updated_at moves to now) are not visited twice. Rows of paused types are left
-#: active: rescuing them would dispatch the type. The page key's updated_at comes back as
-#: text and goes back as `after_at`: exact, and whatever a row written before sql/0012 holds
-#: ('-infinity', a year Python's datetime cannot hold) it cannot fail the pass.
+#: stale (no heartbeat for `stale_after` seconds) and quiet (none for `gone_after`).
+#: Keyset-paged in (updated_at, type, photo_id) order up to `until` (the sweep's start), so
+#: rows re-dispatched during the sweep (their updated_at moves to now) are not visited twice.
+#: Rows of paused types are left active: rescuing them would dispatch the type. The page key's
+#: updated_at comes back as text and goes back as `after_at`: exact, and whatever a row written
+#: before sql/0012 holds ('-infinity', a year Python's datetime cannot hold) it cannot fail the
+#: pass.
 LIST_ACTIVE = """
 SELECT type, photo_id, prior_attempts + attempts, updated_at::text,
-       updated_at < now() - make_interval(secs => %(stale_after)s::float8) AS stale
+       updated_at < now() - make_interval(secs => %(stale_after)s::float8) AS stale,
+       updated_at < now() - make_interval(secs => %(gone_after)s::float8) AS quiet
   FROM photo_jobs
  WHERE state = 'active'
    AND type = ANY (%(types)s::text[])
@@ -654,6 +657,17 @@ SELECT t.type,
          WHERE a.type = t.type AND a.state = 'active'
            AND a.updated_at < now() - make_interval(secs => %(stale_after)s::float8))
   FROM unnest(%(types)s::text[]) AS t(type)
+"""
+
+#: `reactor status`: up to `limit` active rows of the given types that have had no write for
+#: `gone_after` seconds (their jobs' workers are then looked up in RQ).
+QUIET_ACTIVE = """
+SELECT type, photo_id, prior_attempts + attempts
+  FROM photo_jobs
+ WHERE state = 'active' AND type = ANY (%(types)s::text[])
+   AND updated_at < now() - make_interval(secs => %(gone_after)s::float8)
+ ORDER BY updated_at
+ LIMIT %(limit)s
 """
 
 #: Move up to `limit` failed rows (of `type`, if not NULL) back to pending: a new life, at

@@ -9,8 +9,10 @@ The credentials are the master's, and are also sent to the sentinels unless the 
 theirs (`?sentinel_username=...&sentinel_password=...`; an empty `sentinel_password=` means the
 sentinels take no password). The client asks the sentinels for the master on every new
 connection (redis-py's `Sentinel.master_for`), so after a failover the next reconnect reaches
-the promoted replica without a restart. A malformed URL is a `ConfigError` whose message never
-contains a password.
+the promoted replica without a restart; that includes the reconnects inside a command's
+retries (`SentinelMasterConnection`), so a worker blocked in its dequeue when the master died
+follows the promotion within one retry backoff. A malformed URL is a `ConfigError` whose
+message never contains a password.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 from urllib.parse import parse_qs, unquote
 
 import redis
-from redis.sentinel import MasterNotFoundError, Sentinel
+from redis.sentinel import MasterNotFoundError, Sentinel, SentinelManagedConnection
 
 from reactor.errors import ConfigError
 from reactor.redact import ambiguous_userinfo, redact
@@ -28,6 +30,7 @@ from reactor.redact import ambiguous_userinfo, redact
 __all__ = [
     "SENTINEL_SCHEME",
     "SENTINEL_SOCKET_TIMEOUT_SECONDS",
+    "SentinelMasterConnection",
     "SentinelTarget",
     "client_for",
     "connect_redis",
@@ -41,6 +44,23 @@ DEFAULT_SENTINEL_PORT = 26379
 #: A sentinel that does not answer within this long is skipped for the next one.
 SENTINEL_SOCKET_TIMEOUT_SECONDS = 1.0
 _QUERY_KEYS = frozenset({"sentinel_username", "sentinel_password"})
+
+
+class SentinelMasterConnection(SentinelManagedConnection):
+    """redis-py's connection to the master a sentinel names, which asks the sentinels again
+    when a command reconnects it, not only when the pool hands it out.
+
+    redis-py reconnects a connection that a command's retry dropped to the address it had
+    (`connect_check_health`), not through `_connect_retry`: after a failover every retry of a
+    worker's blocking dequeue went back to the old master, refused or, once it was back as a
+    replica, answering READONLY, until the retries were spent (about 35 s).
+    """
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        if not self._sock:
+            # One try: the command's own retry (with its backoff) is the retry.
+            self._connect_retry()  # type: ignore[no-untyped-call]
+        super().send_packed_command(command, check_health)  # type: ignore[no-untyped-call]
 
 
 @dataclass(frozen=True)
@@ -165,7 +185,7 @@ def client_for(url: str, **kwargs: Any) -> redis.Redis:
         db=target.db,
         username=target.username,
         password=target.password,
-        **kwargs,
+        **{"connection_class": SentinelMasterConnection, **kwargs},
     )
     return client
 

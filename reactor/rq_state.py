@@ -3,8 +3,9 @@
 The enqueue path asks whether a job is alive (`job_statuses`, `ALIVE_STATUSES`) before it
 writes a batch that collides with existing jobs; the sweep asks, through `RqState`, which jobs
 of `active` rows are gone, failed without an outcome, or orphaned. Everything is read with
-plain commands (`HGET` of a job's status, `LRANGE` of a queue, RQ's error text through
-`reactor.job_errors`), in one round trip per call: whoever can write to Redis chooses what a
+plain commands (`HGET` of a job's status or worker name, `EXISTS` of a worker's key, `LRANGE`
+of a queue, RQ's error text through `reactor.job_errors`), in one round trip per call (two
+for `workers_gone`): whoever can write to Redis chooses what a
 job's pickled fields hold, so the reactor never decodes them. Nothing here writes to Redis.
 """
 
@@ -15,6 +16,7 @@ from collections.abc import Mapping, Sequence
 import redis
 from rq import Queue
 from rq.job import Job
+from rq.worker import Worker
 
 from reactor.errors import EnqueueError
 from reactor.job_errors import read_failure_texts
@@ -22,7 +24,15 @@ from reactor.jobs import JobRef
 from reactor.redact import redact
 from reactor.routes import Route
 
-__all__ = ["ALIVE_STATUSES", "FAILED", "QUEUED", "STARTED", "RqState", "job_statuses"]
+__all__ = [
+    "ALIVE_STATUSES",
+    "FAILED",
+    "QUEUED",
+    "STARTED",
+    "RqState",
+    "job_statuses",
+    "workers_gone",
+]
 
 #: RQ status of a job a worker has taken.
 STARTED = b"started"
@@ -51,6 +61,33 @@ def job_statuses(client: redis.Redis, refs: Sequence[JobRef]) -> list[bytes | No
         ) from exc
 
 
+def workers_gone(client: redis.Redis, refs: Sequence[JobRef]) -> list[bool]:
+    """For each attempt's job: is the RQ worker that took it gone? That is, the job names a
+    worker (RQ stores it when the worker starts the job) and that worker's key no longer
+    exists: a worker renews its key while it lives (the worker classes every heartbeat while
+    they run an attempt), so the key expires only once it has stopped (killed, paused, cut off
+    from Redis). A job that names no worker (never started) is not counted as gone.
+
+    Raises:
+        redis.RedisError: Redis failed.
+    """
+    if not refs:
+        return []
+    with client.pipeline(transaction=False) as pipe:
+        for ref in refs:
+            pipe.hget(Job.key_for(ref.job_id), "worker_name")
+        names: list[bytes | None] = pipe.execute()
+    known = sorted({name for name in names if name})
+    if not known:
+        return [False] * len(refs)
+    prefix = Worker.redis_worker_namespace_prefix.encode()
+    with client.pipeline(transaction=False) as pipe:
+        for name in known:
+            pipe.exists(prefix + name)
+        alive = dict(zip(known, pipe.execute(), strict=True))
+    return [name is not None and name in alive and not alive[name] for name in names]
+
+
 class RqState:
     """The sweep's view of RQ: job statuses, RQ's errors, and orphaned jobs."""
 
@@ -68,6 +105,19 @@ class RqState:
             EnqueueError: Redis failed.
         """
         return job_statuses(self._client, refs)
+
+    def workers_gone(self, refs: Sequence[JobRef]) -> list[bool]:
+        """`workers_gone` for each ref.
+
+        Raises:
+            EnqueueError: Redis failed.
+        """
+        try:
+            return workers_gone(self._client, refs)
+        except redis.RedisError as exc:
+            raise EnqueueError(
+                f"Redis worker check failed: {redact(str(exc))}", rows=len(refs)
+            ) from exc
 
     def failure_texts(self, refs: Sequence[JobRef]) -> list[str | None]:
         """The error RQ recorded for each attempt's failed job (None: none), in one round trip,

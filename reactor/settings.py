@@ -17,7 +17,9 @@ from reactor.errors import ConfigError
 from reactor.routes import Route, parse_handler_prefixes
 
 __all__ = [
+    "BUSY_KEY_TTL_HEARTBEATS",
     "DEFAULT_BATCH_SIZE",
+    "DEFAULT_GONE_AFTER_SECONDS",
     "DEFAULT_HEARTBEAT_SECONDS",
     "DEFAULT_POLL_INTERVAL_SECONDS",
     "DEFAULT_PRUNE_BATCH_SIZE",
@@ -45,7 +47,17 @@ DEFAULT_POLL_INTERVAL_SECONDS = 1.0
 DEFAULT_STALE_AFTER_SECONDS = 300.0
 DEFAULT_RETRY_BASE_SECONDS = 5.0
 DEFAULT_RETRY_MAX_SECONDS = 3600.0
-DEFAULT_HEARTBEAT_SECONDS = 60.0
+#: Seconds between a running attempt's heartbeats: one Postgres write each, and a renewal of
+#: the worker's RQ key, which expires `BUSY_KEY_TTL_HEARTBEATS` beats after the last one.
+DEFAULT_HEARTBEAT_SECONDS = 15.0
+#: While a worker class runs an attempt, its RQ worker key (and the job's execution in RQ's
+#: started registry) lives this many heartbeat intervals past each beat: a dead worker's key
+#: is gone within that long, a live one's never lapses (a beat every interval).
+BUSY_KEY_TTL_HEARTBEATS = 4
+#: A started (or ended) job whose RQ worker is gone (its key expired) is rescued once its row
+#: has had no write for this many seconds (two default heartbeats: a worker cut off from Redis
+#: but still beating in Postgres keeps its attempt).
+DEFAULT_GONE_AFTER_SECONDS = 30.0
 #: Rows the retention pruner deletes per transaction.
 DEFAULT_PRUNE_BATCH_SIZE = 500
 #: How long RQ keeps a failed job in its failed registry (the database row is the truth).
@@ -66,6 +78,7 @@ class ReactorSettings:
     batch_size: int = DEFAULT_BATCH_SIZE
     sweep_interval_seconds: float = DEFAULT_SWEEP_INTERVAL_SECONDS
     stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS
+    gone_after_seconds: float = DEFAULT_GONE_AFTER_SECONDS
     doorbell: DoorbellMode = DoorbellMode.ADAPTIVE
     poll_interval_seconds: float = DEFAULT_POLL_INTERVAL_SECONDS
     metrics_port: int | None = None
@@ -84,6 +97,8 @@ class ReactorSettings:
             raise ConfigError("sweep interval must be positive")
         if self.stale_after_seconds <= 0:
             raise ConfigError("stale-after must be positive")
+        if self.gone_after_seconds <= 0:
+            raise ConfigError("gone-after must be positive")
         if self.poll_interval_seconds <= 0:
             raise ConfigError("poll interval must be positive")
         if self.redis_timeout_seconds <= 0:

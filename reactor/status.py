@@ -1,11 +1,14 @@
 """`reactor status`: what the table holds, for people and (as JSON) for scripts.
 
 Counts by type and state, the age of the oldest due pending row, the next scheduled retry,
-stale `active` rows, paused types, the routes recorded by the reactors (and how many running
-reactors use each), and pending types that no route covers. Counting `done` rows scans the
-table (one statement, which Postgres may run in parallel); every other figure is read through
-an index. The table for people shows texts from the database
-(who paused a type, a recorded route) with control characters escaped (`reactor.terminal`).
+stale `active` rows, `active` rows whose RQ worker is gone (the job's worker key expired and
+the row has had no write for `gone_after`: the sweep rescues these at its next pass; read from
+Redis when a client is given, None when not or when Redis failed), paused types, the routes
+recorded by the reactors (and how many running reactors use each), and pending types that no
+route covers. Counting `done` rows scans the table (one statement, which Postgres may run in
+parallel); every other figure is read through an index. The table for people shows texts from
+the database (who paused a type, a recorded route) with control characters escaped
+(`reactor.terminal`).
 """
 
 from __future__ import annotations
@@ -14,18 +17,25 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
+import redis
 
 from reactor import queries
 from reactor.db import Connection, describe_error
-from reactor.errors import DatabaseError
+from reactor.errors import DatabaseError, EnqueueError
+from reactor.jobs import JobRef
 from reactor.pause import PausedType, paused_types
+from reactor.redact import redact
 from reactor.registry import RecordedRoute, read_recorded_routes
 from reactor.routes import format_route
+from reactor.rq_state import STARTED, job_statuses, workers_gone
+from reactor.settings import DEFAULT_GONE_AFTER_SECONDS
 from reactor.terminal import visible
 
 __all__ = ["Status", "TypeStatus", "format_status", "read_status"]
 
 _STATES = ("pending", "active", "done", "failed")
+#: Quiet active rows whose RQ worker `reactor status` looks up (the oldest first).
+MAX_WORKER_CHECKS = 10_000
 
 
 @dataclass(frozen=True)
@@ -39,6 +49,8 @@ class TypeStatus:
     stale_active: int
     routed: bool
     paused: bool = False
+    #: Active rows whose RQ worker is gone (None: not known, Redis not read).
+    worker_gone: int | None = None
 
 
 @dataclass(frozen=True)
@@ -49,6 +61,8 @@ class Status:
     unrouted_types: list[str] = field(default_factory=list)
     routes: list[RecordedRoute] = field(default_factory=list)
     paused_types: list[PausedType] = field(default_factory=list)
+    #: Why the workers' liveness could not be read from Redis (None: it was, or not asked).
+    redis_error: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -69,14 +83,22 @@ class Status:
                 {"type": p.type, "paused_at": p.paused_at.isoformat(), "paused_by": p.paused_by}
                 for p in self.paused_types
             ],
+            "redis_error": self.redis_error,
         }
 
 
-def read_status(conn: Connection, stale_after_seconds: float) -> Status:
-    """Read the figures (one short read-only transaction) and the recorded routes.
+def read_status(
+    conn: Connection,
+    stale_after_seconds: float,
+    *,
+    client: redis.Redis | None = None,
+    gone_after_seconds: float = DEFAULT_GONE_AFTER_SECONDS,
+) -> Status:
+    """Read the figures (one short read-only transaction) and the recorded routes; with
+    `client`, also which quiet active rows' jobs were started by an RQ worker that is gone.
 
     Raises:
-        DatabaseError: a query failed.
+        DatabaseError: a query failed (a Redis failure is reported in `redis_error`).
     """
     routes = read_recorded_routes(conn)
     routed = {r.route.type for r in routes}
@@ -94,8 +116,28 @@ def read_status(conn: Connection, stale_after_seconds: float) -> Status:
             rows = conn.execute(
                 queries.STATUS_PER_TYPE, {"types": all_types, "stale_after": stale_after_seconds}
             ).fetchall()
+            quiet = [
+                JobRef(t, p, int(token))
+                for t, p, token in conn.execute(
+                    queries.QUIET_ACTIVE,
+                    {
+                        "types": all_types,
+                        "gone_after": min(gone_after_seconds, stale_after_seconds),
+                        "limit": MAX_WORKER_CHECKS,
+                    },
+                )
+            ]
     except psycopg.Error as exc:
         raise DatabaseError(f"status query failed: {describe_error(exc)}") from exc
+    gone: dict[str, int] | None = None
+    redis_error = None
+    if client is not None:
+        try:
+            gone = _workers_gone(client, quiet)
+        except (redis.RedisError, EnqueueError) as exc:
+            redis_error = redact(
+                str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+            )
     types = [
         TypeStatus(
             type=job_type,
@@ -105,10 +147,31 @@ def read_status(conn: Connection, stale_after_seconds: float) -> Status:
             stale_active=int(stale),
             routed=job_type in routed,
             paused=job_type in paused_names,
+            worker_gone=None if gone is None else gone.get(job_type, 0),
         )
         for job_type, age, next_at, stale in rows
     ]
-    return Status(types, sorted(t for t in pending_types if t not in routed), routes, paused)
+    unrouted = sorted(t for t in pending_types if t not in routed)
+    return Status(types, unrouted, routes, paused, redis_error)
+
+
+def _workers_gone(client: redis.Redis, refs: list[JobRef]) -> dict[str, int]:
+    """Per type, how many of `refs` have a started job whose RQ worker is gone; the sweep
+    also rescues ended jobs of gone workers, which `reactor status` does not count.
+
+    Raises:
+        redis.RedisError, EnqueueError: Redis failed.
+    """
+    started = [
+        ref
+        for ref, status in zip(refs, job_statuses(client, refs), strict=True)
+        if status == STARTED
+    ]
+    counts: dict[str, int] = {}
+    for ref, lost in zip(started, workers_gone(client, started), strict=True):
+        if lost:
+            counts[ref.type] = counts.get(ref.type, 0) + 1
+    return counts
 
 
 def format_status(status: Status) -> str:
@@ -123,6 +186,8 @@ def format_status(status: Status) -> str:
             details.append(f"next retry {t.next_retry_at}")
         if t.stale_active:
             details.append(f"{t.stale_active} stale active")
+        if t.worker_gone:
+            details.append(f"{t.worker_gone} worker gone")
         if t.paused:
             details.append("PAUSED")
         if not t.routed:
@@ -150,5 +215,7 @@ def format_status(status: Status) -> str:
         )
     for p in status.paused_types:
         lines.append(f"paused: {p.type} since {p.paused_at.isoformat()} by {p.paused_by}")
+    if status.redis_error is not None:
+        lines.append(f"workers' liveness unknown (Redis: {status.redis_error})")
     # Every line is one line on the screen, whatever a value from the database holds.
     return "\n".join(visible(line) for line in lines)

@@ -5,15 +5,18 @@
 2. passes over the `active` rows, reading their jobs' RQ statuses in pipelined round trips,
    and re-dispatches as a new attempt (or fails, with a `last_error` that says why, when
    attempts are spent) the rows whose job vanished from Redis (Redis restarted without
-   persistence, a failover to a stale replica) and the rows whose job was started but sent no
-   heartbeat for `stale_after` (the worker died). Rows whose job is still queued are waiting
+   persistence, a failover to a stale replica), the rows whose job was started by an RQ worker
+   that is gone (its key expired: `rq_state.workers_gone`) and that have had no write for
+   `gone_after`, and the rows whose job was started but sent no heartbeat for `stale_after`
+   (the worker died, and RQ could not tell). Rows whose job is still queued are waiting
    for a worker, not lost, and are left alone (rescuing them would only lengthen a queue that
    is already behind), unless the job sits in no queue at all (a worker took it and died
    before starting it): that one is lost too. A job that ended in RQ (finished, or `failed`:
    the worker could not import the handler or reach the database) while its row is still
    `active` is re-dispatched once the row has had no write for `stale_after`, a failed one
    with RQ's error in `last_error`: the worker classes record the outcome just after RQ
-   records the job's end, and a rescue in between would run a finished attempt again;
+   records the job's end, and a rescue in between would run a finished attempt again (or,
+   once the worker that ran it is gone, after `gone_after`: no outcome can come any more);
 3. notes pending rows of types no route covers (left alone; warned about once per type, a few
    by name per sweep and the rest in one line).
 `refresh_backlog_metrics()` (called after each sweep when metrics are served) counts the
@@ -45,6 +48,7 @@ from reactor.jobs import JobRef, short_id
 from reactor.metrics import Metrics
 from reactor.routes import Route
 from reactor.rq_state import ALIVE_STATUSES, FAILED, QUEUED, STARTED, RqState
+from reactor.settings import DEFAULT_GONE_AFTER_SECONDS
 from reactor.throttle import LogThrottle
 
 __all__ = ["OTHER_TYPES_LABEL", "SweepResult", "Sweeper"]
@@ -67,6 +71,8 @@ _JOB_LOST = "job lost: its RQ job vanished from Redis"
 #: `last_error` of a row whose job ended failed in RQ before the lifecycle recorded an outcome
 #: (followed by RQ's error).
 _JOB_FAILED_IN_RQ = "job failed in RQ without recording an outcome"
+#: `last_error` of a row failed because the RQ worker running its job is gone.
+_WORKER_GONE = "worker lost: its RQ worker is gone (worker key expired)"
 #: `last_error` of a row failed because its job ended otherwise in RQ (finished, stopped,
 #: canceled) with no outcome recorded, and its attempts are spent.
 _JOB_ENDED = "job ended in RQ without recording an outcome"
@@ -101,6 +107,7 @@ class Sweeper:
         *,
         batch_size: int,
         stale_after_seconds: float,
+        gone_after_seconds: float = DEFAULT_GONE_AFTER_SECONDS,
         metrics: Metrics | None = None,
     ) -> None:
         self._conn = conn
@@ -110,6 +117,7 @@ class Sweeper:
         self._types = list(routes)
         self._batch_size = batch_size
         self._stale_after = stale_after_seconds
+        self._gone_after = min(gone_after_seconds, stale_after_seconds)
         self._warned_unrouted: set[str] = set()
         self._unrouted_log = LogThrottle(burst=1, interval_seconds=UNROUTED_SUMMARY_SECONDS)
         self._refused = 0  # rows whose re-dispatch failed alone, this sweep
@@ -207,26 +215,39 @@ class Sweeper:
                             "after_id": after[2],
                             "limit": self._batch_size,
                             "stale_after": self._stale_after,
+                            "gone_after": self._gone_after,
                         },
                     ).fetchall()
                 if not page:
                     break
-                refs = [JobRef(t, p, a) for t, p, a, _, _ in page]
+                refs = [JobRef(t, p, a) for t, p, a, *_ in page]
                 statuses = self._rq.job_statuses(refs)
                 gone: list[JobRef] = []
                 ended: list[JobRef] = []
                 dead: list[JobRef] = []
                 failed_in_rq: list[JobRef] = []
-                for ref, status, (*_, stale) in zip(refs, statuses, page, strict=True):
+                # Started or ended, quiet but not stale yet: rescued now if its worker is gone.
+                unsure = [
+                    ref
+                    for ref, status, (*_, stale, quiet) in zip(refs, statuses, page, strict=True)
+                    if quiet and not stale and status is not None and status != QUEUED
+                ]
+                gone_workers = self._rq.workers_gone(unsure)
+                worker_gone = {ref for ref, lost in zip(unsure, gone_workers, strict=True) if lost}
+                dead_gone: list[JobRef] = []
+                for ref, status, (*_, stale, _quiet) in zip(refs, statuses, page, strict=True):
                     if status is None:
                         gone.append(ref)
                     elif status not in ALIVE_STATUSES:
                         # RQ records a job's end before the worker classes write its outcome:
-                        # only a row left without a write for stale_after is past that moment.
-                        if stale:
+                        # only a row left without a write for stale_after is past that moment,
+                        # or one whose worker is gone (no outcome can come from it any more).
+                        if stale or ref in worker_gone:
                             (failed_in_rq if status == FAILED else ended).append(ref)
                     elif status == STARTED and stale:
                         dead.append(ref)
+                    elif status == STARTED and ref in worker_gone:
+                        dead_gone.append(ref)
                     elif status == QUEUED and stale:
                         waiting.append(ref)
                 dispatcher = self._dispatcher
@@ -235,7 +256,7 @@ class Sweeper:
                     dispatcher.redispatch_lost,
                     ended,
                     _JOB_ENDED,
-                    stale_after_seconds=self._stale_after,
+                    stale_after_seconds=self._gone_after,
                 )
                 lost_rows += self._redispatch_failed_in_rq(failed_in_rq)
                 dead_rows += self._row_by_row(
@@ -243,6 +264,10 @@ class Sweeper:
                     dead,
                     self._stale_after,
                     f"worker lost: no heartbeat for {self._stale_after:g} s",
+                )
+                # Re-checked under the lock: a worker that resumed and beat keeps its attempt.
+                dead_rows += self._row_by_row(
+                    dispatcher.redispatch_stale, dead_gone, self._gone_after, _WORKER_GONE
                 )
                 last = page[-1]
                 after = (last[3], last[0], last[1])
@@ -311,7 +336,7 @@ class Sweeper:
                 group,
                 why,
                 error=why,
-                stale_after_seconds=self._stale_after,
+                stale_after_seconds=self._gone_after,
             )
         return total
 

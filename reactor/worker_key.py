@@ -10,7 +10,10 @@ job came since (a job's start sets the job's own, shorter TTL, in the forked hor
 forking class, unseen by this process). Renewals that ride in RQ's own pipelines (its
 suspension check) are always sent. Guarantee: after every job, and whenever RQ is about to
 wait for one, the key has the TTL RQ would give it; `last_heartbeat` is at most
-`RENEWAL_SECONDS` older.
+`RENEWAL_SECONDS` older. While the subclass runs an attempt (`_busy_key_ttl` not None), every
+renewal gives the key that shorter TTL instead, so a worker that dies mid-job leaves a key
+that expires soon (`reactor.rq_state.workers_gone`), where RQ's TTL for a job (the job's
+timeout + 60 s in-process) kept it for minutes.
 """
 
 from __future__ import annotations
@@ -35,7 +38,14 @@ class KeyRenewal(BaseWorker):
 
     _renewed_at = _NEVER  # when this class last sent a default renewal (monotonic)
 
+    def _busy_key_ttl(self) -> int | None:
+        """The key's TTL while an attempt runs (None: RQ's own)."""
+        return None
+
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
+        busy = self._busy_key_ttl()
+        if busy is not None:
+            timeout = busy
         if pipeline is not None:
             super().heartbeat(timeout, pipeline)  # sent, or not, with RQ's own commands
             if timeout is not None:

@@ -19,11 +19,15 @@ For a job of `reactor.worker.perform`, the worker process, not the job:
   (`reactor.inflight`: no thread hand-off), so its round trip overlaps RQ's own;
 - heartbeats the row from one long-lived thread, told to beat after the fork and paused
   before the outcome is written (so no query is ever in flight at a fork, and never two at
-  once), and writes the outcome, fenced by the attempt, once the horse has exited. In-process,
-  a `done` is sent the moment the handler returns and confirmed after RQ has recorded the
-  success (so a worker that dies in between may leave RQ showing the job unfinished while
-  the row, which is the record, is `done`). A horse that dies without reporting (SIGKILL,
-  OOM, the job timeout's kill) is a failed attempt with a `last_error` that says so.
+  once), and at each beat renews RQ's heartbeats of the worker and the job (RQ's
+  `maintain_heartbeats`) with a TTL of `BUSY_KEY_TTL_HEARTBEATS` beats: a worker that dies
+  mid-job leaves a worker key that expires within that, which the sweep and `reactor status`
+  read as "worker gone", while a live one's never lapses; and writes the outcome, fenced by
+  the attempt, once the horse has exited. In-process, a `done` is sent the moment the
+  handler returns and confirmed after RQ has recorded the success (so a worker that dies in
+  between may leave RQ showing the job unfinished while the row, which is the record, is
+  `done`). A horse that dies without reporting (SIGKILL, OOM, the job timeout's kill) is a
+  failed attempt with a `last_error` that says so.
 
 The classes also renew RQ's worker key in one round trip, and no more often than needed
 (`reactor.worker_key`).
@@ -47,6 +51,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import math
 import os
 import signal
 import time
@@ -65,7 +70,7 @@ from reactor.jobs import ENTRY_POINT, JobRef, warm_up_ref
 from reactor.own_routes import HandlerRefusedError, OwnRoutes, given_routes
 from reactor.redact import redact
 from reactor.routes import Route
-from reactor.settings import WorkerSettings
+from reactor.settings import BUSY_KEY_TTL_HEARTBEATS, WorkerSettings
 from reactor.worker import HandlerImportError, Handoff, decode_outcome, hand_over, load_handler
 from reactor.worker_key import KeyRenewal
 
@@ -178,6 +183,10 @@ class _Lifecycle(KeyRenewal, BaseWorker):
         self._inflight = InFlight(self._store, prepared=prepared)
         self._checked = False
         self._heartbeat = lifecycle.Heartbeater(self._store, settings.heartbeat_seconds)
+        # RQ's TTLs while an attempt runs: renewed at every beat, so they lapse only once the
+        # worker has stopped beating (`reactor.worker_key`).
+        self._attempt_key_ttl = math.ceil(BUSY_KEY_TTL_HEARTBEATS * settings.heartbeat_seconds)
+        self._job: Job | None = None  # the running `perform` job, for the renewals
         self._running: Handoff | None = None
         self._started: lifecycle.Started | None = None  # the running attempt, once settled
         self._report_fds: tuple[int, int] | None = None
@@ -400,7 +409,7 @@ class _Lifecycle(KeyRenewal, BaseWorker):
             handoff.action = settled.action
             handoff.handler, handoff.failure = settled.handler, settled.failure
             if settled.action == "run" and not self.forks:
-                self._heartbeat.beat_for(ref)
+                self._heartbeat.beat_for(ref, self._renew_rq_heartbeats)
                 handoff.on_report = lambda outcome: self._send_done(ref, outcome)
 
         handoff.settle = settle
@@ -415,12 +424,12 @@ class _Lifecycle(KeyRenewal, BaseWorker):
         self._horse_status = None
         self._started = None
         hand_over(handoff)
-        self._running = handoff
+        self._running, self._job = handoff, job
         try:
             super().execute_job(job, queue)
         finally:
             hand_over(None)
-            self._running = None
+            self._running = self._job = None
             handoff.wait()  # RQ may have failed the job before it ran
             if handoff.action == "run":
                 self._heartbeat.pause()
@@ -440,7 +449,7 @@ class _Lifecycle(KeyRenewal, BaseWorker):
         if self._report_fds is not None:
             with contextlib.suppress(OSError):
                 os.close(self._report_fds[1])
-            self._heartbeat.beat_for(ref)
+            self._heartbeat.beat_for(ref, self._renew_rq_heartbeats)
 
     def _collect(self, handoff: Handoff) -> lifecycle.Outcome:
         outcome = handoff.outcome
@@ -463,6 +472,28 @@ class _Lifecycle(KeyRenewal, BaseWorker):
         return outcome
 
     # -- RQ hooks ------------------------------------------------------------------------------
+
+    def _busy_key_ttl(self) -> int | None:
+        return self._attempt_key_ttl if self._running is not None else None
+
+    def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
+        # The TTL of the job's execution in RQ's started registry (and of the worker key at
+        # the job's start): a beat's, for an attempt; RQ's (the job's timeout) for other jobs.
+        if self._running is not None:
+            return self._attempt_key_ttl
+        return super().get_heartbeat_ttl(job, working_time)
+
+    def _renew_rq_heartbeats(self) -> None:
+        """From the heartbeat thread, after each beat: RQ's renewal of the worker key, the
+        job's execution and its `last_heartbeat`, with the attempt's TTL (one round trip)."""
+        # A copy (one C call): RQ's thread adds and removes executions meanwhile. Once RQ has
+        # ended the job its execution is gone, and only the worker key is renewed.
+        job, executions = self._job, list(self.executions.values())
+        execution = executions[0] if executions else None
+        if job is None or execution is None:
+            self.heartbeat(self._attempt_key_ttl)
+            return
+        self.maintain_heartbeats(job, execution)
 
     def handle_work_horse_killed(self, job: Job, retpid: Any, ret_val: Any, rusage: Any) -> None:
         self._horse_status = ret_val

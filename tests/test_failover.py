@@ -417,3 +417,101 @@ def test_failovers_lose_nothing(site: Site) -> None:
     sentinel.close()
     client.close()
     admin.close()
+
+
+#: Rows committed this long after the Redis master was killed are the ones measured.
+COMMIT_WINDOW_SECONDS = 5.0
+#: Each of them runs within this long of its COMMIT (Sentinel alone takes about 2.2 s to
+#: promote; the rest is margin for a loaded 2-core machine).
+FOLLOW_TARGET_SECONDS = 10.0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("simple", [True, False], ids=["simple", "fork"])
+def test_workers_follow_a_sentinel_failover_in_seconds(site: Site, simple: bool) -> None:
+    """Rows committed in the seconds after the Redis master is SIGKILLed run within
+    `FOLLOW_TARGET_SECONDS` of their COMMIT: a `reactor worker` on the `redis+sentinel://` URL,
+    blocked in its dequeue when the master died, follows the promotion (the retries of its
+    dequeue reconnect through the sentinels) instead of retrying the old address until its
+    retries are spent."""
+    with psycopg.connect(site.primary.url, autocommit=True) as conn:
+        migrate(conn)
+        conn.execute(SCHEMA)
+    sentinel = redis.Redis(port=site.sentinels[0].port, socket_timeout=2)
+
+    def sentinels_ready() -> bool:
+        state = sentinel.sentinel_master(MASTER)
+        assert isinstance(state, dict)
+        return int(state["num-other-sentinels"]) == 2 and int(state["num-slaves"]) >= 1
+
+    wait_for(sentinels_ready, timeout=60, interval=0.2, what="sentinels to know each other")
+    site.wait_redis_replica_synced()
+    env = {**site.process_env(), "DATABASE_URL": site.primary.url}
+    route = "photo.process=tests.handlers.ok"
+    reactor = site.spawn("-m", "reactor", "run", "--route", route, name="reactor", extra_env=env)
+    args = ["-m", "reactor", "worker", "photo-process", "--route", route]
+    worker = site.spawn(*args, *(["--simple"] if simple else []), name="worker", extra_env=env)
+    site.reactors, site.workers = [reactor], [worker]
+    reactor.wait_for_line("reactor_started", timeout=60)
+    worker.wait_for_line("worker_ready", timeout=60)
+    admin = psycopg.connect(site.primary.url, autocommit=True)
+    committed: dict[str, float] = {}  # photo → when its COMMIT returned (epoch seconds)
+
+    def commit(photo: str) -> None:
+        admin.execute(
+            "INSERT INTO photo_jobs (photo_id, type) VALUES (%s, 'photo.process')", [photo]
+        )
+        committed[photo] = time.time()
+
+    def started(photos: list[str]) -> dict[str, float]:
+        """When each photo's handler first ran (the database's clock: this machine's)."""
+        return {
+            p: at.timestamp()
+            for p, at in admin.execute(
+                "SELECT photo_id, min(at) FROM handler_runs WHERE photo_id = ANY(%s)"
+                " GROUP BY photo_id",
+                [photos],
+            ).fetchall()
+        }
+
+    commit("before")
+    wait_for(lambda: started(["before"]), timeout=60, interval=0.05, what="a row before the fault")
+    # The worker is now blocked in its dequeue on the master: kill it while the writer goes on.
+    killed_at = time.time()
+    killer = threading.Thread(target=site.fail_over_redis)
+    killer.start()
+    after: list[str] = []
+    while time.time() - killed_at <= COMMIT_WINDOW_SECONDS:
+        after.append(f"after-{len(after)}")
+        commit(after[-1])
+        time.sleep(0.25)  # a row every quarter second: the writer's pace, not a sync
+    killer.join(timeout=90)
+    try:
+        wait_for(
+            lambda: len(started(after)) == len(after),
+            timeout=180,
+            interval=0.1,
+            what="every row committed after the fault to run",
+        )
+    finally:
+        runs = started(after)
+        gaps = sorted(runs[p] - committed[p] for p in runs)
+        print(
+            f"\nsentinel failover, {'simple' if simple else 'forking'} worker: rows={len(after)}"
+            f" ran={len(runs)} commit_to_handler_p50={gaps[len(gaps) // 2] if gaps else -1:.2f}s"
+            f" max={max(gaps, default=-1):.2f}s"
+        )
+    late = {
+        p: round(runs[p] - committed[p], 2)
+        for p in after
+        if runs[p] - committed[p] > FOLLOW_TARGET_SECONDS
+    }
+    quiet = ("Job OK", "result is kept", "Successfully completed", "tests.handlers.ok(")
+    log = "\n".join(line for line in worker.lines if not any(q in line for q in quiet))
+    assert not late, f"rows that ran over {FOLLOW_TARGET_SECONDS:g} s after COMMIT: {late}\n{log}"
+    assert not site.alive(), site.alive()
+    for proc in (reactor, worker):
+        proc.stop()
+    sentinel.close()
+    admin.close()
