@@ -164,13 +164,14 @@ def read_overview(
     client: redis.Redis,
     routes: Mapping[str, Route],
     stale_after_seconds: float,
+    done_counts: Mapping[str, int] | None = None,
 ) -> Overview:
-    """Read everything the dashboard shows.
+    """Read everything the dashboard shows (`done_counts`: see `read_status`).
 
     Raises:
         DatabaseError: Postgres failed (Redis failures are reported in `redis_error`).
     """
-    status = read_status(conn, stale_after_seconds)
+    status = read_status(conn, stale_after_seconds, done_counts=done_counts)
     # The routes given to the dashboard, else those the reactors recorded (status lists them).
     routes = routes or {r.route.type: r.route for r in status.routes}
     try:

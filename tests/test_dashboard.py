@@ -644,3 +644,39 @@ def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     for name in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY"):
         monkeypatch.delenv(name, raising=False)
     yield
+
+
+def test_the_done_count_is_read_at_most_every_thirty_seconds(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Counting `done` rows scans the table, the other figures are index reads: the dashboard
+    keeps its done count for `DONE_COUNTS_SECONDS` while every other figure is read anew."""
+    from reactor import dashboard
+    from reactor.routes import parse_routes
+
+    conn = env.connect()
+    board = dashboard.Dashboard(
+        env.database_url,
+        env.redis_url,
+        parse_routes(["photo.process=reactor.demo.process_photo"]),
+        stale_after_seconds=300,
+    )
+
+    def counts() -> dict[str, int]:
+        (only,) = [t for t in board.overview().status.types if t.type == "photo.process"]
+        return dict(only.counts)
+
+    try:
+        conn.execute(
+            "INSERT INTO photo_jobs (photo_id, type, state) VALUES ('d1', 'photo.process', 'done')"
+        )
+        assert counts()["done"] == 1
+        conn.execute(
+            "INSERT INTO photo_jobs (photo_id, type, state) VALUES"
+            " ('d2', 'photo.process', 'done'), ('p1', 'photo.process', 'pending')"
+        )
+        assert (counts()["done"], counts()["pending"]) == (1, 1)
+        monkeypatch.setattr(dashboard, "DONE_COUNTS_SECONDS", 0.0)
+        assert counts()["done"] == 2
+    finally:
+        board.close()
