@@ -731,6 +731,13 @@ def dashboard(**options: Any) -> None:
 WORKER_REDIS_RETRIES = 20
 #: Pause before `reactor worker` starts RQ's work loop again after it quit on an error.
 WORKER_RESTART_SECONDS = 1.0
+#: Before its work loop, `reactor worker` checks that Redis answers within this many seconds,
+#: and while it does not, says so (at once, then at most every `WORKER_REDIS_WAIT_LOG_SECONDS`)
+#: and asks again with backoff up to `WORKER_REDIS_WAIT_MAX_SECONDS` apart: a worker started
+#: before its Redis waits for it, where RQ's own retries ran silent for half a minute.
+WORKER_REDIS_CHECK_SECONDS = 5.0
+WORKER_REDIS_WAIT_MAX_SECONDS = 5.0
+WORKER_REDIS_WAIT_LOG_SECONDS = 30.0
 
 
 @cli.command("worker")
@@ -788,6 +795,7 @@ def worker_command(**options: Any) -> None:
     # Rides out a Redis restart or a Sentinel failover (about 40 s of retries) instead of
     # exiting on the first connection error outside the blocking dequeue.
     retry = Retry(ExponentialWithJitterBackoff(base=0.2, cap=2), WORKER_REDIS_RETRIES)
+    _wait_for_redis(options["redis_url"])  # RQ's worker talks to Redis as it is made
     instance = worker_class(
         names,
         name=options["name"],
@@ -813,6 +821,47 @@ def worker_command(**options: Any) -> None:
         # the retries, a blocked read cut by a failover): a long-running worker starts it again.
         logger.warning("worker_restarting in=%.0fs (RQ's work loop quit)", WORKER_RESTART_SECONDS)
         time.sleep(WORKER_RESTART_SECONDS)
+
+
+def _wait_for_redis(url: str) -> None:
+    """Return once Redis answers a PING, saying so while it does not (see
+    `WORKER_REDIS_CHECK_SECONDS`)."""
+    import redis  # noqa: PLC0415
+    from redis.backoff import NoBackoff  # noqa: PLC0415
+    from redis.retry import Retry  # noqa: PLC0415
+
+    from reactor.redis_url import connect_redis  # noqa: PLC0415
+
+    probe = connect_redis(
+        url,
+        retry=Retry(NoBackoff(), 0),
+        socket_connect_timeout=WORKER_REDIS_CHECK_SECONDS,
+        socket_timeout=WORKER_REDIS_CHECK_SECONDS,
+    )
+    pause, said, failures = 0.5, -WORKER_REDIS_WAIT_LOG_SECONDS, 0
+    try:
+        while True:
+            try:
+                probe.ping()
+            except redis.RedisError as exc:
+                failures += 1
+                now = time.monotonic()
+                if now - said >= WORKER_REDIS_WAIT_LOG_SECONDS:
+                    said = now
+                    logger.warning(
+                        "worker_redis_unavailable error=%s tries=%d (waiting for Redis; jobs "
+                        "wait there)",
+                        redact(str(exc)),
+                        failures,
+                    )
+                time.sleep(pause)
+                pause = min(WORKER_REDIS_WAIT_MAX_SECONDS, pause * 2)
+                continue
+            if failures:
+                logger.info("worker_redis_available tries=%d", failures)
+            return
+    finally:
+        probe.close()
 
 
 _GLOBAL_OPTIONS = frozenset(opt for param in cli.params for opt in param.opts)

@@ -13,6 +13,7 @@ import itertools
 import os
 import re
 import signal
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -35,6 +36,7 @@ from tests.support.env import Env
 from tests.support.processes import Process, start_reactor, start_worker
 from tests.support.roles import as_role, throwaway_role
 from tests.support.rows import states, unwritten_for
+from tests.support.servers import RedisServer, free_port
 from tests.support.waiting import wait_for
 
 CLASSES = {"fork": "reactor.Worker", "simple": "reactor.SimpleWorker"}
@@ -995,3 +997,37 @@ def test_a_notified_row_left_unclaimed_by_the_reactor_is_taken_over_by_its_job(
         assert Queue("photo-process", connection=env.redis()).count == 0
     finally:
         reactor.close()
+
+
+def test_reactor_worker_says_at_once_that_redis_is_unreachable_and_waits_for_it(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
+) -> None:
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    worker = spawn(
+        "-m",
+        "reactor",
+        "worker",
+        "--simple",
+        "--route",
+        route("ok"),
+        "--redis-url",
+        url,
+        name="worker",
+    )
+    started = time.monotonic()
+    worker.wait_for_line("worker_redis_unavailable", timeout=30)
+    # Said at once (the refused connection), naming where; the process waits, it does not exit.
+    assert time.monotonic() - started < 10
+    (line,) = [line for line in worker.lines if "worker_redis_unavailable" in line]
+    assert f"127.0.0.1:{port}" in line
+    assert worker.proc.poll() is None
+    server = RedisServer(port=port)
+    try:
+        worker.wait_for_line("worker_redis_available", timeout=30)
+        submit(conn, "p1")
+        assert env.cli_json("sweep", "--route", route("ok"), "--redis-url", url)["enqueued"] == 1
+        wait_for(lambda: row_of(conn, "p1")[0] == "done", timeout=30, what="served")
+    finally:
+        worker.kill_all()
+        server.close()
