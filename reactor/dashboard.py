@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
+from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -158,6 +159,27 @@ class _Read:
     error: str | None
 
 
+_PG_OFFSET = re.compile(r"([+-]\d\d)$")
+
+
+def shown_time(value: object) -> str:
+    """Every time on the page in one form, `YYYY-MM-DD HH:MM:SS UTC`, whether it comes as a
+    datetime, an ISO string or Postgres's text (`2026-12-02 13:00:00.5+00`); a dash for none."""
+    if value is None or value == "":
+        return "\N{EN DASH}"
+    if isinstance(value, datetime):
+        when = value
+    else:
+        text = str(value)
+        try:
+            when = datetime.fromisoformat(_PG_OFFSET.sub(r"\1:00", text.replace(" ", "T", 1)))
+        except ValueError:
+            return text  # 'infinity', or anything else: as it is
+    if when.tzinfo is not None:
+        when = when.astimezone(timezone.utc)
+    return when.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 class Dashboard:
     """Reads the overview and renders it; safe to call from several threads.
 
@@ -196,6 +218,7 @@ class Dashboard:
             loader=PackageLoader("reactor", "templates"),
             autoescape=select_autoescape(default=True, default_for_string=True),
         )
+        self._templates.filters["when"] = shown_time
 
     def _connection(self) -> tuple[db.Connection, bool]:
         """The dashboard's connection, and whether it was open already."""

@@ -264,3 +264,20 @@ def test_status_of_an_empty_table_says_so() -> None:
 
     lines = format_status(Status([], [], [], [])).splitlines()
     assert lines[1].startswith("(no rows yet"), lines
+
+
+def test_the_dashboard_shows_every_time_in_one_form() -> None:
+    from datetime import datetime, timedelta, timezone
+
+    from reactor.dashboard import shown_time
+
+    plus_two = timezone(timedelta(hours=2))
+    for value in (
+        datetime(2026, 12, 2, 15, 4, 5, 123456, tzinfo=plus_two),
+        "2026-12-02T13:04:05.123456+00:00",
+        "2026-12-02 13:04:05.12+00",
+        "2026-12-02 14:04:05+01",
+    ):
+        assert shown_time(value) == "2026-12-02 13:04:05 UTC", value
+    assert shown_time("infinity") == "infinity"
+    assert shown_time(None) == "\N{EN DASH}"
