@@ -257,6 +257,7 @@ def test_dispatch_queries_use_the_partial_indexes_beside_a_million_done_rows(env
                 "after_id": "",
                 "limit": 500,
                 "stale_after": 300.0,
+                "gone_after": 30.0,
             },
             "photo_jobs_active_updated_idx",
         ),
