@@ -843,6 +843,9 @@ def _wait_for_redis(url: str) -> None:
         while True:
             try:
                 probe.ping()
+            except (redis.AuthenticationError, redis.ResponseError) as exc:
+                # Redis answered, and refused: waiting will not change that.
+                raise ConfigError(f"Redis refused the worker: {redact(str(exc))}") from None
             except redis.RedisError as exc:
                 failures += 1
                 now = time.monotonic()

@@ -298,21 +298,24 @@ class Dispatcher:
         kept = set(written)
         return written, [ref for ref in refs if ref not in kept]
 
-    def claim_notified(self, written: Sequence[JobRef], already_enqueued: int = 0) -> BatchResult:
+    def claim_notified(
+        self, written: Sequence[JobRef], already_enqueued: int = 0
+    ) -> tuple[BatchResult, set[str]]:
         """Claim the rows whose jobs `enqueue_notified` wrote (`CLAIM_NOTIFIED`), and withdraw
         the jobs that no row can use: a notification names whatever its sender wrote (anyone
-        who can connect may NOTIFY), so a named row may not exist, or not be startable.
+        who can connect may NOTIFY), so a named row may not exist, or be in a later life.
 
-        `claimed` counts the rows whose jobs these are: claimed here, taken over by their
-        job's fenced start already, or just run (their jobs were not withdrawn); `enqueued`
-        the jobs left in Redis.
+        Returns the batch, whose `claimed` counts the named rows whose jobs these are (claimed
+        here, taken over by their job's fenced start, run already, or waiting for a resume or
+        their due time, when a claim of token 1 will find the job), and the types to drain now
+        (see below).
 
         A job may have run already, and its row been inserted anew (deleted first), before
         this claim: the claim would then make the new row `active` with an ended job. So the
         claim reads the jobs' statuses while it holds the rows' locks (a job's fenced start
         waits for them, so no job can run meanwhile), and rolls back if any claimed row's job
-        is no longer alive: those rows are left to the drains, which replace an ended job.
-        (A row armed again by a requeue or `submit()` is never claimed here: its token is
+        is no longer alive: those rows' types are returned, for a drain that replaces an ended
+        job. (A row armed again by a requeue or `submit()` is never claimed here: its token is
         past 0.)
 
         Raises:
@@ -320,35 +323,53 @@ class Dispatcher:
                 workers, or found alive by the next claim).
         """
         if not written:
-            return BatchResult(already_enqueued=already_enqueued)
-        usable = self._claim_named(written)
-        if usable is None:
+            return BatchResult(already_enqueued=already_enqueued), set()
+        named = self._claim_named(written)
+        if named is None:
             # The claim was skipped: the jobs stay, for their fenced starts to judge.
-            return BatchResult(enqueued=len(written), already_enqueued=already_enqueued)
-        claimed_here = sum(usable.values())
-        unused = [ref for ref in written if (ref.type, ref.photo_id) not in usable]
-        withdrawn = self._withdraw(unused)
-        ours = [ref for ref in written if (ref.type, ref.photo_id) in usable]
-        for job_type, count in Counter(ref.type for ref in ours).items():
+            skipped = BatchResult(
+                claimed=len(written), enqueued=len(written), already_enqueued=already_enqueued
+            )
+            return skipped, set()
+        rows, dropped = named
+        keep = {key for key, (_, kept) in rows.items() if kept}
+        claimed_here = sum(1 for here, _ in rows.values() if here)
+        # Names of absent rows, or of rows in a later life: their jobs are nobody's.
+        absent = [ref for ref in written if (ref.type, ref.photo_id) not in rows]
+        # First-life rows past token 0: a job still queued is a spare (a name sent again after
+        # RQ let the row's own job expire); a job taken is the row's own, run within the wait.
+        ran = [
+            r for r in written if (r.type, r.photo_id) in rows and (r.type, r.photo_id) not in keep
+        ]
+        withdrawn_absent = self._withdraw(absent)
+        withdrawn_ran = self._withdraw(ran)
+        ours = len(written) - len(absent) - withdrawn_ran
+        by_type = Counter(r.type for r in written if (r.type, r.photo_id) in keep)
+        for job_type, count in by_type.items():
             self._metrics.dispatched.labels(job_type).inc(count)
-        dispatched = len(written) - withdrawn
-        if dispatched:
+        if ours:
             logger.info(
                 "batch_dispatched claimed=%d taken_over=%d enqueued=%d already_enqueued=%d "
                 "notified=true",
                 claimed_here,
-                len(ours) - claimed_here,
-                dispatched,
+                len(keep) - claimed_here,
+                len(written) - withdrawn_absent - withdrawn_ran,
                 already_enqueued,
             )
-        return BatchResult(
-            claimed=dispatched, enqueued=dispatched, already_enqueued=already_enqueued
+        batch = BatchResult(
+            claimed=ours,
+            enqueued=len(written) - withdrawn_absent - withdrawn_ran,
+            already_enqueued=already_enqueued,
         )
+        return batch, dropped
 
-    def _claim_named(self, refs: Sequence[JobRef]) -> dict[tuple[str, str], bool] | None:
+    def _claim_named(
+        self, refs: Sequence[JobRef]
+    ) -> tuple[dict[tuple[str, str], tuple[bool, bool]], set[str]] | None:
         """Claim the rows of `refs`, whose jobs are queued (`CLAIM_NOTIFIED`), if every job of
-        a row it claims is still alive: the rows that can use their job, each with whether
-        this claim took it; None when the claim was skipped (logged)."""
+        a row it claims is still alive. Returns the first-life rows among them, each with
+        (claimed here, token-1 job still the row's to run), and the types of the rows left to
+        a drain (the claim rolled back); None when the claim was skipped (logged)."""
         conn = self._conn
         _require_idle(conn)
         params = {"photo_ids": [r.photo_id for r in refs], "types": [r.type for r in refs]}
@@ -356,8 +377,8 @@ class Dispatcher:
         try:
             with conn.pipeline():
                 rows = conn.execute(queries.CLAIM_NOTIFIED, params).fetchall()
-            usable = {(job_type, photo_id): bool(mine) for job_type, photo_id, mine in rows}
-            claimed = [JobRef(t, p, 1) for (t, p), mine in usable.items() if mine]
+            found = {(t, p): (bool(here), bool(keep)) for t, p, here, keep in rows}
+            claimed = [JobRef(t, p, 1) for (t, p), (here, _) in found.items() if here]
             statuses = self._enqueuer.statuses(claimed) if claimed else []
             ended = [
                 ref
@@ -372,7 +393,9 @@ class Dispatcher:
                     len(claimed),
                     ",".join(ref.job_id[:80] for ref in ended[:5]),
                 )
-                return dict.fromkeys(usable, False)
+                # Rolled back: the claimed rows are pending at token 0 again, and still keep.
+                unclaimed = {key: (False, keep) for key, (_, keep) in found.items()}
+                return unclaimed, {ref.type for ref in claimed}
             conn.commit()
         except EnqueueError as exc:
             _abandon(conn)
@@ -386,13 +409,12 @@ class Dispatcher:
             self._claim_skipped(refs, error)
             return None
         self._metrics.claim_seconds.observe(time.perf_counter() - started)
-        return usable
+        return found, set()
 
     def _withdraw(self, refs: Sequence[JobRef]) -> int:
-        """Withdraw the jobs of named rows that cannot use them, if still queued; how many.
-        A job already taken is left to its worker: most often the row's own, run and finished
-        within the claim's wait (its fenced start decided), else one its fenced start refuses.
-        A Redis error leaves them all, likewise."""
+        """Withdraw the jobs of named rows that do not exist or are in a later life, if still
+        queued; how many. A job already taken is left to its worker, whose fenced start
+        refuses it; a Redis error leaves them all, likewise."""
         if not refs:
             return 0
         try:

@@ -196,16 +196,29 @@ class Enqueuer:
 
     def withdraw(self, refs: Sequence[JobRef]) -> int:
         """Delete the jobs of `refs` that are still queued; how many were deleted. Under
-        WATCH of their keys: if a worker takes one meanwhile, nothing is deleted (its fenced
-        start refuses it, and it is gone once it ends).
+        WATCH of their keys; if one changes meanwhile (a worker takes it), each is tried again
+        on its own, so the others still go (a job taken is left: its fenced start refuses it).
 
         Raises:
             EnqueueError: Redis failed.
         """
+        try:
+            deleted = self._withdraw_queued(refs)
+            if deleted is None:
+                deleted = sum(self._withdraw_queued([ref]) or 0 for ref in refs)
+        except redis.RedisError as exc:
+            error = f"Redis withdraw failed: {redact(str(exc))}"
+            raise EnqueueError(error, rows=len(refs)) from exc
+        return deleted
+
+    def _withdraw_queued(self, refs: Sequence[JobRef]) -> int | None:
+        """Delete those of `refs` whose jobs are queued, in one MULTI/EXEC under WATCH; how
+        many, or None when one of them changed between the read and the write (nothing
+        deleted)."""
         if not refs:
             return 0
-        try:
-            with self._client.pipeline(transaction=True) as pipe:
+        with self._client.pipeline(transaction=True) as pipe:
+            try:
                 pipe.watch(*(Job.key_for(ref.job_id) for ref in refs))  # type: ignore[no-untyped-call]
                 statuses = job_statuses(self._client, refs)
                 queued = [r for r, status in zip(refs, statuses, strict=True) if status == QUEUED]
@@ -215,11 +228,8 @@ class Enqueuer:
                 for ref in queued:
                     self._add_delete(pipe, ref)
                 pipe.execute()
-        except redis.WatchError:
-            return 0
-        except redis.RedisError as exc:
-            error = f"Redis withdraw failed: {redact(str(exc))}"
-            raise EnqueueError(error, rows=len(refs)) from exc
+            except redis.WatchError:
+                return None
         return len(queued)
 
     def statuses(self, refs: Sequence[JobRef]) -> list[bytes | None]:

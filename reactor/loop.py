@@ -733,8 +733,11 @@ class Reactor:
             if types or refs:
                 self._bell.rung(routed=True)
             drained.update(dict.fromkeys([*types, *(ref.type for ref in refs)]))
-        early = dispatcher.claim_notified(written, already)
+        early, dropped = dispatcher.claim_notified(written, already)
+        # Only rows that exist pay their jobs back: names of absent rows spend the budget.
         self._named_budget.refund(early.claimed)
+        types |= dropped
+        drained.update(dict.fromkeys(dropped))
         result = self._drain(types) if types else DrainResult()
         if written or already:
             result = result.add(early)

@@ -136,9 +136,9 @@ async def submit_many_async(
             await cursor.execute(queries.SUBMIT_MANY, params)
             return int(cursor.rowcount)
     if kind == "sqlalchemy async":
-        target = conn
-        if _class_name(conn) == "AsyncSession":
-            target = await conn.connection()
+        if hasattr(conn, "registry"):  # an async_scoped_session: the session of this scope
+            conn = conn()
+        target = conn if hasattr(conn, "exec_driver_sql") else await conn.connection()
         _check_sqlalchemy_dialect(target.dialect, conn)
         result = await target.exec_driver_sql(queries.SUBMIT_MANY, params)
         return int(result.rowcount)
@@ -157,9 +157,12 @@ def _params(
 ) -> dict[str, Any]:
     if isinstance(photo_ids, str):
         raise InvalidJobError("photo_ids must be a collection of ids, not one string")
-    ids = list(dict.fromkeys(photo_ids))  # ON CONFLICT cannot touch one row twice
-    for photo_id in ids:
+    unique = list(dict.fromkeys(photo_ids))  # ON CONFLICT cannot touch one row twice
+    for photo_id in unique:
         check_photo_id(photo_id)
+    # In one order for every caller: two transactions submitting overlapping ids lock their
+    # rows in the same order, so they cannot deadlock.
+    ids = sorted(unique)
     check_job_type(job_type)
     if run_at is not None and (not isinstance(run_at, datetime) or run_at.utcoffset() is None):
         raise InvalidJobError(f"run_at must be a timezone-aware datetime, got {run_at!r:.60}")
@@ -183,12 +186,13 @@ def _kind(conn: object) -> str:
         return "psycopg"
     if isinstance(conn, psycopg.AsyncConnection):
         return "psycopg async"
+    # By the SQLAlchemy classes it is or derives from (Flask-SQLAlchemy's session is a subclass).
+    sqlalchemy = {k.__name__ for k in type(conn).__mro__ if k.__module__.startswith("sqlalchemy.")}
+    if sqlalchemy & {"AsyncConnection", "AsyncSession", "async_scoped_session"}:
+        return "sqlalchemy async"
+    if sqlalchemy & {"Connection", "Session", "scoped_session"}:
+        return "sqlalchemy"
     module = type(conn).__module__
-    if module.startswith("sqlalchemy."):
-        if _class_name(conn) in ("AsyncConnection", "AsyncSession"):
-            return "sqlalchemy async"
-        if _class_name(conn) in ("Connection", "Session") or hasattr(conn, "exec_driver_sql"):
-            return "sqlalchemy"
     if module.startswith("django.") and hasattr(conn, "cursor") and hasattr(conn, "vendor"):
         return "django"
     return "unknown"
@@ -200,7 +204,9 @@ def _sync_runner(conn: Any) -> Any:
     if kind == "psycopg":
         return lambda query, params: int(conn.execute(query, params).rowcount)
     if kind == "sqlalchemy":
-        target = conn.connection() if _class_name(conn) == "Session" else conn
+        if hasattr(conn, "registry"):  # a scoped_session: the session of this scope
+            conn = conn()
+        target = conn if hasattr(conn, "exec_driver_sql") else conn.connection()
         _check_sqlalchemy_dialect(target.dialect, conn)
         return lambda query, params: int(target.exec_driver_sql(query, params).rowcount)
     if kind == "django":

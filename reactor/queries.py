@@ -107,12 +107,13 @@ RETURNING j.type, j.photo_id, j.prior_attempts + j.attempts, j.state
 
 #: Claim the given rows (photo ids and types, pairwise), whose first attempt's jobs were just
 #: enqueued: each that is still `pending` and never dispatched (token 0), due, not locked and
-#: of a type not paused becomes `active` at attempt 1, token 1. Returns every given row whose
-#: job that is (claimed here or not): claimed now, or `active` at token 1 already (its job's
-#: fenced start took it over), or startable and locked (that start, most likely, right now);
-#: with whether this statement claimed it. The rest (no such row, another state or token, not
-#: due, paused) have no use for the job: the caller withdraws it. The main SELECT reads the
-#: snapshot from before the UPDATE, so a row claimed here is seen as startable. The COMMIT
+#: of a type not paused becomes `active` at attempt 1, token 1. Returns every given row still
+#: in its first life (prior_attempts 0), with whether this statement claimed it and whether
+#: the token-1 job is still the row's to run: the row is `pending` at token 0 (claimed here,
+#: locked by a job's fenced start, paused or not due: a later claim of token 1 finds the job)
+#: or `active` at token 1 (taken over). For any other row (none, armed again, or past token 1:
+#: its job ran already) no claim of token 1 can come, so the caller may withdraw the job.
+#: The main SELECT reads the snapshot from before the UPDATE. The COMMIT
 #: does not wait for the WAL flush (`synchronous_commit` off for this transaction), as the
 #: fenced start's stamp does not: a worker waiting for the row lock would wait for the flush
 #: too. A server crash that loses it leaves the row `pending` at token 0, and token 1 is
@@ -133,14 +134,11 @@ WITH claimed AS (
         AND set_config('synchronous_commit', 'off', true) IS NOT NULL
      RETURNING j.type, j.photo_id)
 SELECT p.type, p.photo_id,
-       EXISTS (SELECT FROM claimed AS c WHERE (c.type, c.photo_id) = (p.type, p.photo_id))
+       EXISTS (SELECT FROM claimed AS c WHERE (c.type, c.photo_id) = (p.type, p.photo_id)),
+       (p.state, p.attempts) IN (('pending', 0), ('active', 1))
   FROM unnest(%(photo_ids)s::text[], %(types)s::text[]) AS n(photo_id, type)
   JOIN photo_jobs AS p ON p.photo_id = n.photo_id AND p.type = n.type
  WHERE p.prior_attempts = 0
-   AND ((p.state = 'active' AND p.attempts = 1)
-     OR (p.state = 'pending' AND p.attempts = 0
-         AND coalesce(p.next_retry_at, p.created_at) <= now()
-         AND NOT EXISTS (SELECT FROM reactor_paused_types AS x WHERE x.type = p.type)))
 """
 
 #: Seconds until the earliest pending row of the given types becomes due (NULL if none).

@@ -243,7 +243,7 @@ class _Lifecycle(KeyRenewal, BaseWorker):
         """The served routes, once there are any: a worker started beside its reactor (as
         supervisors and compose do) may come up before the reactor recorded its routes; it
         waits for them rather than exit and be restarted in a loop. A worker given no queue
-        name (RQ's CLI then listens on `default`) serves its routes' queues instead.
+        name (RQ's CLI then listens on `default`) serves its routes' queues too.
 
         Raises:
             ConfigError: a recorded route is invalid.
@@ -268,12 +268,13 @@ class _Lifecycle(KeyRenewal, BaseWorker):
             time.sleep(ROUTES_WAIT_POLL_SECONDS)
 
     def _serve_routed_queues(self, routes: Mapping[str, Route]) -> None:
-        """Listen on the routes' queues instead of RQ's `default` when no queue was named and
-        no route sends jobs there (before the worker registers itself with its queues)."""
+        """Listen on the routes' queues too when the worker was given `default` alone (what
+        RQ's CLI gives when no queue is named; one named on purpose is still served), before
+        the worker registers itself with its queues."""
         if self.queue_names() != [RQ_DEFAULT_QUEUE]:
             return
-        names = sorted({route.queue for route in routes.values()})
-        if not names or RQ_DEFAULT_QUEUE in names:
+        names = [RQ_DEFAULT_QUEUE, *sorted({r.queue for r in routes.values()} - {RQ_DEFAULT_QUEUE})]
+        if len(names) == 1:
             return
         self.queues = [
             self.queue_class(

@@ -25,7 +25,7 @@ import pytest
 from sqlalchemy import create_engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
 import reactor
 from tests.support.doorbell import armed_by
@@ -119,7 +119,7 @@ def test_psycopg_async_connection(
     check_transactions(env, listener, lambda p, c: asyncio.run(submit_in(p, c)))
 
 
-@pytest.mark.parametrize("holder", ["Connection", "Session"])
+@pytest.mark.parametrize("holder", ["Connection", "Session", "scoped_session"])
 def test_sqlalchemy(
     env: Env, listener: psycopg.Connection[Any], dispatching: None, holder: str
 ) -> None:
@@ -130,6 +130,11 @@ def test_sqlalchemy(
             with Session(engine) as session:
                 assert reactor.submit(session, photo_id) is True
                 session.commit() if commit else session.rollback()
+        elif holder == "scoped_session":  # what Flask-SQLAlchemy's db.session is
+            scoped = scoped_session(sessionmaker(engine))
+            assert reactor.submit(scoped, photo_id) is True
+            scoped.commit() if commit else scoped.rollback()
+            scoped.remove()
         else:
             with engine.connect() as conn:
                 assert reactor.submit(conn, photo_id) is True

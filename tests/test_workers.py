@@ -822,7 +822,7 @@ def test_rq_worker_with_our_class_and_no_queue_serves_the_routed_queues(
         name="worker",
         extra_env={"REACTOR_ROUTES": ""},
     )
-    worker.wait_for_line("Listening on photos")
+    worker.wait_for_line("default, photos")  # RQ: "*** Listening on default, photos..."
     submit(conn, "p1")
     wait_for(lambda: row_of(conn, "p1")[0] == "done", timeout=30, what="served")
 
@@ -1030,4 +1030,28 @@ def test_reactor_worker_says_at_once_that_redis_is_unreachable_and_waits_for_it(
         wait_for(lambda: row_of(conn, "p1")[0] == "done", timeout=30, what="served")
     finally:
         worker.kill_all()
+        server.close()
+
+
+def test_reactor_worker_refused_by_redis_exits_2_in_one_line(
+    env: Env, spawn: Callable[..., Process]
+) -> None:
+    server = RedisServer(password="right")
+    try:
+        wrong = f"redis://:wrong@127.0.0.1:{server.port}/0"
+        worker = spawn(
+            "-m",
+            "reactor",
+            "worker",
+            "--simple",
+            "--route",
+            route("ok"),
+            name="worker",
+            extra_env={"REDIS_URL": wrong},
+        )
+        assert worker.exit_code(timeout=60) == 2, worker.output()
+        lines = [line for line in worker.lines if line.strip()]
+        assert len(lines) == 1 and "Redis refused the worker" in lines[0], lines
+        assert "wrong" not in lines[0]
+    finally:
         server.close()
