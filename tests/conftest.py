@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterator
 
@@ -153,3 +154,14 @@ def spawn(env: Env) -> Iterator[Callable[..., Process]]:
     yield start
     for proc in started:
         proc.kill_all()
+
+
+@pytest.fixture
+def reap() -> Iterator[list[int]]:
+    """Pids a test started indirectly (work horses that outlive their killed worker): the
+    test appends them, and those still alive are SIGKILLed at its end."""
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)

@@ -10,12 +10,11 @@ real settings: heartbeat 15 → 1 s, `--gone-after` 30 → 2 s, `--sweep-interva
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -51,16 +50,6 @@ def conn(env: Env) -> psycopg.Connection[Any]:
     connection = env.connect(autocommit=True)
     connection.execute(SCHEMA)
     return connection
-
-
-@pytest.fixture
-def reap() -> Iterator[list[int]]:
-    """Work horses that outlive their killed worker (they sleep in the handler): killed last."""
-    pids: list[int] = []
-    yield pids
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
 
 
 def start_worker(spawn: Callable[..., Process], kind: str, **extra_env: str) -> Process:

@@ -8,13 +8,12 @@ pg_terminate_backend of the worker's connection, RQ's job timeout.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
 import re
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -126,16 +125,6 @@ def sessions(conn: psycopg.Connection[Any], database: str) -> int:
     ).fetchone()
     assert row is not None
     return int(row[0])
-
-
-@pytest.fixture
-def reap() -> Iterator[list[int]]:
-    """Pids the test started indirectly (work horses); SIGKILLed at the end if still alive."""
-    pids: list[int] = []
-    yield pids
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
 
 
 # -- outcomes --------------------------------------------------------------------------------
