@@ -30,7 +30,7 @@ import psycopg
 import redis
 from psycopg import sql
 
-from reactor.migrate import migrate
+from reactor.pg.migrate import migrate
 from reactor.routes import DEMO_ROUTE
 from tests.support.servers import PostgresServer, RedisServer
 

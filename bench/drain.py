@@ -17,10 +17,10 @@ import psycopg
 from rq import Queue
 
 from bench.common import Stat, fresh_database, insert_pending, redis_client, reset, table
-from reactor.dispatch import Dispatcher
-from reactor.enqueue import Enqueuer
+from reactor.dispatcher.drain import Dispatcher
 from reactor.jobs import ENTRY_POINT, JobRef
 from reactor.routes import parse_routes
+from reactor.rq.enqueue import Enqueuer
 from reactor.settings import FAILED_JOB_TTL_SECONDS, RESULT_TTL_SECONDS
 
 ROUTES = parse_routes(["photo.process=reactor.demo.process_photo"])

@@ -21,7 +21,7 @@ import psycopg
 
 from bench.common import Reactor, Stat, fresh_database, percentile, reset, table
 from bench.latency import _dispatch_round
-from reactor import queries
+from reactor.pg import queries
 
 _CHECK = (
     "            AND NOT EXISTS (SELECT FROM reactor_paused_types AS x WHERE x.type = %(type)s)\n"

@@ -1,7 +1,7 @@
 """References for `python -m bench workers`, each the least a part of photo-reactor could be:
 
 - `RenewingSimpleWorker`: RQ's SimpleWorker with the worker classes' renewal of the worker key
-  (`reactor.worker_key`) and nothing else, so that what the lifecycle costs can be told from
+  (`reactor.worker.worker_key`) and nothing else, so that what the lifecycle costs can be told from
   what that renewal saves.
 - `python -m bench.reference QUEUE` (the bare hop): one process that LISTENs on the channel
   `bench_hop` and enqueues each notification's payload to plain RQ's `bench.noop.stamp` at
@@ -23,7 +23,7 @@ import rq.worker
 from psycopg import sql
 from rq import Queue
 
-from reactor.worker_key import KeyRenewal
+from reactor.worker.worker_key import KeyRenewal
 
 #: The bare hop's channel.
 HOP_CHANNEL = "bench_hop"

@@ -15,11 +15,11 @@ from typing import Any
 import psycopg
 
 from bench.common import Stat, fresh_database, insert_pending, redis_client, table
-from reactor.dispatch import Dispatcher
-from reactor.enqueue import Enqueuer
+from reactor.dispatcher.drain import Dispatcher
+from reactor.dispatcher.sweep import Sweeper
 from reactor.routes import parse_routes
-from reactor.rq_state import RqState
-from reactor.sweep import Sweeper
+from reactor.rq.enqueue import Enqueuer
+from reactor.rq.state import RqState
 
 ROUTES = parse_routes(["photo.process=reactor.demo.process_photo"])
 

@@ -16,7 +16,7 @@ from reactor.errors import InvalidJobError, PermanentError
 from reactor.producer import submit, submit_async, submit_many, submit_many_async
 
 if TYPE_CHECKING:
-    from reactor.workers import SimpleWorker, Worker
+    from reactor.worker.classes import SimpleWorker, Worker
 
 __all__ = [
     "InvalidJobError",
@@ -35,5 +35,5 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str) -> Any:
     if name in ("Worker", "SimpleWorker"):
-        return getattr(importlib.import_module("reactor.workers"), name)
+        return getattr(importlib.import_module("reactor.worker.classes"), name)
     raise AttributeError(f"module 'reactor' has no attribute {name!r}")

@@ -123,5 +123,5 @@ def parse_job_id(value: str) -> JobRef:
 
 def warm_up_ref() -> JobRef:
     """A throwaway attempt that no row or route has, for a process's start-up rehearsal
-    (`reactor.db.rehearse`): its row is rolled back and its job never sent."""
+    (`reactor.pg.db.rehearse`): its row is rolled back and its job never sent."""
     return JobRef("reactor.warm-up", f"warm-up-{uuid.uuid4().hex}", 1)

@@ -26,8 +26,8 @@ from typing import Any
 
 import psycopg
 
-from reactor import queries
 from reactor.errors import InvalidJobError
+from reactor.pg import queries
 from reactor.validate import check_job_type, check_photo_id
 
 __all__ = ["DEFAULT_JOB_TYPE", "submit", "submit_async", "submit_many", "submit_many_async"]

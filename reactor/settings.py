@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from reactor.doorbell import DoorbellMode
+from reactor.dispatcher.doorbell import DoorbellMode
 from reactor.errors import ConfigError
 from reactor.routes import Route, parse_handler_prefixes
 
@@ -136,7 +136,7 @@ class WorkerSettings:
     retry_base_seconds: float = DEFAULT_RETRY_BASE_SECONDS
     retry_max_seconds: float = DEFAULT_RETRY_MAX_SECONDS
     heartbeat_seconds: float = DEFAULT_HEARTBEAT_SECONDS
-    #: The modules handlers may be imported from (`reactor.own_routes`); empty: any.
+    #: The modules handlers may be imported from (`reactor.worker.own_routes`); empty: any.
     handler_prefixes: tuple[str, ...] = ()
 
     @classmethod

@@ -17,7 +17,7 @@ import psycopg
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from reactor.migrate import load_migrations  # noqa: E402
+from reactor.pg.migrate import load_migrations  # noqa: E402
 from tests.support.db import schema_dump  # noqa: E402
 from tests.support.servers import PostgresServer  # noqa: E402
 

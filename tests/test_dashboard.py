@@ -25,8 +25,8 @@ import psycopg
 import pytest
 from rq import Worker
 
-from reactor.dashboard import DATABASE_CONNECTIONS, MAX_CLIENTS
-from reactor.migrate import migrate
+from reactor.ops.dashboard import DATABASE_CONNECTIONS, MAX_CLIENTS
+from reactor.pg.migrate import migrate
 from tests.support.cli import run_cli
 from tests.support.doorbell import armed_by
 from tests.support.env import Env
@@ -651,7 +651,7 @@ def test_the_done_count_is_read_at_most_every_thirty_seconds(
 ) -> None:
     """Counting `done` rows scans the table, the other figures are index reads: the dashboard
     keeps its done count for `DONE_COUNTS_SECONDS` while every other figure is read anew."""
-    from reactor import dashboard
+    from reactor.ops import dashboard
     from reactor.routes import parse_routes
 
     conn = env.connect()

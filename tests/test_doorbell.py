@@ -18,9 +18,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from reactor.doorbell import RECHECK_SECONDS, ArmOutcome
-from reactor.listener import Listener
-from reactor.queries import DOORBELL_ARM as LOCK_DOORBELL
+from reactor.dispatcher.doorbell import RECHECK_SECONDS, ArmOutcome
+from reactor.dispatcher.listener import Listener
+from reactor.pg.queries import DOORBELL_ARM as LOCK_DOORBELL
 from tests.support.doorbell import armed_by, doorbell_locks, listener_pids
 from tests.support.env import Env
 from tests.support.metrics import metric, scrape

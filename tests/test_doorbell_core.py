@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from reactor.doorbell import (
+from reactor.dispatcher.doorbell import (
     ARM_BACKOFF_MAX_SECONDS,
     ARM_BACKOFF_SECONDS,
     BUSY_POLL_PAUSE_MAX_SECONDS,

@@ -34,7 +34,7 @@ import psycopg
 import pytest
 import redis
 
-from reactor.migrate import migrate
+from reactor.pg.migrate import migrate
 from tests.handlers import SCHEMA, chaos_told_to_fail
 from tests.support.paths import ROOT
 from tests.support.processes import Process

@@ -27,9 +27,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from reactor.db import LATEST_SCHEMA_VERSION
 from reactor.errors import InvalidJobError
 from reactor.jobs import job_id
+from reactor.pg.db import LATEST_SCHEMA_VERSION
 from reactor.producer import submit
 from tests.support.cli import run_cli
 from tests.support.doorbell import armed_by

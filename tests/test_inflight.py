@@ -1,4 +1,4 @@
-"""`reactor.inflight`: a statement sent without waiting, its result read later.
+"""`reactor.worker.inflight`: a statement sent without waiting, its result read later.
 
 Against a real Postgres, with and without prepared statements: answers and the fence, a start
 racing the claim that enqueued its job, a statement error, a session that lost its
@@ -17,8 +17,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from reactor.inflight import DONE, START, InFlight
-from reactor.lifecycle import Store
+from reactor.worker.inflight import DONE, START, InFlight
+from reactor.worker.lifecycle import Store
 from tests.support.env import Env
 from tests.support.waiting import wait_for
 

@@ -15,11 +15,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from reactor import loop
-from reactor.doorbell import RECHECK_SECONDS, ArmOutcome, DoorbellMode
+from reactor.dispatcher import loop
+from reactor.dispatcher.doorbell import RECHECK_SECONDS, ArmOutcome, DoorbellMode
+from reactor.dispatcher.listener import Listener
+from reactor.dispatcher.loop import Reactor, Turn, Work
 from reactor.jobs import job_id
-from reactor.listener import Listener
-from reactor.loop import Reactor, Turn, Work
 from reactor.routes import parse_routes
 from reactor.settings import ReactorSettings
 from tests.support.cli import run_cli

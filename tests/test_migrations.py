@@ -12,8 +12,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from reactor.db import LATEST_SCHEMA_VERSION
-from reactor.migrate import load_migrations
+from reactor.pg.db import LATEST_SCHEMA_VERSION
+from reactor.pg.migrate import load_migrations
 from tests.support.cli import run_cli
 from tests.support.db import schema_dump
 from tests.support.env import Env
@@ -60,7 +60,7 @@ def test_psql_and_migrate_build_the_same_schema(
     for path in SQL_FILES:
         result = psql_file(by_psql, path)
         assert result.returncode == 0, result.stderr
-    by_cli = env.database_url  # cloned from the template that reactor.migrate built
+    by_cli = env.database_url  # cloned from the template that reactor.pg.migrate built
     fresh = make_empty_database()
     result = reactor_cli("migrate", url=fresh)
     assert result.returncode == 0, result.stderr

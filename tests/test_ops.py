@@ -12,7 +12,7 @@ import psycopg
 import yaml
 from click import Context
 
-from reactor.cli import cli
+from reactor.cli.main import cli
 from tests.support.cli import run_cli
 from tests.support.doorbell import armed_by
 from tests.support.env import Env

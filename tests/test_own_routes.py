@@ -19,7 +19,7 @@ from rq.job import Job
 
 from reactor import submit
 from reactor.jobs import job_id
-from reactor.registry import load_routes
+from reactor.pg.registry import load_routes
 from tests.handlers import SCHEMA
 from tests.support.cli import NO_ROUTES, cli_without_routes, one_line
 from tests.support.env import Env

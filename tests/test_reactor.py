@@ -22,16 +22,16 @@ import pytest
 import redis
 from rq.job import Job, JobStatus
 
-from reactor import lifecycle
-from reactor.dispatch import Dispatcher
-from reactor.enqueue import SCRIPT_MAX_JOBS, Enqueuer
+from reactor.dispatcher.drain import Dispatcher
+from reactor.dispatcher.loop import Reactor
 from reactor.errors import DatabaseError
 from reactor.jobs import JobRef, job_id
-from reactor.loop import Reactor
-from reactor.redis_url import connect_redis
 from reactor.routes import parse_routes
-from reactor.rq_state import RqState
+from reactor.rq.enqueue import SCRIPT_MAX_JOBS, Enqueuer
+from reactor.rq.redis_url import connect_redis
+from reactor.rq.state import RqState
 from reactor.settings import ReactorSettings
+from reactor.worker import lifecycle
 from tests.support.cli import run_cli
 from tests.support.doorbell import listener_pids
 from tests.support.env import Env

@@ -27,10 +27,10 @@ import pytest
 import redis
 from rq.job import Job, JobStatus
 
-from reactor import db
-from reactor.enqueue import Enqueuer
 from reactor.jobs import JobRef
+from reactor.pg import db
 from reactor.routes import parse_routes
+from reactor.rq.enqueue import Enqueuer
 from tests.support.cli import run_cli
 from tests.support.env import Env
 from tests.support.metrics import metric, scrape

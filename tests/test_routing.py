@@ -15,10 +15,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from reactor import queries, submit
+from reactor import submit
 from reactor.demo import DEMO_RUNS_KEY
 from reactor.jobs import job_id
-from reactor.registry import NO_ROUTE_HINT, RouteRegistration, load_routes
+from reactor.pg import queries
+from reactor.pg.registry import NO_ROUTE_HINT, RouteRegistration, load_routes
 from reactor.routes import Route, parse_route
 from tests.handlers import SCHEMA
 from tests.support.cli import NO_ROUTES, cli_without_routes, one_line

@@ -17,10 +17,10 @@ import psycopg
 import pytest
 import redis
 
-from reactor import db
 from reactor.errors import ConfigError, DatabaseError
+from reactor.pg import db
 from reactor.redact import redact
-from reactor.redis_url import client_for, parse_sentinel_url
+from reactor.rq.redis_url import client_for, parse_sentinel_url
 from tests.handlers import SCHEMA
 from tests.support.cli import run_cli
 from tests.support.env import Env

@@ -12,7 +12,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from reactor import queries, submit
+from reactor import submit
+from reactor.pg import queries
 from tests.support.env import Env
 from tests.support.notifications import Notifications, in_tx
 

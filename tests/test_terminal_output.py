@@ -11,7 +11,7 @@ import re
 import psycopg
 import pytest
 
-from reactor.failures import ERROR_COLUMN_CHARS
+from reactor.ops.failures import ERROR_COLUMN_CHARS
 from tests.support.cli import run_cli
 from tests.support.env import Env
 

@@ -9,11 +9,9 @@ import sys
 
 import pytest
 
-from reactor.admin import parse_duration
 from reactor.errors import ConfigError
-from reactor.job_errors import MAX_ERROR_CHARS, last_line
 from reactor.jobs import MAX_ENCODED_PART, job_id, parse_job_id
-from reactor.own_routes import HandlerRefusedError, OwnRoutes
+from reactor.ops.admin import parse_duration
 from reactor.redact import redact
 from reactor.routes import (
     Route,
@@ -23,8 +21,10 @@ from reactor.routes import (
     parse_routes,
     recorded_route,
 )
+from reactor.rq.job_errors import MAX_ERROR_CHARS, last_line
 from reactor.settings import ReactorSettings, WorkerSettings
-from reactor.worker import backoff_seconds
+from reactor.worker.entry import backoff_seconds
+from reactor.worker.own_routes import HandlerRefusedError, OwnRoutes
 
 RQ_ID = re.compile(r"[A-Za-z0-9_-]+")
 
@@ -249,8 +249,8 @@ def test_job_side_modules_import_nothing_heavy() -> None:
     """What an RQ work horse imports to run a job (the entry point, the worker classes, the
     settings) loads neither Prometheus nor the reactor's loop; a fresh interpreter checks."""
     probe = (
-        "import sys, reactor.worker, reactor.workers, reactor.settings;"
-        "print(sorted(m for m in ('prometheus_client', 'reactor.loop', 'reactor.metrics')"
+        "import sys, reactor.worker.entry, reactor.worker.classes, reactor.settings;"
+        "print(sorted(m for m in ('prometheus_client', 'reactor.dispatcher.loop', 'reactor.dispatcher.metrics')"
         " if m in sys.modules))"
     )
     out = subprocess.run(
@@ -260,7 +260,7 @@ def test_job_side_modules_import_nothing_heavy() -> None:
 
 
 def test_status_of_an_empty_table_says_so() -> None:
-    from reactor.status import Status, format_status
+    from reactor.ops.status import Status, format_status
 
     lines = format_status(Status([], [], [], [])).splitlines()
     assert lines[1].startswith("(no rows yet"), lines
@@ -269,7 +269,7 @@ def test_status_of_an_empty_table_says_so() -> None:
 def test_the_dashboard_shows_every_time_in_one_form() -> None:
     from datetime import datetime, timedelta, timezone
 
-    from reactor.dashboard import shown_time
+    from reactor.ops.dashboard import shown_time
 
     plus_two = timezone(timedelta(hours=2))
     for value in (

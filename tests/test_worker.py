@@ -19,7 +19,7 @@ import pytest
 
 from reactor import submit
 from reactor.jobs import JobRef
-from reactor.lifecycle import Heartbeater, Store
+from reactor.worker.lifecycle import Heartbeater, Store
 from tests.handlers import SCHEMA
 from tests.support.env import Env
 from tests.support.processes import Process, start_reactor, start_worker
@@ -330,7 +330,7 @@ def test_the_heartbeat_thread_survives_a_statement_error(
 
     try:
         conn.execute("ALTER TABLE photo_jobs RENAME TO photo_jobs_away")
-        with caplog.at_level(logging.WARNING, logger="reactor.lifecycle"):
+        with caplog.at_level(logging.WARNING, logger="reactor.worker.lifecycle"):
             beats.beat_for(JobRef("photo.process", "p1", 1))
             wait_for(lambda: "UndefinedTable" in caplog.text, timeout=10, what="a failed beat")
         conn.execute("ALTER TABLE photo_jobs_away RENAME TO photo_jobs")

@@ -24,9 +24,9 @@ from rq import Worker as RqWorker
 from rq.job import Job
 
 from reactor import submit
-from reactor.doorbell import ArmOutcome
+from reactor.dispatcher.doorbell import ArmOutcome
+from reactor.dispatcher.loop import Reactor, Work
 from reactor.jobs import ENTRY_POINT, job_id
-from reactor.loop import Reactor, Work
 from reactor.routes import parse_routes
 from reactor.settings import ReactorSettings
 from tests.handlers import SCHEMA

@@ -10,7 +10,7 @@ import uuid
 import psycopg
 from psycopg import sql
 
-from reactor.migrate import migrate
+from reactor.pg.migrate import migrate
 from tests.support.servers import find_binary
 from tests.support.urls import with_path
 

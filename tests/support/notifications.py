@@ -9,7 +9,7 @@ from typing import Any
 
 import psycopg
 
-from reactor.queries import DOORBELL_ARM
+from reactor.pg.queries import DOORBELL_ARM
 from tests.support.env import Env
 
 SENTINEL = "photo_jobs_test_sentinel"

@@ -18,7 +18,7 @@ and is not enqueued again (RQ would overwrite it and run it twice). A job left o
 earlier life of the row (finished or failed, kept by RQ for a while, then the row was re-armed
 with its attempts reset) is deleted and replaced. The rest go out as one MULTI/EXEC pipeline,
 the jobs to be written watched as above (and every status read again if one changed).
-Statuses are read with `HGET` (`reactor.rq_state`) and leftovers deleted by key: the reactor
+Statuses are read with `HGET` (`reactor.rq.state`) and leftovers deleted by key: the reactor
 never unpickles anything from Redis (a job's fields are pickles, and whoever can write to
 Redis writes them).
 
@@ -27,8 +27,8 @@ the same script, and never replaces a job (the caller claims such rows, then enq
 here the usual way). `withdraw` deletes such jobs again while they are still queued, when the
 claim found no row that could use them (a notification names whatever its sender wrote).
 
-This module only writes jobs; reading what RQ holds for the sweep is `reactor.rq_state`, and
-the Redis client comes from `reactor.redis_url.connect_redis`.
+This module only writes jobs; reading what RQ holds for the sweep is `reactor.rq.state`, and
+the Redis client comes from `reactor.rq.redis_url.connect_redis`.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from reactor.errors import EnqueueError
 from reactor.jobs import ENTRY_POINT, JobRef, short_id
 from reactor.redact import redact
 from reactor.routes import Route
-from reactor.rq_state import ALIVE_STATUSES, QUEUED, job_statuses
+from reactor.rq.state import ALIVE_STATUSES, QUEUED, job_statuses
 from reactor.settings import FAILED_JOB_TTL_SECONDS, RESULT_TTL_SECONDS
 
 __all__ = ["SCRIPT_MAX_JOBS", "EnqueueResult", "Enqueuer"]

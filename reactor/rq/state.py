@@ -4,7 +4,7 @@ The enqueue path asks whether a job is alive (`job_statuses`, `ALIVE_STATUSES`) 
 writes a batch that collides with existing jobs; the sweep asks, through `RqState`, which jobs
 of `active` rows are gone, failed without an outcome, or orphaned. Everything is read with
 plain commands (`HGET` of a job's status or worker name, `EXISTS` of a worker's key, `LRANGE`
-of a queue, RQ's error text through `reactor.job_errors`), in one round trip per call (two
+of a queue, RQ's error text through `reactor.rq.job_errors`), in one round trip per call (two
 for `workers_gone`): whoever can write to Redis chooses what a
 job's pickled fields hold, so the reactor never decodes them. Nothing here writes to Redis.
 """
@@ -19,10 +19,10 @@ from rq.job import Job
 from rq.worker import Worker
 
 from reactor.errors import EnqueueError
-from reactor.job_errors import read_failure_texts
 from reactor.jobs import JobRef
 from reactor.redact import redact
 from reactor.routes import Route
+from reactor.rq.job_errors import read_failure_texts
 
 __all__ = [
     "ALIVE_STATUSES",

@@ -545,7 +545,7 @@ SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool
 
 # -- the LISTEN session and the doorbell --------------------------------------------------------
 
-#: Listen to the channel the NOTIFY triggers use (`reactor.listener.CHANNEL`).
+#: Listen to the channel the NOTIFY triggers use (`reactor.dispatcher.listener.CHANNEL`).
 LISTEN = "LISTEN photo_jobs"
 
 #: The listener session's lock timeout (`timeout`, e.g. '10ms'): how long an arm waits.

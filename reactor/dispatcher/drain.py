@@ -16,7 +16,7 @@ Guarantees:
   attempt for a rescue).
 - No double dispatch of one attempt: rows are claimed with `FOR UPDATE SKIP LOCKED`, and if the
   COMMIT is lost after the enqueue, the next claim of the same attempt finds the job alive in
-  Redis and does not enqueue it again (see `reactor.enqueue`).
+  Redis and does not enqueue it again (see `reactor.rq.enqueue`).
 
 Throughput: building RQ jobs is Python work and claiming is Postgres work, so a drain of a
 backlog overlaps them. While batch N is enqueued and committed on the work connection, a
@@ -42,14 +42,14 @@ from typing import Any
 import psycopg
 from psycopg.pq import TransactionStatus
 
-from reactor import db, queries
-from reactor.db import Connection
-from reactor.enqueue import Enqueuer
+from reactor.dispatcher.metrics import Metrics
 from reactor.errors import DatabaseError, EnqueueError, ReactorError, StatementError
 from reactor.jobs import JobRef, short_id, warm_up_ref
-from reactor.metrics import Metrics
+from reactor.pg import db, queries
+from reactor.pg.db import Connection
 from reactor.routes import Route
-from reactor.rq_state import ALIVE_STATUSES
+from reactor.rq.enqueue import Enqueuer
+from reactor.rq.state import ALIVE_STATUSES
 from reactor.throttle import LogThrottle
 
 __all__ = ["BatchResult", "Dispatcher", "DrainResult", "Quarantine"]

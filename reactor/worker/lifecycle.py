@@ -1,7 +1,7 @@
 """One attempt's fenced lifecycle, shared by both worker paths.
 
 The same statements run whether the lifecycle lives in the job (a plain `rq worker` runs
-`reactor.worker.perform`) or in the long-lived worker process (`reactor.Worker`,
+`reactor.worker.entry.perform`) or in the long-lived worker process (`reactor.Worker`,
 `reactor.SimpleWorker`):
 
 Every statement is fenced by the job's token: the row's `prior_attempts + attempts` when it
@@ -47,9 +47,9 @@ from typing import Any, Literal
 import psycopg
 import tenacity
 
-from reactor import db, queries
 from reactor.errors import DatabaseError
 from reactor.jobs import JobRef, short_id, warm_up_ref
+from reactor.pg import db, queries
 from reactor.redact import redact
 from reactor.settings import WorkerSettings
 from reactor.throttle import LogThrottle
@@ -132,7 +132,7 @@ class Store:
 
     `connect` is lazy: the first statement opens it. The owner must not use it from a forked
     child (the child would share the server session): the worker classes never do, and the
-    job path (`reactor.worker`) keeps one `Store` per process id.
+    job path (`reactor.worker.entry`) keeps one `Store` per process id.
     """
 
     def __init__(self, database_url: str) -> None:

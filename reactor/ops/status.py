@@ -8,7 +8,7 @@ recorded by the reactors (and how many running reactors use each), and pending t
 route covers. Counting `done` rows scans the table (one statement, which Postgres may run in
 parallel); every other figure is read through an index. The table for people shows texts from
 the database (who paused a type, a recorded route) with control characters escaped
-(`reactor.terminal`).
+(`reactor.ops.terminal`).
 """
 
 from __future__ import annotations
@@ -20,17 +20,17 @@ from typing import Any
 import psycopg
 import redis
 
-from reactor import queries
-from reactor.db import Connection, describe_error
 from reactor.errors import DatabaseError, EnqueueError
 from reactor.jobs import JobRef
-from reactor.pause import PausedType, paused_types
+from reactor.ops.pause import PausedType, paused_types
+from reactor.ops.terminal import visible
+from reactor.pg import queries
+from reactor.pg.db import Connection, describe_error
+from reactor.pg.registry import RecordedRoute, read_recorded_routes
 from reactor.redact import redact
-from reactor.registry import RecordedRoute, read_recorded_routes
 from reactor.routes import format_route
-from reactor.rq_state import STARTED, job_statuses, workers_gone
+from reactor.rq.state import STARTED, job_statuses, workers_gone
 from reactor.settings import DEFAULT_GONE_AFTER_SECONDS
-from reactor.terminal import visible
 
 __all__ = ["Status", "TypeStatus", "format_status", "read_done_counts", "read_status"]
 

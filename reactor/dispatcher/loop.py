@@ -1,7 +1,7 @@
 """The reactor process: wait for a reason to work, then drain; survive every failure.
 
 `Reactor.run()` repeats `Reactor.turn()` until a stop is requested. One turn:
-1. takes the doorbell keys if the doorbell says so (`reactor.doorbell`; once armed, every
+1. takes the doorbell keys if the doorbell says so (`reactor.dispatcher.doorbell`; once armed, every
    writer that skipped NOTIFY has ended, so the turn drains every type);
 2. waits for the first of {a notification, the next poll while the doorbell is not armed, the
    next sweep (interval ± 10 % jitter), the earliest future `next_retry_at` of a routed type,
@@ -21,14 +21,14 @@ at once, catching up on whatever was committed while nobody listened; it then po
 the table is quiet and arms the doorbell again (a lost connection released it).
 
 Connections: the reactor opens and owns both. The listener's session (LISTEN, the doorbell
-keys) is `reactor.listener.Listener`. The work connection is handed to the `Dispatcher`
+keys) is `reactor.dispatcher.listener.Listener`. The work connection is handed to the `Dispatcher`
 (claims, re-dispatches) and the `Sweeper` (the sweep's reads) and replaced in both after a
 reconnect. When either connection fails, both are reopened in one round (after a primary
-failover both point at the old server), on a server that takes writes (see `reactor.db`).
+failover both point at the old server), on a server that takes writes (see `reactor.pg.db`).
 The loop's timer query (`queries.NEXT_DUE_IN`, when the next row becomes due) runs here, on
 the work connection: it serves only the loop's wait, so it lives with the wait.
 
-With retention on (`--prune-done-after`), a `reactor.retention.Pruner` thread deletes old
+With retention on (`--prune-done-after`), a `reactor.dispatcher.retention.Pruner` thread deletes old
 finished rows on a connection of its own, outside this loop.
 
 Failure policy: at start-up a bad URL, an unreachable or unmigrated database, or a Redis that
@@ -61,23 +61,23 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 from redis.sentinel import MasterNotFoundError
 
-from reactor import db, queries
-from reactor.dispatch import Dispatcher, DrainResult
-from reactor.doorbell import Action, ArmOutcome, Doorbell
-from reactor.enqueue import Enqueuer
+from reactor.dispatcher.doorbell import Action, ArmOutcome, Doorbell
+from reactor.dispatcher.drain import Dispatcher, DrainResult
+from reactor.dispatcher.listener import Listener
+from reactor.dispatcher.metrics import HealthCheck, Metrics, serve
+from reactor.dispatcher.retention import Pruner
+from reactor.dispatcher.sweep import Sweeper, SweepResult
 from reactor.errors import ConfigError, DatabaseError, EnqueueError, StatementError
 from reactor.jobs import JobRef
-from reactor.listener import Listener
-from reactor.metrics import HealthCheck, Metrics, serve
+from reactor.pg import db, queries
+from reactor.pg.registry import NO_ROUTE_HINT, RouteRegistration, load_routes
 from reactor.redact import redact
-from reactor.redis_url import connect_redis, describe_master_not_found
-from reactor.registry import NO_ROUTE_HINT, RouteRegistration, load_routes
-from reactor.retention import Pruner
 from reactor.routes import Route, format_route
-from reactor.rq_state import RqState
+from reactor.rq.enqueue import Enqueuer
+from reactor.rq.redis_url import connect_redis, describe_master_not_found
+from reactor.rq.state import RqState
 from reactor.settings import ReactorSettings
 from reactor.signals import Stopper
-from reactor.sweep import Sweeper, SweepResult
 from reactor.throttle import Budget, LogThrottle
 
 __all__ = ["Reactor", "Turn", "Work"]

@@ -1,12 +1,12 @@
 """The RQ entry point every dispatched job runs: `perform(type, photo_id, attempt, handler=...)`.
 
-It runs one attempt of one row under the fenced lifecycle of `reactor.lifecycle`, in one of
+It runs one attempt of one row under the fenced lifecycle of `reactor.worker.lifecycle`, in one of
 two ways:
 
 - In a plain `rq worker` (no `-w`), the job runs the whole lifecycle itself: fenced start,
   heartbeat thread, outcome, on one Postgres connection per process (a forked work horse opens
   its own; it never touches one inherited through the fork). Its own routes, the only
-  handlers it runs (`reactor.own_routes`), are `REACTOR_ROUTES`, else the routes the reactors
+  handlers it runs (`reactor.worker.own_routes`), are `REACTOR_ROUTES`, else the routes the reactors
   recorded (read by each forked horse), inside `REACTOR_HANDLER_PREFIXES`.
 - In a worker of the project's classes (`reactor.Worker`, `reactor.SimpleWorker`), the worker
   process did the fenced start and imported the handler before the fork, and handed the
@@ -33,7 +33,10 @@ from typing import Literal, NoReturn
 
 from reactor.errors import PermanentError
 from reactor.jobs import JobRef
-from reactor.lifecycle import (
+from reactor.pg.registry import load_routes
+from reactor.redact import redact
+from reactor.settings import WorkerSettings
+from reactor.worker.lifecycle import (
     Heartbeat,
     Outcome,
     Store,
@@ -43,10 +46,7 @@ from reactor.lifecycle import (
     finish,
     start,
 )
-from reactor.own_routes import HandlerRefusedError, OwnRoutes, given_routes
-from reactor.redact import redact
-from reactor.registry import load_routes
-from reactor.settings import WorkerSettings
+from reactor.worker.own_routes import HandlerRefusedError, OwnRoutes, given_routes
 
 __all__ = [
     "HandlerError",

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import psycopg
 
-from reactor import db, queries
-from reactor.db import Connection, describe_error
+from reactor.dispatcher.metrics import Metrics
 from reactor.errors import DatabaseError, ReactorError
-from reactor.metrics import Metrics
+from reactor.pg import db, queries
+from reactor.pg.db import Connection, describe_error
 from reactor.settings import DEFAULT_PRUNE_BATCH_SIZE
 
 __all__ = [

@@ -27,7 +27,7 @@ LOCKED` and re-checks the row's state and attempt under the lock.
 Who does what: the sweep's own reads (active rows, pending types, backlog) run on the
 connection its owner hands in (`replace_connection` after a reconnect); every write goes
 through the `Dispatcher`'s named methods (`drain`, `redispatch_lost`, `redispatch_stale`), so
-claim, enqueue and COMMIT stay one unit; what RQ holds is read through `reactor.rq_state`.
+claim, enqueue and COMMIT stay one unit; what RQ holds is read through `reactor.rq.state`.
 """
 
 from __future__ import annotations
@@ -40,14 +40,14 @@ from typing import Any
 
 import psycopg
 
-from reactor import queries
-from reactor.db import Connection, translate_error
-from reactor.dispatch import BatchResult, Dispatcher
+from reactor.dispatcher.drain import BatchResult, Dispatcher
+from reactor.dispatcher.metrics import Metrics
 from reactor.errors import EnqueueError, StatementError
 from reactor.jobs import JobRef, short_id
-from reactor.metrics import Metrics
+from reactor.pg import queries
+from reactor.pg.db import Connection, translate_error
 from reactor.routes import Route
-from reactor.rq_state import ALIVE_STATUSES, FAILED, QUEUED, STARTED, RqState
+from reactor.rq.state import ALIVE_STATUSES, FAILED, QUEUED, STARTED, RqState
 from reactor.settings import DEFAULT_GONE_AFTER_SECONDS
 from reactor.throttle import LogThrottle
 

@@ -22,9 +22,9 @@ from datetime import datetime
 
 import psycopg
 
-from reactor import queries
-from reactor.db import Connection, describe_error
 from reactor.errors import ConfigError, DatabaseError
+from reactor.pg import queries
+from reactor.pg.db import Connection, describe_error
 from reactor.validate import is_valid_type
 
 __all__ = [

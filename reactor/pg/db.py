@@ -34,8 +34,8 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 
-from reactor import queries
 from reactor.errors import ConfigError, DatabaseError, SchemaError, StatementError
+from reactor.pg import queries
 from reactor.redact import ambiguous_userinfo, redact
 
 __all__ = [

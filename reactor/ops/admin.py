@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import psycopg
 
-from reactor import queries
-from reactor.db import Connection, describe_error
 from reactor.errors import ConfigError, DatabaseError
+from reactor.pg import queries
+from reactor.pg.db import Connection, describe_error
 
 __all__ = [
     "PruneResult",

@@ -8,7 +8,7 @@ inside the allowed module prefixes (`REACTOR_HANDLER_PREFIXES`, `reactor worker
 
 A worker's own routes are the ones it was given (`reactor worker --route`, `REACTOR_ROUTES`),
 or, given none, the routes the reactors recorded (`reactor_routes`, checked as a flag is,
-`reactor.registry.load_routes`): read at the first job (or at start), and read again when a
+`reactor.pg.registry.load_routes`): read at the first job (or at start), and read again when a
 job names a handler they do not route (at most once a second for the same type and handler),
 so a route changed on purpose (its reactors stopped, one started with the new route) is
 followed without a restart. Given routes never change.

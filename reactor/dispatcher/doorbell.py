@@ -29,9 +29,9 @@ the keys when it has drained.
 
 This module only decides: `Doorbell` runs no SQL, records no metric and reads no clock. Its
 methods take what happened (and the monotonic time `now`) and say what to do; the loop
-(`reactor.loop`) does it on the LISTEN connection (`reactor.listener.Listener` takes and
-releases the keys, in the LISTEN session, so a lost listener connection releases them too)
-and reports back:
+(`reactor.dispatcher.loop`) does it on the LISTEN connection
+(`reactor.dispatcher.listener.Listener` takes and releases the keys, in the LISTEN session,
+so a lost listener connection releases them too) and reports back:
 
     should_arm(now)              take the keys now? then report arm_result(outcome, now),
                                  which says DRAIN (every type, now) after ARMED

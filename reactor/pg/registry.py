@@ -40,9 +40,9 @@ from typing import Any
 
 import psycopg
 
-from reactor import queries
-from reactor.db import Connection, describe_error, translate_error
 from reactor.errors import ConfigError, DatabaseError
+from reactor.pg import queries
+from reactor.pg.db import Connection, describe_error, translate_error
 from reactor.routes import Route, format_route, recorded_route
 
 __all__ = [

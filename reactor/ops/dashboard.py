@@ -1,7 +1,7 @@
 """`reactor dashboard`: a read-only web page of the table, the reactors and RQ, and its JSON.
 
 `GET /` is an HTML page (Jinja2, autoescaped) that reloads itself every few seconds with a
-meta refresh; `GET /api/overview` is the same data as JSON (see `reactor.overview`). The page
+meta refresh; `GET /api/overview` is the same data as JSON (see `reactor.ops.overview`). The page
 carries everything it needs (inline CSS, server-side SVG charts: no script, no CDN), so it
 works offline, and it is served with a Content-Security-Policy that forbids every script:
 even a row whose `last_error` or photo id holds markup is shown as text. When Postgres cannot
@@ -38,14 +38,14 @@ import psycopg
 from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup
 
-from reactor import db
-from reactor.charts import per_minute_chart
 from reactor.errors import ConfigError, ReactorError
-from reactor.overview import Overview, read_overview
+from reactor.ops.charts import per_minute_chart
+from reactor.ops.overview import Overview, read_overview
+from reactor.ops.status import read_done_counts
+from reactor.pg import db
 from reactor.redact import redact
-from reactor.redis_url import connect_redis
 from reactor.routes import Route
-from reactor.status import read_done_counts
+from reactor.rq.redis_url import connect_redis
 
 __all__ = [
     "DATABASE_CONNECTIONS",

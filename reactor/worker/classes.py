@@ -4,19 +4,19 @@
 jobs in-process. Use them as `rq worker -w reactor.Worker QUEUE...`, `rq worker-pool -w
 reactor.Worker -n 2 QUEUE...` or `reactor worker [QUEUE...]`.
 
-For a job of `reactor.worker.perform`, the worker process, not the job:
+For a job of `reactor.worker.entry.perform`, the worker process, not the job:
 - keeps one autocommit Postgres connection for its whole life (reconnected with backoff), so
   no Postgres session is opened per job, and has the lifecycle and the routed handlers imported
   before the first fork;
-- runs only its own handlers (`reactor.own_routes`): its routes (`routes=`, `reactor worker
+- runs only its own handlers (`reactor.worker.own_routes`): its routes (`routes=`, `reactor worker
   --route`, `REACTOR_ROUTES`, else the recorded ones) inside `REACTOR_HANDLER_PREFIXES`. A job
   naming any other handler is refused before anything is imported: a failed attempt whose
   `last_error` says why (retried while attempts remain, like an unimportable handler);
 - does the fenced start before the horse is forked (or the handler called), then hands the
-  attempt over to `perform` (`reactor.worker.hand_over`), which only calls the handler and
+  attempt over to `perform` (`reactor.worker.entry.hand_over`), which only calls the handler and
   reports how it ended through a pipe made before the fork (in memory in-process). The
   start is sent before RQ marks the job started and its answer read before the fork
-  (`reactor.inflight`: no thread hand-off), so its round trip overlaps RQ's own;
+  (`reactor.worker.inflight`: no thread hand-off), so its round trip overlaps RQ's own;
 - heartbeats the row from one long-lived thread, told to beat after the fork and paused
   before the outcome is written (so no query is ever in flight at a fork, and never two at
   once), and at each beat renews RQ's heartbeats of the worker and the job (RQ's
@@ -30,7 +30,7 @@ For a job of `reactor.worker.perform`, the worker process, not the job:
   failed attempt with a `last_error` that says so.
 
 The classes also renew RQ's worker key in one round trip, and no more often than needed
-(`reactor.worker_key`).
+(`reactor.worker.worker_key`).
 
 The horse never uses the worker's connection: it runs only the handler and leaves with
 `os._exit`, which sends nothing on inherited sockets. Jobs of other functions run as in RQ.
@@ -63,16 +63,23 @@ from rq.job import Job
 from rq.queue import Queue
 from rq.worker.base import BaseWorker
 
-from reactor import db, lifecycle, registry
 from reactor.errors import ConfigError, DatabaseError
-from reactor.inflight import DONE, START, InFlight
 from reactor.jobs import ENTRY_POINT, JobRef, warm_up_ref
-from reactor.own_routes import HandlerRefusedError, OwnRoutes, given_routes
+from reactor.pg import db, registry
 from reactor.redact import redact
 from reactor.routes import Route
 from reactor.settings import BUSY_KEY_TTL_HEARTBEATS, WorkerSettings
-from reactor.worker import HandlerImportError, Handoff, decode_outcome, hand_over, load_handler
-from reactor.worker_key import KeyRenewal
+from reactor.worker import lifecycle
+from reactor.worker.entry import (
+    HandlerImportError,
+    Handoff,
+    decode_outcome,
+    hand_over,
+    load_handler,
+)
+from reactor.worker.inflight import DONE, START, InFlight
+from reactor.worker.own_routes import HandlerRefusedError, OwnRoutes, given_routes
+from reactor.worker.worker_key import KeyRenewal
 
 __all__ = ["SimpleWorker", "Worker", "load_routes"]
 
@@ -91,7 +98,7 @@ RQ_DEFAULT_QUEUE = "default"
 
 def load_routes(conn: db.Connection, env: Mapping[str, str] | None = None) -> Mapping[str, Route]:
     """The routes a worker started without explicit routes serves: `REACTOR_ROUTES`, else the
-    routes the reactors recorded in the database (`reactor.registry`), else none.
+    routes the reactors recorded in the database (`reactor.pg.registry`), else none.
 
     Raises:
         ConfigError: `REACTOR_ROUTES` or a recorded route is invalid.
@@ -184,7 +191,7 @@ class _Lifecycle(KeyRenewal, BaseWorker):
         self._checked = False
         self._heartbeat = lifecycle.Heartbeater(self._store, settings.heartbeat_seconds)
         # RQ's TTLs while an attempt runs: renewed at every beat, so they lapse only once the
-        # worker has stopped beating (`reactor.worker_key`).
+        # worker has stopped beating (`reactor.worker.worker_key`).
         self._attempt_key_ttl = math.ceil(BUSY_KEY_TTL_HEARTBEATS * settings.heartbeat_seconds)
         self._job: Job | None = None  # the running `perform` job, for the renewals
         self._running: Handoff | None = None

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import psycopg
 
-from reactor import queries
-from reactor.db import Connection, describe_error
 from reactor.errors import DatabaseError, MigrationError
+from reactor.pg import queries
+from reactor.pg.db import Connection, describe_error
 
 __all__ = [
     "CURRENT_SCHEMA_FILE",
@@ -67,7 +67,7 @@ def _sql_files() -> list[tuple[str, str]]:
     if packaged.is_dir():
         return [(entry.name, entry.read_text("utf-8")) for entry in packaged.iterdir()]
     # A checkout or an editable install: the files live at the top of the repository.
-    checkout = Path(__file__).resolve().parent.parent / "sql"
+    checkout = Path(__file__).resolve().parents[2] / "sql"
     if checkout.is_dir():
         return [(entry.name, entry.read_text("utf-8")) for entry in checkout.iterdir()]
     raise MigrationError("migration files not found (neither reactor/sql nor ./sql)")

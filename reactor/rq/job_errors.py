@@ -4,7 +4,7 @@ RQ keeps a job's results in the stream `rq:results:<job id>` (newest last); a fa
 `exc_string` field is the traceback, zlib-compressed and base64-encoded. Older jobs carry it
 in the job hash's `exc_info` field (zlib-compressed, or plain). Both are text: decoding them
 runs no code, unlike `Job.fetch` or `Result.restore`, which unpickle the job's data and return
-value. Used by the sweep (through `reactor.rq_state`) to say why an attempt's job failed
+value. Used by the sweep (through `reactor.rq.state`) to say why an attempt's job failed
 when the job ended `failed` without the lifecycle recording an outcome (the handler could not
 be imported, the worker could not reach the database, the work horse was killed).
 """

@@ -3,7 +3,7 @@
 The latest `failed` rows and the rows that failed at least once and are retried (`pending` or
 `active` with a `last_error`), newest first, with their attempt, `last_error` and when, and
 how many more rows there are beyond the limit. The table for people shows each row on one
-line: its texts with control characters escaped (`reactor.terminal`) and passwords masked
+line: its texts with control characters escaped (`reactor.ops.terminal`) and passwords masked
 (rows written by older releases or by hand were not), the error cut to fit around an
 ellipsis, so its start and its end (where the cause usually is) both show. JSON carries the
 texts whole.
@@ -17,11 +17,11 @@ from typing import Any
 
 import psycopg
 
-from reactor import queries
-from reactor.db import Connection, describe_error
 from reactor.errors import DatabaseError
+from reactor.ops.terminal import shorten, visible
+from reactor.pg import queries
+from reactor.pg.db import Connection, describe_error
 from reactor.redact import redact
-from reactor.terminal import shorten, visible
 
 __all__ = ["Failure", "Failures", "format_failures", "read_failures"]
 

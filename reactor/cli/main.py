@@ -20,17 +20,20 @@ from typing import Any, TypeVar
 import click
 from click.core import ParameterSource
 
-from reactor import __version__, admin, db
-from reactor.doorbell import DoorbellMode
+from reactor import __version__
+from reactor.cli.logs import configure_logging
+from reactor.dispatcher.doorbell import DoorbellMode
+from reactor.dispatcher.loop import Reactor
 from reactor.errors import ConfigError, DatabaseError, ReactorError
-from reactor.failures import format_failures, read_failures
-from reactor.logs import configure_logging
-from reactor.loop import Reactor
-from reactor.migrate import migrate as apply_migrations
-from reactor.pause import pause_types, resume_types, who
+from reactor.ops import admin
+from reactor.ops.failures import format_failures, read_failures
+from reactor.ops.pause import pause_types, resume_types, who
+from reactor.ops.status import format_status, read_status
+from reactor.pg import db
+from reactor.pg.migrate import migrate as apply_migrations
+from reactor.pg.registry import load_routes
 from reactor.producer import DEFAULT_JOB_TYPE, submit_many
 from reactor.redact import has_password, redact
-from reactor.registry import load_routes
 from reactor.routes import Route, parse_handler_prefixes, parse_routes
 from reactor.settings import (
     DEFAULT_BATCH_SIZE,
@@ -44,7 +47,6 @@ from reactor.settings import (
     ReactorSettings,
 )
 from reactor.signals import Stopper
-from reactor.status import format_status, read_status
 from reactor.validate import validate_job
 
 __all__ = ["cli", "main"]
@@ -478,7 +480,7 @@ def status(
 ) -> None:
     """Show counts by type and state, backlog age, retries, stale rows and rows whose RQ worker
     is gone, the routes the reactors use, unrouted types."""
-    from reactor.redis_url import connect_redis  # noqa: PLC0415 - only this command's Redis
+    from reactor.rq.redis_url import connect_redis  # noqa: PLC0415 - only this command's Redis
 
     client = connect_redis(
         redis_url,
@@ -684,7 +686,7 @@ def submit_command(
 def dashboard(**options: Any) -> None:
     """Serve a read-only web page of the table, the reactors and RQ (and /api/overview)."""
     try:
-        from reactor.dashboard import (  # noqa: PLC0415
+        from reactor.ops.dashboard import (  # noqa: PLC0415
             Dashboard,
             parse_allowed_host,
             serve_dashboard,
@@ -773,9 +775,9 @@ def worker_command(**options: Any) -> None:
     from redis.backoff import ExponentialWithJitterBackoff  # noqa: PLC0415
     from redis.retry import Retry  # noqa: PLC0415
 
-    from reactor.redis_url import connect_redis  # noqa: PLC0415
+    from reactor.rq.redis_url import connect_redis  # noqa: PLC0415
     from reactor.settings import WorkerSettings  # noqa: PLC0415
-    from reactor.workers import RQ_DEFAULT_QUEUE, SimpleWorker, Worker  # noqa: PLC0415
+    from reactor.worker.classes import RQ_DEFAULT_QUEUE, SimpleWorker, Worker  # noqa: PLC0415
 
     if options["quiet"]:
         logging.getLogger().setLevel(logging.WARNING)
@@ -830,7 +832,7 @@ def _wait_for_redis(url: str) -> None:
     from redis.backoff import NoBackoff  # noqa: PLC0415
     from redis.retry import Retry  # noqa: PLC0415
 
-    from reactor.redis_url import connect_redis  # noqa: PLC0415
+    from reactor.rq.redis_url import connect_redis  # noqa: PLC0415
 
     probe = connect_redis(
         url,

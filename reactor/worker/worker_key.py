@@ -12,7 +12,7 @@ suspension check) are always sent. Guarantee: after every job, and whenever RQ i
 wait for one, the key has the TTL RQ would give it; `last_heartbeat` is at most
 `RENEWAL_SECONDS` older. While the subclass runs an attempt (`_busy_key_ttl` not None), every
 renewal gives the key that shorter TTL instead, so a worker that dies mid-job leaves a key
-that expires soon (`reactor.rq_state.workers_gone`), where RQ's TTL for a job (the job's
+that expires soon (`reactor.rq.state.workers_gone`), where RQ's TTL for a job (the job's
 timeout + 60 s in-process) kept it for minutes.
 """
 

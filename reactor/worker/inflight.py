@@ -38,8 +38,8 @@ from typing import Protocol
 import psycopg
 from psycopg import pq
 
-from reactor import db, queries
 from reactor.errors import ConfigError, DatabaseError
+from reactor.pg import db, queries
 
 __all__ = ["DONE", "START", "InFlight", "Result", "Statement"]
 
@@ -48,7 +48,7 @@ _NAMED = re.compile(r"%\((\w+)\)s")
 
 @dataclass(frozen=True)
 class Statement:
-    """One of `reactor.queries`' statements in libpq's positional form ($1, $2, ...)."""
+    """One of `reactor.pg.queries`' statements in libpq's positional form ($1, $2, ...)."""
 
     query: str
     params: tuple[str, ...]
@@ -82,7 +82,7 @@ class Result:
 
 
 class ConnectionOwner(Protocol):
-    """What `InFlight` needs of the owner of the connection (`reactor.lifecycle.Store`)."""
+    """What `InFlight` needs of the owner of the connection (`reactor.worker.lifecycle.Store`)."""
 
     @property
     def conn(self) -> db.Connection: ...

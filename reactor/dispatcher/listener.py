@@ -5,12 +5,12 @@ the truth, so the listener never needs to be exact: it reports the payloads, and
 dispatches what they name.
 Notifications that psycopg buffered while the connection was busy are returned first. An idle
 connection is probed with `SELECT 1` every `LIVENESS_SECONDS`, and TCP keepalives (set in
-`reactor.db.connect`) catch a peer that died silently. Any failure is a `DatabaseError`; the
+`reactor.pg.db.connect`) catch a peer that died silently. Any failure is a `DatabaseError`; the
 caller reconnects, and must LISTEN again (a new session listens to nothing) and then drain,
 because notifications sent while it was gone are lost for good.
 
 The same session takes and releases the doorbell keys when the loop says so (what they mean
-and when to take them: `reactor.doorbell`), so the keys never outlive the connection that
+and when to take them: `reactor.dispatcher.doorbell`), so the keys never outlive the connection that
 hears the notifications they ask for.
 """
 
@@ -21,10 +21,10 @@ import time
 
 import psycopg
 
-from reactor import queries
-from reactor.db import Connection, connect, describe_error
-from reactor.doorbell import ArmOutcome, arm_outcome
+from reactor.dispatcher.doorbell import ArmOutcome, arm_outcome
 from reactor.errors import DatabaseError
+from reactor.pg import queries
+from reactor.pg.db import Connection, connect, describe_error
 
 __all__ = ["ARM_LOCK_TIMEOUT_MS", "CHANNEL", "LIVENESS_SECONDS", "Listener"]
 

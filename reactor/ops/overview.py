@@ -26,12 +26,12 @@ import psycopg
 import redis
 from rq import Queue, Worker
 
-from reactor import queries
-from reactor.db import Connection, describe_error
 from reactor.errors import DatabaseError
+from reactor.ops.status import Status, read_status
+from reactor.pg import queries
+from reactor.pg.db import Connection, describe_error
 from reactor.redact import redact
 from reactor.routes import Route
-from reactor.status import Status, read_status
 
 __all__ = [
     "CHART_MINUTES",

@@ -1,0 +1,1 @@
+"""The `reactor run` process: wake-ups, the doorbell, drains, the sweep, metrics and retention."""

@@ -1,0 +1,1 @@
+"""Operator tools: status, failures, pause, requeue and prune, the dashboard."""

@@ -1,0 +1,1 @@
+"""Postgres: connections, the runtime SQL by name, migrations, and the routes recorded there."""
