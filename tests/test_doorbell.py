@@ -1,4 +1,4 @@
-"""The adaptive doorbell (sql/0004, reactor/doorbell.py): who notifies, when a reactor arms,
+"""The adaptive doorbell (sql/0004, reactor/dispatcher/doorbell.py): who notifies, when a reactor arms,
 and that no row waits for the fallback sweep while writers skip NOTIFY.
 
 Every test runs the reactor with a sweep interval far beyond the test, so a row that the

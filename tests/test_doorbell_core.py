@@ -1,4 +1,4 @@
-"""The doorbell's decisions (reactor/doorbell.py), without servers: what `Doorbell` says to
+"""The doorbell's decisions (reactor/dispatcher/doorbell.py), without servers: what `Doorbell` says to
 do after each thing the loop reports. Times are plain numbers: the core reads no clock."""
 
 from __future__ import annotations
@@ -229,5 +229,5 @@ def test_the_core_imports_no_driver_and_no_metrics() -> None:
         "heavy = {'psycopg', 'redis', 'rq', 'prometheus_client', 'reactor'} & set(sys.modules)\n"
         "assert not heavy, heavy\n"
     )
-    core = Path(__file__).resolve().parent.parent / "reactor" / "doorbell.py"
+    core = Path(__file__).resolve().parent.parent / "reactor" / "dispatcher" / "doorbell.py"
     subprocess.run([sys.executable, "-c", code, str(core)], check=True, timeout=60)

@@ -1,4 +1,4 @@
-"""One turn of the reactor's loop (`Reactor.turn()`, reactor/loop.py) against real servers:
+"""One turn of the reactor's loop (`Reactor.turn()`, reactor/dispatcher/loop.py) against real servers:
 what a turn waits for, what it does, and the `Turn` it returns.
 
 The reactor runs in this process; a watchdog requests a stop after a minute, so a turn that
