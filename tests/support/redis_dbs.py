@@ -1,10 +1,12 @@
 """The Redis databases of the test suite: each test gets the next of databases 1-12, flushed
 and marked as the suite's own. On a server the suite was told to use, it refuses to start if
-one of them holds keys it did not write (it would flush them)."""
+one of them holds keys it did not write (it would flush them). Under pytest-xdist each worker
+process cycles through its own share of the twelve, so parallel tests never share one."""
 
 from __future__ import annotations
 
 import itertools
+import os
 
 import pytest
 import redis
@@ -16,7 +18,22 @@ from tests.support.urls import with_path
 TEST_REDIS_DBS = range(1, 13)
 SUITE_MARKER_KEY = "photo-reactor:test-suite"
 
-_next_db = itertools.cycle(TEST_REDIS_DBS)
+
+def _own_share() -> range:
+    """This process's databases: all twelve, or one slice per xdist worker (gw0, gw1, ...)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker.startswith("gw") or count <= 1:
+        return TEST_REDIS_DBS
+    share = TEST_REDIS_DBS[int(worker[2:]) % count :: count]
+    if not share:
+        raise RuntimeError(
+            f"{count} xdist workers are more than the {len(TEST_REDIS_DBS)} Redis databases"
+        )
+    return share
+
+
+_next_db = itertools.cycle(_own_share())
 
 
 def refuse_foreign_redis_data(url: str) -> None:
