@@ -14,6 +14,7 @@ from typing import Any
 
 import psycopg
 import pytest
+import redis
 
 from reactor.dispatcher import loop
 from reactor.dispatcher.doorbell import RECHECK_SECONDS, ArmOutcome, DoorbellMode
@@ -24,6 +25,7 @@ from reactor.routes import parse_routes
 from reactor.settings import ReactorSettings
 from tests.support.cli import run_cli
 from tests.support.env import Env
+from tests.support.servers import RedisServer
 from tests.support.waiting import wait_for
 
 ROUTES = parse_routes(["photo.process=reactor.demo.process_photo"])
@@ -36,9 +38,11 @@ def make_reactor(env: Env) -> Iterator[Callable[..., Reactor]]:
     """Started reactors on this test's servers (no sweep unless asked); closed at the end."""
     made: list[tuple[Reactor, threading.Timer]] = []
 
-    def make(**settings: Any) -> Reactor:
+    def make(redis_url: str | None = None, **settings: Any) -> Reactor:
         settings.setdefault("sweep_interval_seconds", 3600.0)
-        reactor = Reactor(ReactorSettings(env.database_url, env.redis_url, ROUTES, **settings))
+        reactor = Reactor(
+            ReactorSettings(env.database_url, redis_url or env.redis_url, ROUTES, **settings)
+        )
         reactor.start()
         watchdog = threading.Timer(WATCHDOG_SECONDS, reactor.stopper.request)
         watchdog.daemon = True
@@ -59,9 +63,9 @@ def state_of(conn: psycopg.Connection[Any], photo_id: str) -> tuple[str, int] | 
     return None if row is None else (row[0], row[1])
 
 
-def queued(env: Env) -> list[str]:
-    """Job ids waiting in the photo-process queue."""
-    ids = env.redis().lrange("rq:queue:photo-process", 0, -1)
+def queued(env: Env, client: redis.Redis | None = None) -> list[str]:
+    """Job ids waiting in the photo-process queue (of this test's Redis, or of `client`)."""
+    ids = (client or env.redis()).lrange("rq:queue:photo-process", 0, -1)
     return [i.decode() if isinstance(i, bytes) else i for i in ids]
 
 
@@ -312,11 +316,15 @@ def test_two_reactors_hearing_one_notification_enqueue_its_job_once(
 
 
 def test_a_notified_row_whose_enqueue_fails_is_drained_once_redis_takes_it(
-    env: Env, make_reactor: Callable[..., Reactor], caplog: pytest.LogCaptureFixture
+    env: Env,
+    make_reactor: Callable[..., Reactor],
+    private_redis: RedisServer,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    conn, client = env.connect(), env.redis()
-    reactor = armed_reactor(make_reactor)
-    # Redis is full (noeviction, as RQ asks): it refuses every write until memory is freed.
+    conn, client = env.connect(), redis.Redis.from_url(private_redis.url)
+    reactor = armed_reactor(make_reactor, redis_url=private_redis.url)
+    # Redis is full (noeviction, as RQ asks): it refuses every write until memory is freed
+    # (a server of the test's own: maxmemory is server-wide).
     client.config_set("maxmemory", 1)
     try:
         conn.execute(INSERT, ["refused"])
@@ -332,7 +340,7 @@ def test_a_notified_row_whose_enqueue_fails_is_drained_once_redis_takes_it(
     assert "notified_enqueue_failed rows=1" in caplog.text
     assert (turn.work, turn.claimed) == (Work.HINTS, 1)
     assert state_of(conn, "refused") == ("active", 1)
-    assert queued(env) == [job_id("photo.process", "refused", 1)]
+    assert queued(env, client) == [job_id("photo.process", "refused", 1)]
 
 
 def test_jobs_of_rows_named_by_a_stray_notification_are_withdrawn(
