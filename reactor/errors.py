@@ -12,8 +12,10 @@ __all__ = [
     "DatabaseError",
     "EnqueueError",
     "InvalidJobError",
+    "LockBusyError",
     "MigrationError",
     "PermanentError",
+    "PermissionDeniedError",
     "ReactorError",
     "SchemaError",
     "StatementError",
@@ -49,6 +51,14 @@ class InvalidJobError(ReactorError):
 class StatementError(DatabaseError):
     """A statement failed on a healthy connection (bad data, a constraint, a user's trigger):
     running it again will fail again, so the caller isolates it instead of reconnecting."""
+
+
+class LockBusyError(StatementError):
+    """A lock the statement asked for without waiting (`lock_timeout`, `NOWAIT`) is held."""
+
+
+class PermissionDeniedError(StatementError):
+    """The role may not run the statement (a missing GRANT)."""
 
 
 class EnqueueError(ReactorError):

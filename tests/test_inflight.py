@@ -17,6 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from reactor.errors import StatementError
 from reactor.worker.inflight import DONE, START, InFlight
 from reactor.worker.lifecycle import Store
 from tests.support.env import Env
@@ -213,7 +214,7 @@ def test_a_nul_character_is_not_sent(
     assert not inflight.in_flight
     assert state(conn) == ("active", 2)
     assert store.conn.info.backend_pid == session
-    with pytest.raises(psycopg.DataError):
+    with pytest.raises(StatementError, match="cannot contain NUL"):
         store.execute("SELECT %(photo_id)s::text", {"photo_id": "p1\x00x"})
 
 

@@ -258,7 +258,8 @@ def test_a_job_that_failed_in_rq_without_an_outcome_gets_rqs_error(
     state, last_error = row
     assert state == "failed"
     assert last_error == (
-        "job failed in RQ without recording an outcome: psycopg.errors.UndefinedTable: "
+        "job failed in RQ without recording an outcome: reactor.errors.StatementError: "
+        "worker query failed: "
         'relation "photo_jobs" does not exist: attempt 2 of 2'
     )
     assert "vanished" not in last_error
@@ -280,7 +281,8 @@ def test_the_sweep_records_rqs_error_on_a_re_dispatch(
     assert row == (
         "active",
         2,
-        "job failed in RQ without recording an outcome: psycopg.errors.UndefinedTable: "
+        "job failed in RQ without recording an outcome: reactor.errors.StatementError: "
+        "worker query failed: "
         'relation "photo_jobs" does not exist',
     )
 

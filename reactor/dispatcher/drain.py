@@ -39,7 +39,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
-import psycopg
 from psycopg.pq import TransactionStatus
 
 from reactor.dispatcher.metrics import Metrics
@@ -161,13 +160,13 @@ class Dispatcher:
         started = time.perf_counter()
         try:
             # Pipeline mode sends the BEGIN together with the claim: one round trip, not two.
-            with conn.pipeline():
-                cursor = conn.execute(query, params)
-            rows = cursor.fetchall()
-        except psycopg.Error as exc:
-            error = db.translate_error(exc, "claim failed", conn)
-            _abandon(conn)
-            raise error from exc
+            with db.translating("claim failed", conn):
+                with conn.pipeline():
+                    cursor = conn.execute(query, params)
+                rows = cursor.fetchall()
+        except DatabaseError:
+            db.abandon(conn)
+            raise
         self._metrics.claim_seconds.observe(time.perf_counter() - started)
         return rows
 
@@ -180,21 +179,21 @@ class Dispatcher:
             result = self._enqueuer.enqueue(refs)
         except EnqueueError:
             metrics.enqueue_failures.inc()
-            _abandon(conn)
+            db.abandon(conn)
             raise
         except BaseException:
-            _abandon(conn)
+            db.abandon(conn)
             raise
         if refs:
             metrics.enqueue_seconds.observe(time.perf_counter() - started)
         try:
-            if self._before_commit is not None:
-                self._before_commit()
-            conn.commit()
-        except psycopg.Error as exc:
-            error = db.translate_error(exc, "COMMIT failed", conn)
-            _abandon(conn)
-            raise error from exc
+            with db.translating("COMMIT failed", conn):
+                if self._before_commit is not None:
+                    self._before_commit()
+                conn.commit()
+        except DatabaseError:
+            db.abandon(conn)
+            raise
         for job_type, count in result.by_type.items():
             metrics.dispatched.labels(job_type).inc(count)
         if result.already_enqueued:
@@ -375,7 +374,7 @@ class Dispatcher:
         params = {"photo_ids": [r.photo_id for r in refs], "types": [r.type for r in refs]}
         started = time.perf_counter()
         try:
-            with conn.pipeline():
+            with db.translating("claim of notified rows failed", conn), conn.pipeline():
                 rows = conn.execute(queries.CLAIM_NOTIFIED, params).fetchall()
             found = {(t, p): (bool(here), bool(keep)) for t, p, here, keep in rows}
             claimed = [JobRef(t, p, 1) for (t, p), (here, _) in found.items() if here]
@@ -386,7 +385,8 @@ class Dispatcher:
                 if status not in ALIVE_STATUSES
             ]
             if ended:
-                conn.rollback()
+                with db.translating("rollback failed", conn):
+                    conn.rollback()
                 logger.info(
                     "notified_claim_dropped rows=%d ended=%s (jobs ended before the claim, "
                     "their rows inserted anew: left to the drains)",
@@ -396,18 +396,19 @@ class Dispatcher:
                 # Rolled back: the claimed rows are pending at token 0 again, and still keep.
                 unclaimed = {key: (False, keep) for key, (_, keep) in found.items()}
                 return unclaimed, {ref.type for ref in claimed}
-            conn.commit()
+            with db.translating("COMMIT of notified rows failed", conn):
+                conn.commit()
         except EnqueueError as exc:
-            _abandon(conn)
+            db.abandon(conn)
             self._claim_skipped(refs, exc)
             return None
-        except psycopg.Error as exc:
-            error = db.translate_error(exc, "claim of notified rows failed", conn)
-            _abandon(conn)
-            if not isinstance(error, StatementError):
-                raise error from exc
-            self._claim_skipped(refs, error)
+        except StatementError as exc:
+            db.abandon(conn)
+            self._claim_skipped(refs, exc)
             return None
+        except DatabaseError:
+            db.abandon(conn)
+            raise
         self._metrics.claim_seconds.observe(time.perf_counter() - started)
         return found, set()
 
@@ -586,13 +587,13 @@ class Dispatcher:
         except BaseException:
             # Whatever failed, no claim of this drain stays open: an open claim would be
             # committed by the next one, with no job behind its rows.
-            _abandon(conn)
+            db.abandon(conn)
             if ahead is not None and other is not None:
                 # Let the claim ahead finish, then give its rows back; the first failure is
                 # the one reported.
                 with contextlib.suppress(BaseException):
                     ahead.result()
-                _abandon(other)
+                db.abandon(other)
             raise
 
     def _other_connection(self, current: Connection) -> Connection | None:
@@ -646,15 +647,5 @@ def _require_idle(conn: Connection) -> None:
     """Refuse to claim on a connection whose transaction is open: another claim's, which would
     be committed with ours whether or not its jobs were enqueued. Its rows are given back."""
     if conn.info.transaction_status is not TransactionStatus.IDLE:
-        _abandon(conn)
+        db.abandon(conn)
         raise DatabaseError("claim refused: the connection was inside a transaction")
-
-
-def _abandon(conn: Connection) -> None:
-    """Roll back the open transaction, if the connection still allows it."""
-    if conn.closed or conn.broken:
-        return
-    try:
-        conn.rollback()
-    except psycopg.Error:
-        conn.close()

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import select
 import time
-
-import psycopg
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from reactor.dispatcher.doorbell import ArmOutcome, arm_outcome
-from reactor.errors import DatabaseError
+from reactor.errors import DatabaseError, LockBusyError
 from reactor.pg import queries
-from reactor.pg.db import Connection, connect, describe_error
+from reactor.pg.db import Connection, connect, translating
 
 __all__ = ["ARM_LOCK_TIMEOUT_MS", "CHANNEL", "LIVENESS_SECONDS", "Listener"]
 
@@ -62,20 +62,27 @@ class Listener:
             DatabaseError: the server could not be reached.
         """
         self.close()
-        conn = connect(self._url, autocommit=True, purpose="listener")
-        try:
-            conn.execute(queries.LISTEN)
-            conn.execute(queries.SET_LOCK_TIMEOUT, {"timeout": f"{ARM_LOCK_TIMEOUT_MS}ms"})
-        except psycopg.Error as exc:
-            conn.close()
-            raise DatabaseError(f"LISTEN failed: {describe_error(exc)}") from exc
-        self._conn = conn
+        self._conn = connect(self._url, autocommit=True, purpose="listener")
+        with self._closing_on_error("LISTEN failed"):
+            self._conn.execute(queries.LISTEN)
+            self._conn.execute(queries.SET_LOCK_TIMEOUT, {"timeout": f"{ARM_LOCK_TIMEOUT_MS}ms"})
         self._last_traffic = time.monotonic()
 
     def close(self) -> None:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+    @contextmanager
+    def _closing_on_error(self, what: str) -> Iterator[None]:
+        """Any failure of the block closes the connection (which releases the doorbell keys)
+        and leaves as `DatabaseError`: the caller reconnects, whatever the statement was."""
+        try:
+            with translating(what, self._conn):
+                yield
+        except DatabaseError as exc:
+            self.close()
+            raise DatabaseError(str(exc)) from exc
 
     def lock_doorbell(self) -> ArmOutcome:
         """Take every doorbell key in exclusive mode, waiting at most `ARM_LOCK_TIMEOUT_MS`
@@ -86,25 +93,24 @@ class Listener:
         """
         conn = self._require()
         try:
-            row = conn.execute(queries.DOORBELL_TRY_ARM).fetchone()
-            if row is not None and row[0]:
-                return ArmOutcome.ARMED
-            try:
-                # Queue behind the writers in flight (new writers notify while we wait).
-                conn.execute(queries.DOORBELL_ARM)
-                return ArmOutcome.ARMED
-            except psycopg.errors.LockNotAvailable:
-                pass
-            # Timed out: who holds the keys now decides the outcome.
-            held_here, held_elsewhere, stripes = conn.execute(
-                queries.DOORBELL_HOLDERS
-            ).fetchone() or (0, False, 1)
-            outcome = arm_outcome(held_here, held_elsewhere, stripes)
-            if outcome is not ArmOutcome.ARMED:
-                conn.execute(queries.DOORBELL_RELEASE)  # a partial arm: give back what we got
-        except psycopg.Error as exc:
-            self.close()
-            raise DatabaseError(f"listener connection lost: {describe_error(exc)}") from exc
+            with self._closing_on_error("listener connection lost"):
+                row = conn.execute(queries.DOORBELL_TRY_ARM).fetchone()
+                if row is not None and row[0]:
+                    return ArmOutcome.ARMED
+                try:
+                    # Queue behind the writers in flight (new writers notify while we wait).
+                    with translating("doorbell arm"):
+                        conn.execute(queries.DOORBELL_ARM)
+                    return ArmOutcome.ARMED
+                except LockBusyError:
+                    pass
+                # Timed out: who holds the keys now decides the outcome.
+                held_here, held_elsewhere, stripes = conn.execute(
+                    queries.DOORBELL_HOLDERS
+                ).fetchone() or (0, False, 1)
+                outcome = arm_outcome(held_here, held_elsewhere, stripes)
+                if outcome is not ArmOutcome.ARMED:
+                    conn.execute(queries.DOORBELL_RELEASE)  # a partial arm: give back the rest
         finally:
             self._last_traffic = time.monotonic()
         return outcome
@@ -116,11 +122,8 @@ class Listener:
             DatabaseError: the connection failed; it is closed (which releases the lock too).
         """
         conn = self._require()
-        try:
+        with self._closing_on_error("listener connection lost"):
             conn.execute(queries.DOORBELL_RELEASE)
-        except psycopg.Error as exc:
-            self.close()
-            raise DatabaseError(f"listener connection lost: {describe_error(exc)}") from exc
         self._last_traffic = time.monotonic()
 
     def _require(self) -> Connection:
@@ -138,7 +141,7 @@ class Listener:
             DatabaseError: the connection failed; it is closed.
         """
         conn = self._require()
-        try:
+        with self._closing_on_error("listener connection lost"):
             payloads = [n.payload for n in conn.notifies(timeout=0)]
             if not payloads:
                 ready, _, _ = select.select([conn.fileno(), wake_fd], [], [], max(0.0, timeout))
@@ -150,7 +153,4 @@ class Listener:
             elif now - self._last_traffic >= LIVENESS_SECONDS:
                 conn.execute(queries.PING)
                 self._last_traffic = now
-        except psycopg.Error as exc:
-            self.close()
-            raise DatabaseError(f"listener connection lost: {describe_error(exc)}") from exc
         return payloads

@@ -54,7 +54,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from http.server import ThreadingHTTPServer
 
-import psycopg
 import redis
 import tenacity
 from redis.backoff import NoBackoff
@@ -620,11 +619,8 @@ class Reactor:
         becomes due (None: no such row)."""
         conn = self._work
         assert conn is not None
-        try:
-            with conn.transaction():
-                row = conn.execute(queries.NEXT_DUE_IN, {"types": list(self.routes)}).fetchone()
-        except psycopg.Error as exc:
-            raise db.translate_error(exc, "next-due query failed", conn) from exc
+        with db.translating("next-due query failed", conn), conn.transaction():
+            row = conn.execute(queries.NEXT_DUE_IN, {"types": list(self.routes)}).fetchone()
         if row is None or row[0] is None:
             return None
         return time.monotonic() + max(0.0, float(row[0]))

@@ -17,12 +17,10 @@ import threading
 import time
 from dataclasses import dataclass
 
-import psycopg
-
 from reactor.dispatcher.metrics import Metrics
-from reactor.errors import DatabaseError, ReactorError
+from reactor.errors import ReactorError
 from reactor.pg import db, queries
-from reactor.pg.db import Connection, describe_error
+from reactor.pg.db import Connection, translating
 from reactor.settings import DEFAULT_PRUNE_BATCH_SIZE
 
 __all__ = [
@@ -117,14 +115,11 @@ class Pruner:
         batches = 0
         for state, age in self._ages:
             while not self._stop.is_set():
-                try:
-                    with conn.transaction():
-                        count = conn.execute(
-                            queries.PRUNE_FINISHED,
-                            {"state": state, "age": age, "limit": self._batch_size},
-                        ).rowcount
-                except psycopg.Error as exc:
-                    raise DatabaseError(f"prune batch failed: {describe_error(exc)}") from exc
+                with translating("prune batch failed"), conn.transaction():
+                    count = conn.execute(
+                        queries.PRUNE_FINISHED,
+                        {"state": state, "age": age, "limit": self._batch_size},
+                    ).rowcount
                 batches += 1
                 deleted[state] += count
                 if self._metrics is not None and count:

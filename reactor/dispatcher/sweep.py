@@ -38,14 +38,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-import psycopg
-
 from reactor.dispatcher.drain import BatchResult, Dispatcher
 from reactor.dispatcher.metrics import Metrics
 from reactor.errors import EnqueueError, StatementError
 from reactor.jobs import JobRef, short_id
 from reactor.pg import queries
-from reactor.pg.db import Connection, translate_error
+from reactor.pg.db import Connection, translating
 from reactor.routes import Route
 from reactor.rq.state import ALIVE_STATUSES, FAILED, QUEUED, STARTED, RqState
 from reactor.settings import DEFAULT_GONE_AFTER_SECONDS
@@ -197,7 +195,7 @@ class Sweeper:
         """
         conn = self._conn
         dead_rows = lost_rows = BatchResult()
-        try:
+        with translating("rescue pass failed", conn):
             with conn.transaction():
                 row = conn.execute(queries.DATABASE_NOW).fetchone()
             until: datetime = row[0] if row else datetime.max
@@ -283,8 +281,6 @@ class Sweeper:
                     gone[start : start + self._batch_size],
                     _JOB_LOST,
                 )
-        except psycopg.Error as exc:
-            raise translate_error(exc, "rescue pass failed", conn) from exc
         rescued, lost = dead_rows.claimed, lost_rows.claimed
         failed = dead_rows.failed + lost_rows.failed
         if rescued or lost or failed:
@@ -344,12 +340,9 @@ class Sweeper:
         """Set the backlog and oldest-due gauges. Counting is O(pending + active rows), so the
         loop does it after a sweep only when metrics are served, not as part of the sweep."""
         conn = self._conn
-        try:
-            with conn.transaction():
-                backlog = conn.execute(queries.BACKLOG).fetchall()
-                ages = conn.execute(queries.OLDEST_DUE_AGE, {"types": self._types}).fetchall()
-        except psycopg.Error as exc:
-            raise translate_error(exc, "backlog query failed", conn) from exc
+        with translating("backlog query failed", conn), conn.transaction():
+            backlog = conn.execute(queries.BACKLOG).fetchall()
+            ages = conn.execute(queries.OLDEST_DUE_AGE, {"types": self._types}).fetchall()
         # Routed types by name, the rest summed under one label: series stay bounded whatever
         # types the table holds.
         counts: dict[tuple[str, str], int] = {
@@ -366,11 +359,8 @@ class Sweeper:
 
     def _unrouted_types(self) -> list[str]:
         conn = self._conn
-        try:
-            with conn.transaction():
-                types = [row[0] for row in conn.execute(queries.PENDING_TYPES)]
-        except psycopg.Error as exc:
-            raise translate_error(exc, "pending-types query failed", conn) from exc
+        with translating("pending-types query failed", conn), conn.transaction():
+            types = [row[0] for row in conn.execute(queries.PENDING_TYPES)]
         unrouted = [t for t in types if t not in self._routes]
         new = [t for t in unrouted if t not in self._warned_unrouted]
         # Bounded memory and log: names are remembered up to a cap, a few are logged by name,

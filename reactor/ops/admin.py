@@ -12,11 +12,9 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import psycopg
-
-from reactor.errors import ConfigError, DatabaseError
+from reactor.errors import ConfigError
 from reactor.pg import queries
-from reactor.pg.db import Connection, describe_error
+from reactor.pg.db import Connection, translating
 
 __all__ = [
     "PruneResult",
@@ -50,22 +48,17 @@ def parse_duration(text: str) -> float:
 
 def _batched(conn: Connection, query: str, params: dict[str, object], limit: int) -> int:
     total = 0
-    try:
-        while True:
-            with conn.transaction():
-                count = conn.execute(query, {**params, "limit": limit}).rowcount
-            total += count
-            if count < limit:
-                return total
-    except psycopg.Error as exc:
-        raise DatabaseError(f"batch failed after {total} rows: {describe_error(exc)}") from exc
+    while True:
+        with translating(f"batch failed after {total} rows"), conn.transaction():
+            count = conn.execute(query, {**params, "limit": limit}).rowcount
+        total += count
+        if count < limit:
+            return total
 
 
 def _count_older(conn: Connection, state: str, age: float) -> int:
-    try:
+    with translating(f"cannot count {state} rows"):
         row = conn.execute(queries.COUNT_FINISHED, {"state": state, "age": age}).fetchone()
-    except psycopg.Error as exc:
-        raise DatabaseError(f"cannot count {state} rows: {describe_error(exc)}") from exc
     return 0 if row is None else int(row[0])
 
 
@@ -85,15 +78,12 @@ def requeue_photos(
 ) -> int:
     """Move the `done`/`failed` rows of these photos back to `pending`; rows moved."""
     total = 0
-    try:
-        for start in range(0, len(photo_ids), batch_size):
-            chunk = list(photo_ids[start : start + batch_size])
-            with conn.transaction():
-                total += conn.execute(
-                    queries.REQUEUE_PHOTOS, {"photo_ids": chunk, "type": job_type}
-                ).rowcount
-    except psycopg.Error as exc:
-        raise DatabaseError(f"requeue failed after {total} rows: {describe_error(exc)}") from exc
+    for start in range(0, len(photo_ids), batch_size):
+        chunk = list(photo_ids[start : start + batch_size])
+        with translating(f"requeue failed after {total} rows"), conn.transaction():
+            total += conn.execute(
+                queries.REQUEUE_PHOTOS, {"photo_ids": chunk, "type": job_type}
+            ).rowcount
     return total
 
 
@@ -101,16 +91,13 @@ def missing_photo_ids(
     conn: Connection, photo_ids: Sequence[str], job_type: str | None = None
 ) -> list[str]:
     """The given photo ids that have no row (of `job_type`, if given), in the order given."""
-    try:
-        with conn.transaction():
-            found = {
-                row[0]
-                for row in conn.execute(
-                    queries.FOUND_PHOTO_IDS, {"photo_ids": list(photo_ids), "type": job_type}
-                )
-            }
-    except psycopg.Error as exc:
-        raise DatabaseError(f"cannot look the photos up: {describe_error(exc)}") from exc
+    with translating("cannot look the photos up"), conn.transaction():
+        found = {
+            row[0]
+            for row in conn.execute(
+                queries.FOUND_PHOTO_IDS, {"photo_ids": list(photo_ids), "type": job_type}
+            )
+        }
     return [p for p in dict.fromkeys(photo_ids) if p not in found]
 
 

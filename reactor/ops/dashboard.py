@@ -34,11 +34,10 @@ from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-import psycopg
 from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup
 
-from reactor.errors import ConfigError, ReactorError
+from reactor.errors import ConfigError, DatabaseError, ReactorError
 from reactor.ops.charts import per_minute_chart
 from reactor.ops.overview import Overview, read_overview
 from reactor.ops.status import read_done_counts
@@ -200,10 +199,7 @@ class Dashboard:
         """Raises:
         ConfigError: a URL is malformed (checked here: the servers may be down).
         """
-        try:
-            psycopg.conninfo.conninfo_to_dict(database_url)
-        except psycopg.ProgrammingError:
-            raise ConfigError("bad database URL (not shown: it may hold a password)") from None
+        db.check_url(database_url)
         self._database_url = database_url
         self._redis = connect_redis(redis_url)
         self._routes = routes
@@ -267,8 +263,9 @@ class Dashboard:
             # Never left idle in a transaction (it would hold back vacuum) between reads.
             if not conn.closed and not conn.broken:
                 try:
-                    conn.rollback()
-                except psycopg.Error:
+                    with db.translating("rollback failed"):
+                        conn.rollback()
+                except DatabaseError:
                     self._drop_connection()
 
     def _recent_done_counts(self, conn: db.Connection) -> dict[str, int]:

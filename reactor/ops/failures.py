@@ -15,12 +15,9 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-import psycopg
-
-from reactor.errors import DatabaseError
 from reactor.ops.terminal import shorten, visible
 from reactor.pg import queries
-from reactor.pg.db import Connection, describe_error
+from reactor.pg.db import Connection, translating
 from reactor.redact import redact
 
 __all__ = ["Failure", "Failures", "format_failures", "read_failures"]
@@ -69,15 +66,12 @@ def read_failures(conn: Connection, job_type: str | None, limit: int) -> Failure
         DatabaseError: a query failed.
     """
     params = {"type": job_type, "limit": limit}
-    try:
-        with conn.transaction():
-            rows = conn.execute(queries.FAILURES, params).fetchall()
-            total = len(rows)
-            if total == limit:
-                found = conn.execute(queries.FAILURES_COUNT, params).fetchone()
-                total = int(found[0]) if found else total
-    except psycopg.Error as exc:
-        raise DatabaseError(f"failures query failed: {describe_error(exc)}") from exc
+    with translating("failures query failed"), conn.transaction():
+        rows = conn.execute(queries.FAILURES, params).fetchall()
+        total = len(rows)
+        if total == limit:
+            found = conn.execute(queries.FAILURES_COUNT, params).fetchone()
+            total = int(found[0]) if found else total
     return Failures([Failure(*row) for row in rows], max(0, total - len(rows)))
 
 

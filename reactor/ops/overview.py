@@ -22,14 +22,12 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-import psycopg
 import redis
 from rq import Queue, Worker
 
-from reactor.errors import DatabaseError
 from reactor.ops.status import Status, read_status
 from reactor.pg import queries
-from reactor.pg.db import Connection, describe_error
+from reactor.pg.db import Connection, translating
 from reactor.redact import redact
 from reactor.routes import Route
 
@@ -174,24 +172,21 @@ def read_overview(
     status = read_status(conn, stale_after_seconds, done_counts=done_counts)
     # The routes given to the dashboard, else those the reactors recorded (status lists them).
     routes = routes or {r.route.type: r.route for r in status.routes}
-    try:
-        with conn.transaction():
-            row = conn.execute(queries.CURRENT_MINUTE).fetchone()
-            assert row is not None
-            now, minute = row
-            finished = _finished(conn, minute)
-            failures = [
-                Failure(t, p, s, a, m, redact(e or ""), u.isoformat(), n)
-                for t, p, s, a, m, e, u, n in conn.execute(
-                    queries.RECENT_FAILURES, {"limit": FAILURES_SHOWN}
-                )
-            ]
-            reactors = [
-                ReactorSession(int(pid), role, addr, since.isoformat(), bool(armed))
-                for pid, role, addr, since, armed in conn.execute(queries.REACTOR_SESSIONS)
-            ]
-    except psycopg.Error as exc:
-        raise DatabaseError(f"dashboard query failed: {describe_error(exc)}") from exc
+    with translating("dashboard query failed"), conn.transaction():
+        row = conn.execute(queries.CURRENT_MINUTE).fetchone()
+        assert row is not None
+        now, minute = row
+        finished = _finished(conn, minute)
+        failures = [
+            Failure(t, p, s, a, m, redact(e or ""), u.isoformat(), n)
+            for t, p, s, a, m, e, u, n in conn.execute(
+                queries.RECENT_FAILURES, {"limit": FAILURES_SHOWN}
+            )
+        ]
+        reactors = [
+            ReactorSession(int(pid), role, addr, since.isoformat(), bool(armed))
+            for pid, role, addr, since, armed in conn.execute(queries.REACTOR_SESSIONS)
+        ]
     generated = now.isoformat()
     try:
         return Overview(generated, status, finished, failures, reactors, _queues(client, routes))

@@ -20,11 +20,9 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-import psycopg
-
-from reactor.errors import ConfigError, DatabaseError
+from reactor.errors import ConfigError
 from reactor.pg import queries
-from reactor.pg.db import Connection, describe_error
+from reactor.pg.db import Connection, translating
 from reactor.validate import is_valid_type
 
 __all__ = [
@@ -84,11 +82,8 @@ def check_types(conn: Connection, types: Sequence[str], routed: Collection[str])
     wanted = _check_format(types)
     unrouted = [t for t in wanted if t not in routed]
     if unrouted:
-        try:
-            with conn.transaction():
-                known = {row[0] for row in conn.execute(queries.KNOWN_TYPES, {"types": unrouted})}
-        except psycopg.Error as exc:
-            raise DatabaseError(f"type lookup failed: {describe_error(exc)}") from exc
+        with translating("type lookup failed"), conn.transaction():
+            known = {row[0] for row in conn.execute(queries.KNOWN_TYPES, {"types": unrouted})}
         unknown = [t for t in unrouted if t not in known]
         if unknown:
             raise ConfigError(
@@ -108,16 +103,11 @@ def pause_types(
         DatabaseError: the statement failed; nothing was paused.
     """
     wanted = check_types(conn, types, routed)
-    try:
-        with conn.transaction():
-            paused = {
-                row[0]
-                for row in conn.execute(
-                    queries.PAUSE_TYPES, {"types": wanted, "paused_by": paused_by}
-                )
-            }
-    except psycopg.Error as exc:
-        raise DatabaseError(f"pause failed: {describe_error(exc)}") from exc
+    with translating("pause failed"), conn.transaction():
+        paused = {
+            row[0]
+            for row in conn.execute(queries.PAUSE_TYPES, {"types": wanted, "paused_by": paused_by})
+        }
     return PauseResult([t for t in wanted if t in paused], [t for t in wanted if t not in paused])
 
 
@@ -129,11 +119,8 @@ def resume_types(conn: Connection, types: Sequence[str], routed: Collection[str]
         DatabaseError: the statement failed; nothing was resumed.
     """
     wanted = check_types(conn, types, routed)
-    try:
-        with conn.transaction():
-            resumed = {row[0] for row in conn.execute(queries.RESUME_TYPES, {"types": wanted})}
-    except psycopg.Error as exc:
-        raise DatabaseError(f"resume failed: {describe_error(exc)}") from exc
+    with translating("resume failed"), conn.transaction():
+        resumed = {row[0] for row in conn.execute(queries.RESUME_TYPES, {"types": wanted})}
     return PauseResult([t for t in wanted if t in resumed], [t for t in wanted if t not in resumed])
 
 

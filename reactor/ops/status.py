@@ -17,15 +17,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import psycopg
 import redis
 
-from reactor.errors import DatabaseError, EnqueueError
+from reactor.errors import EnqueueError
 from reactor.jobs import JobRef
 from reactor.ops.pause import PausedType, paused_types
 from reactor.ops.terminal import visible
 from reactor.pg import queries
-from reactor.pg.db import Connection, describe_error
+from reactor.pg.db import Connection, translating
 from reactor.pg.registry import RecordedRoute, read_recorded_routes
 from reactor.redact import redact
 from reactor.routes import format_route
@@ -94,11 +93,8 @@ def read_done_counts(conn: Connection) -> dict[str, int]:
     Raises:
         DatabaseError: the query failed.
     """
-    try:
-        with conn.transaction():
-            return _done_counts(conn)
-    except psycopg.Error as exc:
-        raise DatabaseError(f"status query failed: {describe_error(exc)}") from exc
+    with translating("status query failed"), conn.transaction():
+        return _done_counts(conn)
 
 
 def _done_counts(conn: Connection) -> dict[str, int]:
@@ -123,35 +119,32 @@ def read_status(
     """
     routes = read_recorded_routes(conn)
     routed = {r.route.type for r in routes}
-    try:
-        with conn.transaction():
-            counts: dict[str, dict[str, int]] = {}
-            for job_type, state, count in conn.execute(queries.STATUS_COUNTS):
-                counts.setdefault(job_type, dict.fromkeys(_STATES, 0))[state] = int(count)
-            if done_counts is None:
-                done_counts = _done_counts(conn)
-            for job_type, count in done_counts.items():
-                counts.setdefault(job_type, dict.fromkeys(_STATES, 0))["done"] = count
-            pending_types = [row[0] for row in conn.execute(queries.PENDING_TYPES)]
-            paused = paused_types(conn)
-            paused_names = {p.type for p in paused}
-            all_types = sorted(set(counts) | set(routed) | paused_names)
-            rows = conn.execute(
-                queries.STATUS_PER_TYPE, {"types": all_types, "stale_after": stale_after_seconds}
-            ).fetchall()
-            quiet = [
-                JobRef(t, p, int(token))
-                for t, p, token in conn.execute(
-                    queries.QUIET_ACTIVE,
-                    {
-                        "types": all_types,
-                        "gone_after": min(gone_after_seconds, stale_after_seconds),
-                        "limit": MAX_WORKER_CHECKS,
-                    },
-                )
-            ]
-    except psycopg.Error as exc:
-        raise DatabaseError(f"status query failed: {describe_error(exc)}") from exc
+    with translating("status query failed"), conn.transaction():
+        counts: dict[str, dict[str, int]] = {}
+        for job_type, state, count in conn.execute(queries.STATUS_COUNTS):
+            counts.setdefault(job_type, dict.fromkeys(_STATES, 0))[state] = int(count)
+        if done_counts is None:
+            done_counts = _done_counts(conn)
+        for job_type, count in done_counts.items():
+            counts.setdefault(job_type, dict.fromkeys(_STATES, 0))["done"] = count
+        pending_types = [row[0] for row in conn.execute(queries.PENDING_TYPES)]
+        paused = paused_types(conn)
+        paused_names = {p.type for p in paused}
+        all_types = sorted(set(counts) | set(routed) | paused_names)
+        rows = conn.execute(
+            queries.STATUS_PER_TYPE, {"types": all_types, "stale_after": stale_after_seconds}
+        ).fetchall()
+        quiet = [
+            JobRef(t, p, int(token))
+            for t, p, token in conn.execute(
+                queries.QUIET_ACTIVE,
+                {
+                    "types": all_types,
+                    "gone_after": min(gone_after_seconds, stale_after_seconds),
+                    "limit": MAX_WORKER_CHECKS,
+                },
+            )
+        ]
     gone: dict[str, int] | None = None
     redis_error = None
     if client is not None:

@@ -27,21 +27,31 @@ another server session, where a statement prepared earlier does not exist.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 
-from reactor.errors import ConfigError, DatabaseError, SchemaError, StatementError
+from reactor.errors import (
+    ConfigError,
+    DatabaseError,
+    LockBusyError,
+    PermissionDeniedError,
+    SchemaError,
+    StatementError,
+)
 from reactor.pg import queries
 from reactor.redact import ambiguous_userinfo, redact
 
 __all__ = [
     "LATEST_SCHEMA_VERSION",
     "Connection",
+    "abandon",
     "check_schema",
+    "check_url",
     "connect",
     "describe_error",
     "is_connection_failure",
@@ -51,6 +61,7 @@ __all__ = [
     "schema_version",
     "set_prepared_statements",
     "translate_error",
+    "translating",
 ]
 
 #: The migration version this release of the code needs (the last file in sql/).
@@ -158,6 +169,35 @@ def translate_error(exc: psycopg.Error, what: str, conn: Connection | None = Non
     return DatabaseError(message) if lost else StatementError(message)
 
 
+@contextmanager
+def translating(what: str, conn: Connection | None = None) -> Iterator[None]:
+    """Run statements; a psycopg error among them leaves as the project's (`translate_error`),
+    so callers above `reactor.pg` catch `DatabaseError` / `StatementError` only.
+
+    Raises:
+        DatabaseError: the connection is lost (reconnect).
+        StatementError: a statement failed on a healthy connection.
+    """
+    try:
+        yield
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise PermissionDeniedError(f"{what}: {describe_error(exc)}") from exc
+    except psycopg.errors.LockNotAvailable as exc:
+        raise LockBusyError(f"{what}: {describe_error(exc)}") from exc
+    except psycopg.Error as exc:
+        raise translate_error(exc, what, conn) from exc
+
+
+def abandon(conn: Connection) -> None:
+    """Roll back the open transaction, if the connection still allows it (else close it)."""
+    if conn.closed or conn.broken:
+        return
+    try:
+        conn.rollback()
+    except psycopg.Error:
+        conn.close()
+
+
 def connect(
     url: str,
     *,
@@ -175,13 +215,7 @@ def connect(
         ConfigError: the URL is malformed (a retry cannot help).
         DatabaseError: the server could not be reached, refused us, or is read-only.
     """
-    if ambiguous_userinfo(url):
-        raise ConfigError(f"bad database URL: {_AMBIGUOUS}")
-    try:
-        params = conninfo_to_dict(url)
-    except psycopg.ProgrammingError as exc:
-        raise ConfigError(f"bad database URL: {describe_error(exc)}") from None
-    _check_hosts(params)
+    params = check_url(url)
     extra: dict[str, Any] = {}
     # libpq skips read-only hosts of a multi-host URL itself when asked to.
     wanted = params.get("target_session_attrs") or os.environ.get("PGTARGETSESSIONATTRS")
@@ -206,6 +240,22 @@ def connect(
     if idle_in_transaction_seconds is not None:
         _end_idle_transactions(conn, idle_in_transaction_seconds)
     return conn
+
+
+def check_url(url: str) -> dict[str, Any]:
+    """The connection parameters of `url`, checked without connecting (a server may be down).
+
+    Raises:
+        ConfigError: the URL is malformed; the message never shows it (it may hold a password).
+    """
+    if ambiguous_userinfo(url):
+        raise ConfigError(f"bad database URL: {_AMBIGUOUS}")
+    try:
+        params = conninfo_to_dict(url)
+    except psycopg.ProgrammingError as exc:
+        raise ConfigError(f"bad database URL: {describe_error(exc)}") from None
+    _check_hosts(params)
+    return params
 
 
 def _end_idle_transactions(conn: Connection, seconds: float) -> None:

@@ -38,11 +38,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import psycopg
-
 from reactor.errors import ConfigError, DatabaseError
 from reactor.pg import queries
-from reactor.pg.db import Connection, describe_error, translate_error
+from reactor.pg.db import Connection, translating
 from reactor.routes import Route, format_route, recorded_route
 
 __all__ = [
@@ -77,11 +75,8 @@ def read_recorded_routes(conn: Connection) -> list[RecordedRoute]:
     Raises:
         DatabaseError: the query failed.
     """
-    try:
-        with conn.transaction():
-            rows = conn.execute(queries.RECORDED_ROUTES).fetchall()
-    except psycopg.Error as exc:
-        raise DatabaseError(f"cannot read the routes: {describe_error(exc)}") from exc
+    with translating("cannot read the routes"), conn.transaction():
+        rows = conn.execute(queries.RECORDED_ROUTES).fetchall()
     return [
         RecordedRoute(Route(t, h, q), at, int(live), by or "") for t, h, q, at, live, by in rows
     ]
@@ -133,23 +128,20 @@ class RouteRegistration:
             "registered_by": self.registered_by,
             **self._params(),
         }
-        try:
-            with conn.transaction():
-                conn.execute(queries.LOCK_ROUTES)
-                conflicts = conn.execute(queries.LIVE_ROUTE_CONFLICTS, params).fetchall()
-                if not conflicts:
-                    row = conn.execute(queries.ROUTES_LOCK_TRY, params).fetchone()
-                    if not (row and row[0]):
-                        # Another session holds this key (a random one's, or our own old
-                        # session's behind a pooler): take another; our old rows go below.
-                        self.lock_key = random.randint(1, _LOCK_KEY_MAX)
-                        self._own_keys.append(self.lock_key)
-                        params.update(self._params())
-                        conn.execute(queries.ROUTES_LOCK_TRY, params)
-                    conn.execute(queries.FORGET_DEAD_ROUTES, params)
-                    conn.execute(queries.RECORD_ROUTE, params)
-        except psycopg.Error as exc:
-            raise DatabaseError(f"cannot record the routes: {describe_error(exc)}") from exc
+        with translating("cannot record the routes"), conn.transaction():
+            conn.execute(queries.LOCK_ROUTES)
+            conflicts = conn.execute(queries.LIVE_ROUTE_CONFLICTS, params).fetchall()
+            if not conflicts:
+                row = conn.execute(queries.ROUTES_LOCK_TRY, params).fetchone()
+                if not (row and row[0]):
+                    # Another session holds this key (a random one's, or our own old
+                    # session's behind a pooler): take another; our old rows go below.
+                    self.lock_key = random.randint(1, _LOCK_KEY_MAX)
+                    self._own_keys.append(self.lock_key)
+                    params.update(self._params())
+                    conn.execute(queries.ROUTES_LOCK_TRY, params)
+                conn.execute(queries.FORGET_DEAD_ROUTES, params)
+                conn.execute(queries.RECORD_ROUTE, params)
         if not conflicts:
             self._own_keys = [self.lock_key]  # the rows under older keys are gone now
             return
@@ -174,25 +166,22 @@ class RouteRegistration:
             DatabaseError: Postgres failed.
         """
         params = self._params()
-        try:
-            with conn.transaction():
-                row = conn.execute(queries.ROUTES_KEPT, params).fetchone()
-                if row == (len(self.routes), True):
-                    return
-                conn.execute(queries.ROUTES_LOCK_TIMEOUT)
-                conn.execute(queries.LOCK_ROUTES)  # no registration judges us meanwhile
-                row = conn.execute(queries.ROUTES_KEPT, params).fetchone()
-                recorded = row is not None and row[0] == len(self.routes)
-                lock = None
-                if recorded:
-                    kept = conn.execute(queries.ROUTES_LOCK_KEEP, params).fetchone()
-                    lock = kept[0] if kept else None
-                    if lock == "taken":
-                        # Behind a pooler this is another server session than the one that
-                        # took the lock before: only the recorded backend's hold counts.
-                        conn.execute(queries.ROUTES_LOCK_OWNER, params)
-        except psycopg.Error as exc:
-            raise translate_error(exc, "cannot keep the routes live", conn) from exc
+        with translating("cannot keep the routes live", conn), conn.transaction():
+            row = conn.execute(queries.ROUTES_KEPT, params).fetchone()
+            if row == (len(self.routes), True):
+                return
+            conn.execute(queries.ROUTES_LOCK_TIMEOUT)
+            conn.execute(queries.LOCK_ROUTES)  # no registration judges us meanwhile
+            row = conn.execute(queries.ROUTES_KEPT, params).fetchone()
+            recorded = row is not None and row[0] == len(self.routes)
+            lock = None
+            if recorded:
+                kept = conn.execute(queries.ROUTES_LOCK_KEEP, params).fetchone()
+                lock = kept[0] if kept else None
+                if lock == "taken":
+                    # Behind a pooler this is another server session than the one that
+                    # took the lock before: only the recorded backend's hold counts.
+                    conn.execute(queries.ROUTES_LOCK_OWNER, params)
         if not recorded or lock == "refused":
             # Refused: another session holds our key; `register` takes a new one.
             logger.warning("routes_recorded_again lock_key=%d", self.lock_key)
@@ -203,9 +192,9 @@ class RouteRegistration:
         the last ones used); whether the mark was written."""
         params = self._params()
         try:
-            with conn.transaction():
+            with translating("route release failed"), conn.transaction():
                 conn.execute(queries.ROUTES_STOPPED, params)
                 conn.execute(queries.ROUTES_UNLOCK, params)
-        except psycopg.Error:
+        except DatabaseError:
             return False
         return True

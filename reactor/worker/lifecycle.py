@@ -44,10 +44,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import psycopg
 import tenacity
 
-from reactor.errors import DatabaseError
+from reactor.errors import DatabaseError, StatementError
 from reactor.jobs import JobRef, short_id, warm_up_ref
 from reactor.pg import db, queries
 from reactor.redact import redact
@@ -140,7 +139,8 @@ class Store:
         self._conn: db.Connection | None = None
         # Built once: it sits on the path of every job.
         self._retrying = tenacity.Retrying(
-            retry=tenacity.retry_if_exception_type(DatabaseError),
+            retry=tenacity.retry_if_exception_type(DatabaseError)
+            & tenacity.retry_if_not_exception_type(StatementError),
             wait=tenacity.wait_random_exponential(multiplier=0.2, max=5),
             stop=tenacity.stop_after_attempt(6),
             reraise=True,
@@ -169,18 +169,19 @@ class Store:
         """Run one statement once; (rows changed, first row).
 
         Raises:
+            StatementError: the statement failed on a healthy connection.
             DatabaseError: the connection failed (it is closed; the next call reconnects).
         """
         try:
-            cursor = self.conn.execute(query, params)
-            return cursor.rowcount, cursor.fetchone() if cursor.description else None
-        except psycopg.Error as exc:
-            # A lost session, or a server that became read-only (a failover): reconnect. Any
-            # other error is the statement's own and is raised as it is.
-            if not db.is_connection_failure(exc):
-                raise
+            with db.translating("worker query failed"):
+                cursor = self.conn.execute(query, params)
+                return cursor.rowcount, cursor.fetchone() if cursor.description else None
+        except StatementError:
+            raise  # the statement's own failure: retrying it cannot help
+        except DatabaseError:
+            # A lost session, or a server that became read-only (a failover): reconnect.
             self.close()
-            raise DatabaseError(f"worker query failed: {db.describe_error(exc)}") from exc
+            raise
 
     def execute(self, query: str, params: dict[str, Any]) -> tuple[int, tuple[Any, ...] | None]:
         """`execute_once`, retried with backoff on connection failures (about 15 s in all).
@@ -191,6 +192,8 @@ class Store:
         try:
             # The first try outside tenacity: its bookkeeping would be paid on every job.
             return self.execute_once(query, params)
+        except StatementError:
+            raise
         except DatabaseError:
             pass
         return self._retrying(self.execute_once, query, params)
@@ -275,7 +278,7 @@ def recheck(store: Store, settings: WorkerSettings, ref: JobRef) -> Started | No
             if row is not None:
                 return Started(int(row[0]), int(row[1]))
             why = "row moved on again"
-    except (DatabaseError, psycopg.Error) as exc:
+    except DatabaseError as exc:
         logger.warning("attempt_skipped %s (row state unknown: %s)", describe(ref), error_text(exc))
         return None
     logger.info("attempt_skipped %s (%s)", describe(ref), why)
