@@ -220,7 +220,7 @@ def test_failures_shows_the_latest_failed_and_retried_rows(env: Env) -> None:
 
 def test_the_demo_route_is_only_used_where_named() -> None:
     # The test harness names it for its processes; the reactor never defaults to it.
-    from reactor.cli.main import resolve_routes
+    from reactor.cli.options import resolve_routes
 
     assert resolve_routes((), {}) == {}
     assert resolve_routes((), {"REACTOR_ROUTES": " "}) == {}

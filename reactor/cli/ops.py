@@ -1,0 +1,304 @@
+"""The operator commands of `reactor`: status, failures, pause, resume, requeue, prune, submit
+and dashboard. They read and write the table only through `reactor.ops` and never dispatch."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import click
+
+from reactor.cli.options import (
+    connect_migrated,
+    database_option,
+    duration,
+    gone_option,
+    redis_option,
+    resolve_routes,
+    routes_option,
+    stale_option,
+)
+from reactor.errors import ConfigError
+from reactor.ops import admin
+from reactor.ops.failures import format_failures, read_failures
+from reactor.ops.pause import pause_types, resume_types, who
+from reactor.ops.status import format_status, read_status
+from reactor.pg import db
+from reactor.pg.registry import load_routes
+from reactor.producer import DEFAULT_JOB_TYPE, submit_many
+from reactor.routes import Route
+from reactor.signals import Stopper
+from reactor.validate import validate_job
+
+__all__ = ["OPS_COMMANDS"]
+
+logger = logging.getLogger(__name__)
+
+#: `reactor status` gives up on a Redis that does not answer within this long (seconds), and
+#: prints the rest.
+STATUS_REDIS_TIMEOUT_SECONDS = 5.0
+
+
+@click.command()
+@database_option
+@redis_option
+@stale_option
+@gone_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def status(
+    database_url: str, redis_url: str, stale_after: float, gone_after: float, as_json: bool
+) -> None:
+    """Show counts by type and state, backlog age, retries, stale rows and rows whose RQ worker
+    is gone, the routes the reactors use, unrouted types."""
+    from reactor.rq.redis_url import connect_redis  # noqa: PLC0415 - only this command's Redis
+
+    client = connect_redis(
+        redis_url,
+        socket_timeout=STATUS_REDIS_TIMEOUT_SECONDS,
+        socket_connect_timeout=STATUS_REDIS_TIMEOUT_SECONDS,
+    )
+    try:
+        with connect_migrated(database_url, "status", read_write=False) as conn:
+            result = read_status(conn, stale_after, client=client, gone_after_seconds=gone_after)
+    finally:
+        client.close()
+    click.echo(json.dumps(result.as_dict()) if as_json else format_status(result))
+
+
+@click.command()
+@database_option
+@click.option("--type", "job_type", default=None, help="Only rows of this type.")
+@click.option(
+    "--limit", type=click.IntRange(min=1), default=20, show_default=True, help="Rows shown."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (errors in full).")
+def failures(database_url: str, job_type: str | None, limit: int, as_json: bool) -> None:
+    """Show the latest failed and retried rows: attempt, last_error, when."""
+    with connect_migrated(database_url, "failures", read_write=False) as conn:
+        found = read_failures(conn, job_type, limit)
+    click.echo(json.dumps(found.as_dict()) if as_json else format_failures(found))
+
+
+@click.command()
+@database_option
+@routes_option
+@click.argument("types", nargs=-1, required=True)
+def pause(database_url: str, routes: tuple[str, ...], types: tuple[str, ...]) -> None:
+    """Stop dispatching TYPE... on every reactor (rows stay pending; running jobs finish)."""
+    with connect_migrated(database_url, "pause") as conn:
+        result = pause_types(conn, types, _known_routes(conn, routes), who())
+    click.echo(json.dumps({"paused": result.changed, "already_paused": result.unchanged}))
+
+
+@click.command()
+@database_option
+@routes_option
+@click.argument("types", nargs=-1, required=True)
+def resume(database_url: str, routes: tuple[str, ...], types: tuple[str, ...]) -> None:
+    """Dispatch TYPE... again (listening reactors start at once)."""
+    with connect_migrated(database_url, "resume") as conn:
+        result = resume_types(conn, types, _known_routes(conn, routes))
+    click.echo(json.dumps({"resumed": result.changed, "not_paused": result.unchanged}))
+
+
+def _known_routes(conn: db.Connection, flags: tuple[str, ...]) -> dict[str, Route]:
+    """The routes named on the command line, else those the reactors recorded."""
+    return resolve_routes(flags) or dict(load_routes(conn))
+
+
+@click.command()
+@database_option
+@click.argument("photo_ids", nargs=-1)
+@click.option("--failed", "all_failed", is_flag=True, help="Requeue every failed row.")
+@click.option("--type", "job_type", default=None, help="Only rows of this type.")
+@click.pass_context
+def requeue(
+    ctx: click.Context,
+    database_url: str,
+    photo_ids: tuple[str, ...],
+    all_failed: bool,
+    job_type: str | None,
+) -> None:
+    """Move done/failed rows back to pending (attempts 0): PHOTO_ID... or --failed.
+    Photo ids with no row are reported (exit 1); the others are requeued."""
+    if bool(photo_ids) == all_failed:
+        raise click.UsageError("give PHOTO_IDs or --failed (one of them)")
+    missing: list[str] = []
+    with connect_migrated(database_url, "requeue") as conn:
+        if all_failed:
+            moved = admin.requeue_failed(conn, job_type)
+        else:
+            missing = admin.missing_photo_ids(conn, photo_ids, job_type)
+            moved = admin.requeue_photos(conn, photo_ids, job_type)
+    click.echo(json.dumps({"requeued": moved, "not_found": missing}))
+    if missing:
+        kind = "" if job_type is None else f" of type {job_type}"
+        click.echo(f"reactor: error: no row{kind} for: {', '.join(missing)}", err=True)
+        ctx.exit(1)
+
+
+@click.command()
+@database_option
+@click.option("--done-older-than", callback=duration, metavar="DURATION", help="e.g. 7d, 12h.")
+@click.option("--failed-older-than", callback=duration, metavar="DURATION", help="e.g. 30d.")
+@click.option("--dry-run", is_flag=True, help="Count the rows it would delete; delete nothing.")
+def prune(
+    database_url: str,
+    done_older_than: float | None,
+    failed_older_than: float | None,
+    dry_run: bool,
+) -> None:
+    """Delete done and/or failed rows older than a duration, in batches (give one or both)."""
+    if done_older_than is None and failed_older_than is None:
+        raise click.UsageError("give --done-older-than, --failed-older-than, or both")
+    with connect_migrated(database_url, "prune", read_write=not dry_run) as conn:
+        result = admin.prune(
+            conn,
+            done_older_than=done_older_than,
+            failed_older_than=failed_older_than,
+            dry_run=dry_run,
+        )
+    verb = "would_delete" if dry_run else "deleted"
+    click.echo(json.dumps({f"{verb}_done": result.done, f"{verb}_failed": result.failed}))
+
+
+def _with_stdin(photo_ids: tuple[str, ...]) -> Iterator[str]:
+    """The ids, with `-` replaced by the lines of standard input (read once)."""
+    for photo_id in photo_ids:
+        if photo_id != "-":
+            yield photo_id
+            continue
+        for line in sys.stdin.read().splitlines():
+            if line:
+                yield line
+
+
+@click.command("submit")
+@database_option
+@click.argument("photo_ids", nargs=-1, required=True)
+@click.option("--type", "job_type", default=DEFAULT_JOB_TYPE, show_default=True)
+@click.option(
+    "--max-attempts",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Attempts before a row fails (new rows: 5; re-armed rows keep theirs).",
+)
+def submit_command(
+    database_url: str, photo_ids: tuple[str, ...], job_type: str, max_attempts: int | None
+) -> None:
+    """Submit photos (one transaction): new rows, or done/failed rows re-armed. `-` reads
+    photo ids from standard input, one a line (empty lines are skipped)."""
+    photo_ids = tuple(dict.fromkeys(_with_stdin(photo_ids)))
+    for photo_id in photo_ids:
+        validate_job(photo_id, job_type)
+    with connect_migrated(database_url, "submit") as conn, conn.transaction():
+        submitted = submit_many(conn, photo_ids, job_type, max_attempts=max_attempts)
+    click.echo(json.dumps({"submitted": submitted, "unchanged": len(photo_ids) - submitted}))
+
+
+@click.command()
+@database_option
+@routes_option
+@stale_option
+@redis_option
+@click.option(
+    "--host",
+    envvar="REACTOR_DASHBOARD_HOST",
+    default="127.0.0.1",
+    show_default=True,
+    show_envvar=True,
+    help="Address to bind.",
+)
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    envvar="REACTOR_DASHBOARD_PORT",
+    default=9180,
+    show_default=True,
+    show_envvar=True,
+    help="Port the dashboard listens on.",
+)
+@click.option(
+    "--refresh",
+    type=click.IntRange(1, 3600),
+    default=5,
+    show_default=True,
+    help="Seconds between page reloads.",
+)
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    envvar="REACTOR_DASHBOARD_ALLOWED_HOSTS",
+    show_envvar=True,
+    help="A name the dashboard answers to in the Host header, besides localhost, 127.0.0.1, "
+    "[::1] and the --host address (repeatable; the variable is comma-separated). Requests "
+    "naming any other host get 421.",
+)
+@click.option(
+    "--cache-seconds",
+    type=click.FloatRange(0, 3600),
+    envvar="REACTOR_DASHBOARD_CACHE_SECONDS",
+    default=2.0,
+    show_default=True,
+    show_envvar=True,
+    help="How long one read of the database serves every request (0: read for each).",
+)
+@click.option(
+    "--client-timeout",
+    type=click.FloatRange(0.1, 3600),
+    envvar="REACTOR_DASHBOARD_CLIENT_TIMEOUT",
+    default=5.0,
+    show_default=True,
+    show_envvar=True,
+    help="Seconds a client may stay silent before the dashboard drops it.",
+)
+def dashboard(**options: Any) -> None:
+    """Serve a read-only web page of the table, the reactors and RQ (and /api/overview)."""
+    try:
+        from reactor.ops.dashboard import (  # noqa: PLC0415
+            Dashboard,
+            parse_allowed_host,
+            serve_dashboard,
+        )
+    except ImportError as exc:
+        raise ConfigError(
+            f"reactor dashboard needs {exc.name}: pip install 'photo-reactor[dashboard]'"
+        ) from None
+    allowed = [
+        parse_allowed_host(name)
+        for given in options["allowed_hosts"]
+        for name in given.split(",")
+        if name.strip()
+    ]
+    board = Dashboard(
+        options["database_url"],
+        options["redis_url"],
+        resolve_routes(options["routes"]),
+        stale_after_seconds=options["stale_after"],
+        refresh_seconds=options["refresh"],
+        cache_seconds=options["cache_seconds"],
+    )
+    stopper = Stopper()
+    stopper.install()
+    server = serve_dashboard(
+        board,
+        options["host"],
+        options["port"],
+        allowed=allowed,
+        client_timeout=options["client_timeout"],
+    )
+    bound_host, bound_port = server.server_address[:2]
+    logger.info("dashboard_serving url=http://%s:%d/", bound_host, bound_port)
+    while not stopper.sleep(3600):
+        pass
+    server.shutdown()
+    server.server_close()
+    board.close()
+
+
+#: The commands this module adds to `reactor`.
+OPS_COMMANDS = (status, failures, pause, resume, requeue, prune, submit_command, dashboard)
