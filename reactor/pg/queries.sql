@@ -1,0 +1,704 @@
+-- Every SQL statement photo-reactor runs at runtime, by name. `reactor.pg.queries` loads this
+-- file once at import: each block starts at its `-- name: NAME` line, and the comment lines
+-- right after it (what the statement does and guarantees) are not sent to the server.
+-- Values are always bound parameters (%(name)s; a literal percent sign is written %%).
+
+-- name: CLAIM_DUE
+-- Claim up to `limit` due pending rows of one type: a new attempt each, now `active`, returned
+-- with its token (`prior_attempts + attempts`, the number its job id carries). A row
+-- whose attempts are already spent (max_attempts lowered by hand) is failed instead, never
+-- counted past its limit: it comes back with state `failed` and is not enqueued. Nothing
+-- while the type is paused (the check does not depend on the row, so it is planned as a
+-- one-time filter: one primary-key probe per claim, no extra round trip).
+UPDATE photo_jobs AS j
+   SET state = CASE WHEN j.attempts < j.max_attempts THEN 'active' ELSE 'failed' END,
+       attempts = CASE WHEN j.attempts < j.max_attempts THEN j.attempts + 1 ELSE j.attempts END,
+       last_error = CASE WHEN j.attempts < j.max_attempts THEN j.last_error
+                    ELSE format('attempts spent before dispatch: attempt %%s of %%s',
+                                j.attempts, j.max_attempts) END
+ WHERE j.ctid = ANY (ARRAY(
+         SELECT p.ctid
+           FROM photo_jobs AS p
+          WHERE p.type = %(type)s
+            AND p.state = 'pending'
+            AND coalesce(p.next_retry_at, p.created_at) <= now()
+            AND NOT EXISTS (SELECT FROM reactor_paused_types AS x WHERE x.type = %(type)s)
+          ORDER BY coalesce(p.next_retry_at, p.created_at)
+          LIMIT %(limit)s
+            FOR UPDATE SKIP LOCKED))
+   AND j.state = 'pending'
+RETURNING j.type, j.photo_id, j.prior_attempts + j.attempts, j.state
+
+-- name: CLAIM_NOTIFIED
+-- Claim the given rows (photo ids and types, pairwise), whose first attempt's jobs were just
+-- enqueued: each that is still `pending` and never dispatched (token 0), due, not locked and
+-- of a type not paused becomes `active` at attempt 1, token 1. Returns every given row still
+-- in its first life (prior_attempts 0), with whether this statement claimed it and whether
+-- the token-1 job is still the row's to run: the row is `pending` at token 0 (claimed here,
+-- locked by a job's fenced start, paused or not due: a later claim of token 1 finds the job)
+-- or `active` at token 1 (taken over). For any other row (none, armed again, or past token 1:
+-- its job ran already) no claim of token 1 can come, so the caller may withdraw the job.
+-- The main SELECT reads the snapshot from before the UPDATE. The COMMIT
+-- does not wait for the WAL flush (`synchronous_commit` off for this transaction), as the
+-- fenced start's stamp does not: a worker waiting for the row lock would wait for the flush
+-- too. A server crash that loses it leaves the row `pending` at token 0, and token 1 is
+-- dispatched again, as after a lost stamp of a start.
+WITH claimed AS (
+     UPDATE photo_jobs AS j
+        SET state = 'active', attempts = 1
+      WHERE j.ctid = ANY (ARRAY(
+              SELECT p.ctid
+                FROM unnest(%(photo_ids)s::text[], %(types)s::text[]) AS n(photo_id, type)
+                JOIN photo_jobs AS p ON p.photo_id = n.photo_id AND p.type = n.type
+               WHERE p.state = 'pending' AND p.attempts = 0 AND p.prior_attempts = 0
+                 AND coalesce(p.next_retry_at, p.created_at) <= now()
+                 AND NOT EXISTS (SELECT FROM reactor_paused_types AS x WHERE x.type = p.type)
+                 FOR UPDATE OF p SKIP LOCKED))
+        AND j.state = 'pending' AND j.attempts = 0 AND j.prior_attempts = 0
+        AND set_config('synchronous_commit', 'off', true) IS NOT NULL
+     RETURNING j.type, j.photo_id)
+SELECT p.type, p.photo_id,
+       EXISTS (SELECT FROM claimed AS c WHERE (c.type, c.photo_id) = (p.type, p.photo_id)),
+       (p.state, p.attempts) IN (('pending', 0), ('active', 1))
+  FROM unnest(%(photo_ids)s::text[], %(types)s::text[]) AS n(photo_id, type)
+  JOIN photo_jobs AS p ON p.photo_id = n.photo_id AND p.type = n.type
+ WHERE p.prior_attempts = 0
+
+-- name: NEXT_DUE_IN
+-- Seconds until the earliest pending row of the given types becomes due (NULL if none).
+-- Capped at a day, so a row parked at 'infinity' neither breaks the arithmetic nor matters.
+-- Paused types are left out: their rows becoming due is no reason to wake up.
+SELECT extract(epoch FROM least(min(d.due), now() + interval '1 day') - now())::float8
+  FROM unnest(%(types)s::text[]) AS t(type)
+ CROSS JOIN LATERAL (
+        SELECT coalesce(p.next_retry_at, p.created_at) AS due
+          FROM photo_jobs AS p
+         WHERE p.type = t.type
+           AND p.state = 'pending'
+           AND coalesce(p.next_retry_at, p.created_at) > now()
+         ORDER BY coalesce(p.next_retry_at, p.created_at)
+         LIMIT 1) AS d
+ WHERE NOT EXISTS (SELECT FROM reactor_paused_types AS x WHERE x.type = t.type)
+
+-- name: LIST_ACTIVE
+-- One page of active rows of the given types, for the rescue pass, with whether each is
+-- stale (no heartbeat for `stale_after` seconds) and quiet (none for `gone_after`).
+-- Keyset-paged in (updated_at, type, photo_id) order up to `until` (the sweep's start), so
+-- rows re-dispatched during the sweep (their updated_at moves to now) are not visited twice.
+-- Rows of paused types are left active: rescuing them would dispatch the type. The page key's
+-- updated_at comes back as text and goes back as `after_at`: exact, and whatever a row written
+-- before sql/0012 holds ('-infinity', a year Python's datetime cannot hold) it cannot fail the
+-- pass.
+SELECT type, photo_id, prior_attempts + attempts, updated_at::text,
+       updated_at < now() - make_interval(secs => %(stale_after)s::float8) AS stale,
+       updated_at < now() - make_interval(secs => %(gone_after)s::float8) AS quiet
+  FROM photo_jobs
+ WHERE state = 'active'
+   AND type = ANY (%(types)s::text[])
+   AND NOT EXISTS (SELECT FROM reactor_paused_types AS x WHERE x.type = photo_jobs.type)
+   AND updated_at <= %(until)s
+   AND (updated_at, type, photo_id) > (%(after_at)s::timestamptz, %(after_type)s, %(after_id)s)
+ ORDER BY updated_at, type, photo_id
+ LIMIT %(limit)s
+
+-- name: REDISPATCH
+-- Re-dispatch the listed active rows as a new attempt (or fail them when their attempts are
+-- spent, with `%(why)s` in last_error), if they are still at the token seen (`tokens`) and, when
+-- `stale_after` is given, still without a heartbeat for that long (re-checked under the lock),
+-- and their type is not paused. A re-dispatched row keeps its last_error, or takes
+-- `%(error)s` when one is given.
+UPDATE photo_jobs AS j
+   SET attempts = CASE WHEN j.attempts < j.max_attempts THEN j.attempts + 1 ELSE j.attempts END,
+       state = CASE WHEN j.attempts < j.max_attempts THEN 'active' ELSE 'failed' END,
+       last_error = CASE WHEN j.attempts < j.max_attempts
+                         THEN coalesce(%(error)s::text, j.last_error)
+                    ELSE format('%%s: attempt %%s of %%s', %(why)s::text,
+                                j.attempts, j.max_attempts) END
+ WHERE j.ctid = ANY (ARRAY(
+         SELECT a.ctid
+           FROM photo_jobs AS a
+           JOIN unnest(%(types)s::text[], %(photo_ids)s::text[], %(tokens)s::bigint[])
+                AS l(type, photo_id, token)
+             ON (a.type, a.photo_id) = (l.type, l.photo_id)
+            AND a.prior_attempts + a.attempts = l.token
+          WHERE a.state = 'active'
+            AND NOT EXISTS (SELECT FROM reactor_paused_types AS x WHERE x.type = a.type)
+            AND (%(stale_after)s::float8 IS NULL
+                 OR a.updated_at < now() - make_interval(secs => %(stale_after)s::float8))
+            FOR UPDATE SKIP LOCKED))
+   AND j.state = 'active'
+RETURNING j.type, j.photo_id, j.prior_attempts + j.attempts, j.state
+
+-- name: PENDING_TYPES
+-- The distinct types that have pending rows (a loose index scan: O(types), not O(rows)).
+WITH RECURSIVE t(type) AS (
+    (SELECT type FROM photo_jobs WHERE state = 'pending' ORDER BY type LIMIT 1)
+    UNION ALL
+    SELECT (SELECT p.type FROM photo_jobs AS p
+             WHERE p.state = 'pending' AND p.type > t.type
+             ORDER BY p.type LIMIT 1)
+      FROM t WHERE t.type IS NOT NULL
+)
+SELECT type FROM t WHERE type IS NOT NULL
+
+-- name: BACKLOG
+-- Pending and active rows by type: two halves, so each reads only its partial index.
+SELECT type, 'pending', count(*) FROM photo_jobs WHERE state = 'pending' GROUP BY type
+UNION ALL
+SELECT type, 'active', count(*) FROM photo_jobs WHERE state = 'active' GROUP BY type
+
+-- name: OLDEST_DUE_AGE
+-- Seconds since the oldest due pending row of each given type became due (0 if none).
+SELECT t.type,
+       -- clamp '-infinity' (greatest() would also turn a NULL "none due" into 1970)
+       CASE WHEN d.due IS NULL THEN 0
+            ELSE extract(epoch FROM now() - greatest(d.due, '1970-01-01'::timestamptz))
+       END::float8
+  FROM unnest(%(types)s::text[]) AS t(type)
+  LEFT JOIN LATERAL (
+        SELECT coalesce(p.next_retry_at, p.created_at) AS due
+          FROM photo_jobs AS p
+         WHERE p.type = t.type
+           AND p.state = 'pending'
+           AND coalesce(p.next_retry_at, p.created_at) <= now()
+         ORDER BY coalesce(p.next_retry_at, p.created_at)
+         LIMIT 1) AS d ON true
+
+-- name: LOCK_ROUTES
+-- Serialises route registrations: two reactors starting at once cannot both see no conflict.
+LOCK TABLE reactor_routes IN SHARE ROW EXCLUSIVE MODE
+
+-- name: ROUTES_LOCK_TRY
+-- Take this reactor's session-level liveness lock (true when granted).
+SELECT pg_try_advisory_lock(reactor_routes_lock_class(), %(lock_key)s)
+
+-- name: ROUTES_KEPT
+-- Whether this reactor's routes are in order: (its rows recorded and not marked stopped,
+-- whether some session holds its lock). Reads only.
+SELECT count(*), reactor_routes_lock_held(%(lock_key)s)
+  FROM reactor_routes
+ WHERE lock_key = %(lock_key)s AND stopped_at IS NULL
+
+-- name: ROUTES_LOCK_KEEP
+-- Take the lock again if the backend recorded with it no longer holds it (behind a
+-- transaction pooler, the server session that took it may have been closed): `held`,
+-- `taken` (this session holds it now: ROUTES_LOCK_OWNER follows in the same transaction) or
+-- `refused` (another session holds the key).
+SELECT CASE WHEN reactor_routes_lock_held(%(lock_key)s) THEN 'held'
+            WHEN pg_try_advisory_lock(reactor_routes_lock_class(), %(lock_key)s) THEN 'taken'
+            ELSE 'refused' END
+
+-- name: ROUTES_LOCK_OWNER
+-- The session that holds the liveness lock now is the one whose hold counts.
+UPDATE reactor_routes SET backend_pid = pg_backend_pid() WHERE lock_key = %(lock_key)s
+
+-- name: ROUTES_STOPPED
+-- A stopping reactor's rows are no longer live, whichever session holds its lock.
+UPDATE reactor_routes SET stopped_at = now()
+ WHERE lock_key = ANY (%(own_keys)s::integer[]) AND stopped_at IS NULL
+
+-- name: ROUTES_LOCK_TIMEOUT
+-- How long upkeep waits for the routes' table lock (a registration holds it for a moment).
+SET LOCAL lock_timeout = '2s'
+
+-- name: ROUTES_UNLOCK
+-- Release the lock (when this session holds it).
+SELECT pg_advisory_unlock(reactor_routes_lock_class(), %(lock_key)s)
+
+-- name: LIVE_ROUTE_CONFLICTS
+-- Routes recorded by other live reactors for the given types that differ from ours.
+SELECT r.type, r.handler, r.queue, r.registered_by, r.registered_at
+  FROM reactor_routes AS r
+  JOIN unnest(%(types)s::text[], %(handlers)s::text[], %(queues)s::text[])
+       AS m(type, handler, queue) ON m.type = r.type
+ WHERE (r.handler, r.queue) <> (m.handler, m.queue)
+   AND r.lock_key <> %(lock_key)s
+   AND reactor_routes_live(r.lock_key)
+ ORDER BY r.type, r.registered_at
+
+-- name: FORGET_DEAD_ROUTES
+-- Forget, for the given types, every row that is not live (the rows of stopped reactors), and
+-- our own earlier rows; then record ours.
+DELETE FROM reactor_routes AS r
+ WHERE r.type = ANY (%(types)s::text[])
+   AND (r.lock_key = ANY (%(own_keys)s::integer[]) OR NOT reactor_routes_live(r.lock_key))
+
+-- name: RECORD_ROUTE
+-- The rows are recorded by the session that took the lock (same transaction), so its pid is
+-- the holder whose lock makes them live.
+INSERT INTO reactor_routes (type, handler, queue, lock_key, registered_by, backend_pid)
+SELECT t.type, t.handler, t.queue, %(lock_key)s, %(registered_by)s, pg_backend_pid()
+  FROM unnest(%(types)s::text[], %(handlers)s::text[], %(queues)s::text[])
+       AS t(type, handler, queue)
+
+-- name: RECORDED_ROUTES
+-- Every recorded route, the newest row of each type first, with how many live reactors use it.
+SELECT r.type, r.handler, r.queue, max(r.registered_at) AS registered_at,
+       count(*) FILTER (WHERE reactor_routes_live(r.lock_key)) AS live_reactors,
+       string_agg(r.registered_by, ', ' ORDER BY r.registered_at)
+           FILTER (WHERE reactor_routes_live(r.lock_key)) AS live_by
+  FROM reactor_routes AS r
+ GROUP BY r.type, r.handler, r.queue
+ ORDER BY r.type, max(r.registered_at) DESC
+
+-- name: FOUND_PHOTO_IDS
+-- The photo ids among the given ones that have a row (of `type`, if given).
+SELECT DISTINCT photo_id
+  FROM photo_jobs
+ WHERE photo_id = ANY (%(photo_ids)s::text[])
+   AND (%(type)s::text IS NULL OR type = %(type)s)
+
+-- name: FAILURES
+-- The latest failed rows and rows that failed at least once and will be retried (or are being
+-- retried), newest first. Reads the table: an operator's query, not on the dispatch path.
+-- Times are clamped to what Python's datetime holds in any time zone (0001-01-02 to
+-- 9999-12-30 UTC): a row written before sql/0012 may hold 'infinity' or '-infinity'.
+SELECT type, photo_id, state, attempts, max_attempts, last_error,
+       least(greatest(updated_at, '0001-01-02 00:00:00+00'), '9999-12-30 00:00:00+00'),
+       CASE WHEN state = 'pending'  -- a failed row retries never
+            THEN least(greatest(next_retry_at, '0001-01-02 00:00:00+00'),
+                       '9999-12-30 00:00:00+00') END
+  FROM photo_jobs
+ WHERE (state = 'failed' OR (state IN ('pending', 'active') AND last_error IS NOT NULL))
+   AND (%(type)s::text IS NULL OR type = %(type)s)
+ ORDER BY updated_at DESC
+ LIMIT %(limit)s
+
+-- name: FAILURES_COUNT
+-- `reactor failures`: how many rows `FAILURES` would list without its limit.
+SELECT count(*)
+  FROM photo_jobs
+ WHERE (state = 'failed' OR (state IN ('pending', 'active') AND last_error IS NOT NULL))
+   AND (%(type)s::text IS NULL OR type = %(type)s)
+
+-- name: PAUSE_TYPES
+-- Pause the given types (already paused ones are left as they are); returns those paused now.
+INSERT INTO reactor_paused_types (type, paused_by)
+SELECT t.type, %(paused_by)s FROM unnest(%(types)s::text[]) AS t(type)
+    ON CONFLICT (type) DO NOTHING
+RETURNING type
+
+-- name: RESUME_TYPES
+-- Resume the given types; returns those that were paused. The table's DELETE trigger
+-- notifies the reactors.
+DELETE FROM reactor_paused_types WHERE type = ANY (%(types)s::text[]) RETURNING type
+
+-- name: PAUSED_TYPES
+-- Every paused type, with when and by whom.
+SELECT type, paused_at, paused_by FROM reactor_paused_types ORDER BY type
+
+-- name: KNOWN_TYPES
+-- Which of the given types the database knows: it has rows or is paused. (An unknown type
+-- reads the whole table once; this runs only for `reactor pause`/`resume` of unrouted types.)
+SELECT t.type
+  FROM unnest(%(types)s::text[]) AS t(type)
+ WHERE EXISTS (SELECT FROM reactor_paused_types AS x WHERE x.type = t.type)
+    OR EXISTS (SELECT FROM photo_jobs AS p WHERE p.type = t.type)
+
+-- name: PRUNE_FINISHED
+-- Delete up to `limit` rows in `state` (done or failed) last updated more than `age` seconds
+-- ago, oldest first: one range of the finished-rows index, rows locked by others skipped.
+DELETE FROM photo_jobs
+ WHERE ctid = ANY (ARRAY(
+         SELECT ctid FROM photo_jobs
+          WHERE state = %(state)s
+            AND updated_at < now() - make_interval(secs => %(age)s::float8)
+          ORDER BY updated_at
+          LIMIT %(limit)s
+            FOR UPDATE SKIP LOCKED))
+   AND state = %(state)s
+
+-- name: COUNT_FINISHED
+-- How many rows PRUNE_FINISHED would delete in all (`reactor prune --dry-run`).
+SELECT count(*) FROM photo_jobs
+ WHERE state = %(state)s
+   AND updated_at < now() - make_interval(secs => %(age)s::float8)
+
+-- name: CURRENT_MINUTE
+-- The dashboard: the database's clock, and its current minute (the right end of the
+-- per-minute charts).
+SELECT now(), date_trunc('minute', now())
+
+-- name: FINISHED_BY_MINUTE
+-- The dashboard: rows finished in the last 60 minutes (up to `minute`), by the minute of
+-- their last update, type and state, with the attempts they took. Rows re-submitted or
+-- pruned since are not counted. One range of the finished-rows index per state (one arm
+-- each: with `state IN (...)` Postgres estimated a large share of the table and scanned it).
+-- Rows updated after `minute` (clock skew, or 'infinity' written before sql/0012) are left out.
+SELECT date_trunc('minute', updated_at) AS minute, type, 'done', count(*), sum(attempts)
+  FROM photo_jobs
+ WHERE state = 'done'
+   AND updated_at >= %(minute)s::timestamptz - interval '59 minutes'
+   AND updated_at < %(minute)s::timestamptz + interval '1 minute'
+ GROUP BY 1, 2
+UNION ALL
+SELECT date_trunc('minute', updated_at) AS minute, type, 'failed', count(*), sum(attempts)
+  FROM photo_jobs
+ WHERE state = 'failed'
+   AND updated_at >= %(minute)s::timestamptz - interval '59 minutes'
+   AND updated_at < %(minute)s::timestamptz + interval '1 minute'
+ GROUP BY 1, 2
+
+-- name: RECENT_FAILURES
+-- The dashboard: the last `limit` failures: failed rows and pending rows waiting for a retry
+-- after an error, newest first (last_error cut at 2,000 characters; updated_at clamped as in
+-- FAILURES).
+SELECT f.type, f.photo_id, f.state, f.attempts, f.max_attempts, left(f.last_error, 2000),
+       least(greatest(f.updated_at, '0001-01-02 00:00:00+00'), '9999-12-30 00:00:00+00'),
+       CASE WHEN f.state = 'pending' THEN f.next_retry_at::text END  -- text: 'infinity' has
+                                                                    -- no Python datetime
+  FROM ((SELECT * FROM photo_jobs
+          WHERE state = 'failed'
+          ORDER BY updated_at DESC LIMIT %(limit)s)
+        UNION ALL
+        (SELECT * FROM photo_jobs
+          WHERE state = 'pending' AND last_error IS NOT NULL
+          ORDER BY updated_at DESC LIMIT %(limit)s)) AS f
+ ORDER BY f.updated_at DESC
+ LIMIT %(limit)s
+
+-- name: REACTOR_SESSIONS
+-- The dashboard: the reactors' connections to this database (the listener of each listening
+-- reactor, the work connection of each), and whether the session holds every doorbell key in
+-- exclusive mode (armed: writers ring it). Other roles' sessions are visible only to a
+-- superuser or a member of pg_read_all_stats.
+SELECT a.pid, substr(a.application_name, 15), host(a.client_addr), a.backend_start,
+       a.pid IN (SELECT l.pid
+                   FROM pg_locks AS l
+                  WHERE l.locktype = 'advisory' AND l.mode = 'ExclusiveLock' AND l.granted
+                    AND l.database = (SELECT oid FROM pg_database
+                                       WHERE datname = current_database())
+                    AND l.classid = (photo_jobs_doorbell_key() >> 32)::oid
+                    AND l.objid::bigint - (photo_jobs_doorbell_key() & 4294967295)
+                        BETWEEN 0 AND photo_jobs_doorbell_stripes() - 1
+                  GROUP BY l.pid
+                 HAVING count(DISTINCT l.objid) = photo_jobs_doorbell_stripes()) AS armed
+  FROM pg_stat_activity AS a
+ WHERE a.datname = current_database()
+   AND a.application_name IN ('photo-reactor listener', 'photo-reactor work')
+ ORDER BY a.backend_start, a.pid
+
+-- name: LEDGER_PROBLEM
+-- Why the migrations must not touch `public.reactor_migrations` and
+-- `public.reactor_migration_begin` as they are (NULL: they are absent, or exactly what sql/0001
+-- makes, owned by the role running the migrations). Migrations insert into that table with
+-- the migrating role's rights, often a superuser's: a table someone else made could run their
+-- code then (a trigger, a rule, a default, an index expression, a policy). sql/0001 runs the
+-- same checks before it creates anything.
+WITH t AS (SELECT c.oid, c.relkind, c.relowner, c.relrowsecurity
+             FROM pg_catalog.pg_class AS c
+            WHERE c.oid = pg_catalog.to_regclass('public.reactor_migrations')),
+     f AS (SELECT p.proowner
+             FROM pg_catalog.pg_proc AS p
+            WHERE p.oid = pg_catalog.to_regprocedure(
+                      'public.reactor_migration_begin(integer, text)'))
+SELECT CASE
+  WHEN (SELECT relkind FROM t) <> 'r' THEN 'is not a plain table'
+  WHEN (SELECT relowner FROM t) <> (SELECT oid FROM pg_catalog.pg_roles
+                                     WHERE rolname = current_user)
+    THEN pg_catalog.format('is owned by role %%I, not by %%I (the role running the migrations)',
+                           (SELECT relowner FROM t)::regrole, current_user)
+  WHEN (SELECT proowner FROM f) <> (SELECT oid FROM pg_catalog.pg_roles
+                                     WHERE rolname = current_user)
+    THEN pg_catalog.format('has a function reactor_migration_begin owned by role %%I, not by %%I',
+                           (SELECT proowner FROM f)::regrole, current_user)
+  WHEN NOT EXISTS (SELECT 1 FROM t) THEN NULL
+  WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_trigger WHERE tgrelid = (SELECT oid FROM t))
+    THEN 'has triggers'
+  WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_rewrite WHERE ev_class = (SELECT oid FROM t))
+    THEN 'has rules'
+  WHEN (SELECT relrowsecurity FROM t)
+       OR EXISTS (SELECT 1 FROM pg_catalog.pg_policy WHERE polrelid = (SELECT oid FROM t))
+    THEN 'has row-level security policies'
+  WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_inherits
+                WHERE (SELECT oid FROM t) IN (inhrelid, inhparent))
+    THEN 'is part of an inheritance tree'
+  WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_constraint
+                WHERE conrelid = (SELECT oid FROM t) AND contype NOT IN ('p', 'n'))
+       OR EXISTS (SELECT 1 FROM pg_catalog.pg_index
+                   WHERE indrelid = (SELECT oid FROM t) AND NOT indisprimary)
+    THEN 'has constraints or indexes that sql/0001 does not make'
+  WHEN (SELECT pg_catalog.array_agg(a.attname::text || ' ' || a.atttypid::regtype::text
+                                    || ' ' || coalesce(pg_catalog.pg_get_expr(d.adbin, d.adrelid),
+                                                       '')
+                                    ORDER BY a.attnum)
+          FROM pg_catalog.pg_attribute AS a
+          LEFT JOIN pg_catalog.pg_attrdef AS d ON (d.adrelid, d.adnum) = (a.attrelid, a.attnum)
+         WHERE a.attrelid = (SELECT oid FROM t) AND a.attnum > 0 AND NOT a.attisdropped)
+       IS DISTINCT FROM ARRAY['version integer ', 'name text ',
+                              'applied_at timestamp with time zone now()']
+    THEN 'has columns, types or defaults that sql/0001 does not make'
+END
+
+-- name: SET_IDLE_IN_TRANSACTION_TIMEOUT
+-- End this session when it sits idle inside a transaction longer than `timeout` (e.g.
+-- '15000ms'): Postgres closes it and the transaction rolls back, releasing its row locks.
+-- For the session, so only on connections that are known to have one (no pooler between).
+SELECT set_config('idle_in_transaction_session_timeout', %(timeout)s, false)
+
+-- name: SERVER_READ_ONLY
+-- Whether this session cannot write: a standby (in recovery) or a read-only default.
+SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool
+
+-- the LISTEN session and the doorbell --------------------------------------------------------
+
+-- name: LISTEN
+-- Listen to the channel the NOTIFY triggers use (`reactor.dispatcher.listener.CHANNEL`).
+LISTEN photo_jobs
+
+-- name: SET_LOCK_TIMEOUT
+-- The listener session's lock timeout (`timeout`, e.g. '10ms'): how long an arm waits.
+SELECT set_config('lock_timeout', %(timeout)s, false)
+
+-- name: PING
+-- The idle listener's liveness probe.
+SELECT 1
+
+-- The doorbell is `photo_jobs_doorbell_stripes()` advisory lock keys from
+-- `photo_jobs_doorbell_key()` on (sql/0004); armed means holding all of them in exclusive
+-- mode. Each statement takes them row by row in generate_series order, that is in key order,
+-- so two arming reactors cannot deadlock.
+
+-- name: DOORBELL_TRY_ARM
+-- Take every doorbell key without waiting (true when all were granted).
+SELECT bool_and(pg_try_advisory_lock(photo_jobs_doorbell_key() + s))
+  FROM generate_series(0, photo_jobs_doorbell_stripes() - 1) AS s
+
+-- name: DOORBELL_ARM
+-- Take every doorbell key, queueing behind writers in flight (bounded by the lock timeout).
+SELECT count(pg_advisory_lock(photo_jobs_doorbell_key() + s))
+  FROM generate_series(0, photo_jobs_doorbell_stripes() - 1) AS s
+
+-- name: DOORBELL_RELEASE
+-- Release every session-level advisory lock of the listener session, which only ever takes
+-- the doorbell's: so a partial arm, or a key counted twice (a retry after a partial try, a
+-- timeout that raced its grant), cannot stay behind.
+SELECT pg_advisory_unlock_all()
+
+-- name: DOORBELL_HOLDERS
+-- How many stripes this session holds in exclusive mode, whether another session holds any,
+-- and how many there are (a bigint key is classid = high 32 bits, objid = low 32 bits,
+-- objsubid = 1 in pg_locks).
+SELECT count(DISTINCT l.objid) FILTER (WHERE l.pid = pg_backend_pid()),
+       coalesce(bool_or(l.pid <> pg_backend_pid()), false),
+       photo_jobs_doorbell_stripes()
+  FROM pg_locks AS l
+ WHERE l.locktype = 'advisory'
+   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+   AND l.classid = (photo_jobs_doorbell_key() >> 32)::oid
+   AND l.objid BETWEEN (photo_jobs_doorbell_key() & 4294967295)::oid
+                   AND ((photo_jobs_doorbell_key() & 4294967295)
+                        + photo_jobs_doorbell_stripes() - 1)::oid
+   AND l.objsubid = 1
+   AND l.mode = 'ExclusiveLock'
+   AND l.granted
+
+-- migrations ---------------------------------------------------------------------------------
+
+-- name: LEDGER_EXISTS
+-- Whether the migrations ledger exists (false: a database never migrated).
+SELECT to_regclass('reactor_migrations') IS NOT NULL
+
+-- name: APPLIED_VERSIONS
+-- The versions the ledger records.
+SELECT version FROM reactor_migrations
+
+-- name: SCHEMA_VERSION
+-- The highest applied version (0 for an empty ledger).
+SELECT coalesce(max(version), 0) FROM reactor_migrations
+
+-- name: SET_SEARCH_PATH
+-- The migrate session's search_path (`search_path`), for the whole session.
+SELECT pg_catalog.set_config('search_path', %(search_path)s, false)
+
+-- name: MIGRATION_LOCK
+-- The advisory lock `reactor migrate` holds while it applies files (`key`).
+SELECT pg_advisory_lock(%(key)s)
+
+-- name: MIGRATION_UNLOCK
+SELECT pg_advisory_unlock(%(key)s)
+
+-- the sweep and the operator's commands -------------------------------------------------------
+
+-- name: DATABASE_NOW
+-- The database's clock (the sweep pages active rows up to its start).
+SELECT now()
+
+-- name: STATUS_COUNTS
+-- `reactor status`: rows by type and state (a scan of the table: an operator's query).
+-- `reactor status` and the dashboard: rows by type and state. Each state is its own arm, so
+-- pending, active and failed rows are read through their indexes (partial ones for pending and
+-- active, the finished-rows index for failed) and only `done` rows, usually nearly all of
+-- the table, need a scan: see `DONE_COUNTS`.
+SELECT type, 'pending', count(*) FROM photo_jobs WHERE state = 'pending' GROUP BY type
+UNION ALL
+SELECT type, 'active', count(*) FROM photo_jobs WHERE state = 'active' GROUP BY type
+UNION ALL
+SELECT type, 'failed', count(*) FROM photo_jobs WHERE state = 'failed' GROUP BY type
+
+-- name: DONE_COUNTS
+-- `done` rows by type: a scan (no index holds type and state), in a statement of its own so
+-- Postgres can split it over parallel workers.
+SELECT type, count(*) FROM photo_jobs WHERE state = 'done' GROUP BY type
+
+-- name: STATUS_PER_TYPE
+-- `reactor status`: per given type, the age of the oldest due row, the next retry, and how
+-- many active rows have had no heartbeat for `stale_after` seconds.
+SELECT t.type,
+       (SELECT CASE WHEN min(due) IS NULL THEN NULL  -- none due (greatest() skips NULLs)
+                    ELSE extract(epoch FROM now() - greatest(min(due), '1970-01-01'::timestamptz))
+               END::float8
+          FROM (SELECT coalesce(p.next_retry_at, p.created_at) AS due
+                  FROM photo_jobs AS p
+                 WHERE p.type = t.type AND p.state = 'pending'
+                   AND coalesce(p.next_retry_at, p.created_at) <= now()) AS d),
+       (SELECT min(p.next_retry_at)::text  -- text: 'infinity' has no Python datetime
+          FROM photo_jobs AS p
+         WHERE p.type = t.type AND p.state = 'pending'
+           AND coalesce(p.next_retry_at, p.created_at) > now()),
+       (SELECT count(*)
+          FROM photo_jobs AS a
+         WHERE a.type = t.type AND a.state = 'active'
+           AND a.updated_at < now() - make_interval(secs => %(stale_after)s::float8))
+  FROM unnest(%(types)s::text[]) AS t(type)
+
+-- name: QUIET_ACTIVE
+-- `reactor status`: up to `limit` active rows of the given types that have had no write for
+-- `gone_after` seconds (their jobs' workers are then looked up in RQ).
+SELECT type, photo_id, prior_attempts + attempts
+  FROM photo_jobs
+ WHERE state = 'active' AND type = ANY (%(types)s::text[])
+   AND updated_at < now() - make_interval(secs => %(gone_after)s::float8)
+ ORDER BY updated_at
+ LIMIT %(limit)s
+
+-- name: REQUEUE_FAILED
+-- Move up to `limit` failed rows (of `type`, if not NULL) back to pending: a new life, at
+-- attempts 0, whose attempts of earlier lives are added to prior_attempts (the token goes on),
+-- due from now (so the age of the oldest due row counts from the requeue, not the insert).
+UPDATE photo_jobs
+   SET state = 'pending', prior_attempts = prior_attempts + attempts, attempts = 0,
+       next_retry_at = now(), last_error = NULL
+ WHERE ctid = ANY (ARRAY(
+         SELECT ctid FROM photo_jobs
+          WHERE state = 'failed' AND (%(type)s::text IS NULL OR type = %(type)s)
+          LIMIT %(limit)s
+            FOR UPDATE SKIP LOCKED))
+   AND state = 'failed'
+
+-- name: REQUEUE_PHOTOS
+-- Move the done/failed rows of the given photos (of `type`, if not NULL) back to pending, as
+-- REQUEUE_FAILED does.
+UPDATE photo_jobs
+   SET state = 'pending', prior_attempts = prior_attempts + attempts, attempts = 0,
+       next_retry_at = now(), last_error = NULL
+ WHERE photo_id = ANY (%(photo_ids)s::text[])
+   AND (%(type)s::text IS NULL OR type = %(type)s)
+   AND state IN ('done', 'failed')
+
+-- the worker side: one attempt's lifecycle, every transition fenced by the token ---------
+-- A job carries its row's token (`prior_attempts + attempts` when it was dispatched), which
+-- grows with every dispatch over the row's whole history: a job of an earlier attempt or an
+-- earlier life matches no row here and changes nothing.
+
+-- name: ATTEMPT_START
+-- The fenced start, in one round trip; returns the row's (attempts, max_attempts) when the
+-- attempt may run. A row `active` at this token whose `updated_at` is younger than `fresh`
+-- seconds (the claim stamped it a moment ago) is only read: no write, no new row version.
+-- Otherwise the row is stamped if it is `active` at this token, or `pending` at the token
+-- before: the claim that enqueued this job commits after the enqueue (a notified row's claim
+-- is even made after it), so a claim in flight is waited for (the row lock) and its row then
+-- stamped; if no claim came yet or its COMMIT was lost, this job takes the row over, on the
+-- claim's own terms (due, attempts left, type not paused). No row: ATTEMPT_RECHECK. The
+-- stamp's commit does not wait for the WAL flush (`synchronous_commit` off for this
+-- statement's own transaction): it is on the job's latency path, and losing it in a server
+-- crash is harmless (the row keeps the claim's state, or stays pending and is dispatched
+-- again; the durable outcome write is fenced either way).
+WITH fresh AS (
+     SELECT attempts, max_attempts
+       FROM photo_jobs
+      WHERE photo_id = %(photo_id)s AND type = %(type)s
+        AND state = 'active' AND prior_attempts + attempts = %(token)s
+        AND updated_at > now() - make_interval(secs => %(fresh)s)),
+stamped AS (
+     UPDATE photo_jobs
+        SET state = 'active', attempts = %(token)s - prior_attempts
+       FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
+      WHERE NOT EXISTS (SELECT FROM fresh)
+        AND photo_id = %(photo_id)s AND type = %(type)s
+        AND ((state = 'active' AND prior_attempts + attempts = %(token)s)
+          OR (state = 'pending' AND prior_attempts + attempts = %(token)s - 1
+              AND attempts < max_attempts
+              AND coalesce(next_retry_at, created_at) <= now()
+              AND NOT EXISTS (SELECT FROM reactor_paused_types AS x WHERE x.type = %(type)s)))
+     RETURNING attempts, max_attempts)
+SELECT attempts, max_attempts FROM fresh
+ UNION ALL
+SELECT attempts, max_attempts FROM stamped
+
+-- name: ATTEMPT_RECHECK
+-- The row's state and token once no transaction is moving it (FOR SHARE waits for one),
+-- after ATTEMPT_START found it at no token it may run: the sweep's rescue moves a row from
+-- `active` at the token before to this one, and enqueues this job before its COMMIT. The
+-- lock ends with the statement.
+SELECT state, prior_attempts + attempts FROM photo_jobs
+ WHERE photo_id = %(photo_id)s AND type = %(type)s
+   FOR SHARE
+
+-- name: ATTEMPT_HEARTBEAT
+-- Heartbeat of a running attempt: keeps the sweep from rescuing it.
+UPDATE photo_jobs SET updated_at = now()
+ WHERE photo_id = %(photo_id)s AND type = %(type)s
+   AND state = 'active' AND prior_attempts + attempts = %(token)s
+
+-- name: ATTEMPT_DONE
+-- Success.
+UPDATE photo_jobs SET state = 'done', next_retry_at = NULL, last_error = NULL
+ WHERE photo_id = %(photo_id)s AND type = %(type)s
+   AND state = 'active' AND prior_attempts + attempts = %(token)s
+
+-- name: ATTEMPT_FAILED
+-- Final failure (a permanent error, or the last attempt failed).
+UPDATE photo_jobs SET state = 'failed', last_error = %(error)s
+ WHERE photo_id = %(photo_id)s AND type = %(type)s
+   AND state = 'active' AND prior_attempts + attempts = %(token)s
+
+-- name: ATTEMPT_RETRY
+-- A failed attempt with attempts left: pending again, due after `delay` seconds.
+UPDATE photo_jobs
+   SET state = 'pending', last_error = %(error)s,
+       next_retry_at = now() + make_interval(secs => %(delay)s)
+ WHERE photo_id = %(photo_id)s AND type = %(type)s
+   AND state = 'active' AND prior_attempts + attempts = %(token)s
+
+-- the producer side -------------------------------------------------------------------------
+
+-- name: SUBMIT_MANY
+-- Insert the given photos' jobs of one type (`reactor.producer`), in the caller's transaction.
+-- A pending/active row is left as it is (idempotent); a done/failed row is re-armed: a new life
+-- at attempts 0, due from now (or `run_at`), its attempts added to prior_attempts so that the
+-- fencing token goes on growing. The row count is the rows inserted or re-armed. One statement
+-- for any number of ids: the triggers send one notification per type for all of them.
+INSERT INTO photo_jobs AS j (photo_id, type, next_retry_at, max_attempts)
+SELECT p.photo_id, %(type)s::text, %(run_at)s::timestamptz, coalesce(%(max_attempts)s::int, 5)
+  FROM unnest(%(photo_ids)s::text[]) AS p(photo_id)
+    ON CONFLICT (photo_id, type) DO UPDATE
+   SET state = 'pending',
+       prior_attempts = j.prior_attempts + j.attempts,
+       attempts = 0,
+       next_retry_at = coalesce(EXCLUDED.next_retry_at, now()),
+       last_error = NULL,
+       max_attempts = CASE WHEN %(max_attempts)s::int IS NULL THEN j.max_attempts
+                           ELSE EXCLUDED.max_attempts END
+ WHERE j.state IN ('done', 'failed')
+
+-- name: MAY_INSERT_ROWS
+-- Whether this role may insert into photo_jobs (workers may run as a role that cannot).
+SELECT has_table_privilege('photo_jobs', 'INSERT')
+
+-- name: WARM_UP_ROW
+-- A row that a process inserts, runs its statements on, and rolls back at start, so that the
+-- first real row does not pay for the session's first write (its triggers and indexes are
+-- loaded then). The rollback leaves nothing behind.
+INSERT INTO photo_jobs (photo_id, type, state, attempts)
+VALUES (%(photo_id)s, %(type)s, %(state)s, %(attempts)s)
