@@ -356,7 +356,7 @@ def test_the_json_endpoint_reports_the_table(env: Env, spawn: Callable[..., Proc
     failures = data["failures"]
     assert [f["photo_id"] for f in failures] == [EVIL_ID, "later", "old-fail"]
     assert failures[0]["last_error"] == EVIL_ERROR
-    assert (failures[0]["attempts"], failures[0]["max_attempts"]) == (5, 5)
+    assert (failures[0]["attempt"], failures[0]["max_attempts"]) == (5, 5)
     assert failures[1]["state"] == "pending" and failures[1]["next_retry_at"] is not None
     assert failures[2]["state"] == "failed" and failures[2]["next_retry_at"] is None
     assert data["reactors"] == []

@@ -28,7 +28,7 @@ ERROR_COLUMN_CHARS = 80
 
 @dataclass(frozen=True)
 class Failure:
-    """One row that failed (for good, or for now)."""
+    """One row that failed (for good, or for now); `last_error` with passwords masked."""
 
     type: str
     photo_id: str
@@ -41,7 +41,6 @@ class Failure:
 
     def as_dict(self) -> dict[str, Any]:
         data = dict(vars(self))
-        data["last_error"] = None if self.last_error is None else redact(self.last_error)
         data["updated_at"] = self.updated_at.isoformat()
         data["next_retry_at"] = self.next_retry_at.isoformat() if self.next_retry_at else None
         return data
@@ -58,21 +57,33 @@ class Failures:
         return {"failures": [r.as_dict() for r in self.rows], "more": self.more}
 
 
-def read_failures(conn: Connection, job_type: str | None, limit: int) -> Failures:
-    """The latest `limit` failed and retried rows (of `job_type`, if given), and how many
-    more there are (counted only when the limit is reached).
+def read_failures(
+    conn: Connection,
+    job_type: str | None,
+    limit: int,
+    *,
+    count_more: bool = True,
+    error_chars: int | None = None,
+) -> Failures:
+    """The latest `limit` failed and retried rows (of `job_type`, if given; `last_error` cut
+    to `error_chars`, if given), and how many more there are (counted, with `count_more`,
+    only when the limit is reached).
 
     Raises:
         DatabaseError: a query failed.
     """
-    params = {"type": job_type, "limit": limit}
+    params = {"type": job_type, "limit": limit, "error_chars": error_chars}
     with translating("failures query failed"), conn.transaction():
         rows = conn.execute(queries.FAILURES, params).fetchall()
         total = len(rows)
-        if total == limit:
+        if count_more and total == limit:
             found = conn.execute(queries.FAILURES_COUNT, params).fetchone()
             total = int(found[0]) if found else total
-    return Failures([Failure(*row) for row in rows], max(0, total - len(rows)))
+    listed = [
+        Failure(t, p, s, a, m, None if e is None else redact(e), u, n)
+        for t, p, s, a, m, e, u, n in rows
+    ]
+    return Failures(listed, max(0, total - len(rows)))
 
 
 def _cell(text: str) -> str:

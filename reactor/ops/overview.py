@@ -25,6 +25,7 @@ from typing import Any
 import redis
 from rq import Queue, Worker
 
+from reactor.ops.failures import Failure, read_failures
 from reactor.ops.status import Status, read_status
 from reactor.pg import queries
 from reactor.pg.db import Connection, translating
@@ -33,7 +34,6 @@ from reactor.routes import Route
 
 __all__ = [
     "CHART_MINUTES",
-    "Failure",
     "Finished",
     "Overview",
     "QueueInfo",
@@ -46,6 +46,8 @@ __all__ = [
 CHART_MINUTES = 60
 #: Failures listed.
 FAILURES_SHOWN = 20
+#: Characters of each failure's `last_error` read (a row written by hand may hold any length).
+FAILURE_ERROR_CHARS = 2000
 
 
 @dataclass(frozen=True)
@@ -56,18 +58,6 @@ class Finished:
     done: dict[str, list[int]]
     failed: dict[str, list[int]]
     attempts: list[int]
-
-
-@dataclass(frozen=True)
-class Failure:
-    type: str
-    photo_id: str
-    state: str
-    attempts: int
-    max_attempts: int
-    last_error: str
-    updated_at: str
-    next_retry_at: str | None
 
 
 @dataclass(frozen=True)
@@ -110,7 +100,7 @@ class Overview:
             "generated_at": self.generated_at,
             **self.status.as_dict(),
             "finished_per_minute": asdict(self.finished),
-            "failures": [asdict(f) for f in self.failures],
+            "failures": [f.as_dict() for f in self.failures],
             "reactors": [asdict(r) for r in self.reactors],
             "queues": [asdict(q) for q in self.queues],
             "redis_error": self.redis_error,
@@ -177,12 +167,9 @@ def read_overview(
         assert row is not None
         now, minute = row
         finished = _finished(conn, minute)
-        failures = [
-            Failure(t, p, s, a, m, redact(e or ""), u.isoformat(), n)
-            for t, p, s, a, m, e, u, n in conn.execute(
-                queries.RECENT_FAILURES, {"limit": FAILURES_SHOWN}
-            )
-        ]
+        failures = read_failures(
+            conn, None, FAILURES_SHOWN, count_more=False, error_chars=FAILURE_ERROR_CHARS
+        ).rows
         reactors = [
             ReactorSession(int(pid), role, addr, since.isoformat(), bool(armed))
             for pid, role, addr, since, armed in conn.execute(queries.REACTOR_SESSIONS)

@@ -250,18 +250,27 @@ SELECT DISTINCT photo_id
 
 -- name: FAILURES
 -- The latest failed rows and rows that failed at least once and will be retried (or are being
--- retried), newest first. Reads the table: an operator's query, not on the dispatch path.
+-- retried), newest first, of one type or of all (`reactor failures`, the dashboard). Each
+-- branch is one walk of the state index, newest first, stopped at the limit. `last_error`
+-- comes whole, or cut to `error_chars` (the dashboard: a hostile row may hold a huge one).
 -- Times are clamped to what Python's datetime holds in any time zone (0001-01-02 to
 -- 9999-12-30 UTC): a row written before sql/0012 may hold 'infinity' or '-infinity'.
-SELECT type, photo_id, state, attempts, max_attempts, last_error,
-       least(greatest(updated_at, '0001-01-02 00:00:00+00'), '9999-12-30 00:00:00+00'),
-       CASE WHEN state = 'pending'  -- a failed row retries never
-            THEN least(greatest(next_retry_at, '0001-01-02 00:00:00+00'),
+SELECT f.type, f.photo_id, f.state, f.attempts, f.max_attempts,
+       CASE WHEN %(error_chars)s::int IS NULL THEN f.last_error
+            ELSE left(f.last_error, %(error_chars)s::int) END,
+       least(greatest(f.updated_at, '0001-01-02 00:00:00+00'), '9999-12-30 00:00:00+00'),
+       CASE WHEN f.state = 'pending'  -- a failed row retries never
+            THEN least(greatest(f.next_retry_at, '0001-01-02 00:00:00+00'),
                        '9999-12-30 00:00:00+00') END
-  FROM photo_jobs
- WHERE (state = 'failed' OR (state IN ('pending', 'active') AND last_error IS NOT NULL))
-   AND (%(type)s::text IS NULL OR type = %(type)s)
- ORDER BY updated_at DESC
+  FROM ((SELECT * FROM photo_jobs
+          WHERE state = 'failed' AND (%(type)s::text IS NULL OR type = %(type)s)
+          ORDER BY updated_at DESC LIMIT %(limit)s)
+        UNION ALL
+        (SELECT * FROM photo_jobs
+          WHERE state IN ('pending', 'active') AND last_error IS NOT NULL
+            AND (%(type)s::text IS NULL OR type = %(type)s)
+          ORDER BY updated_at DESC LIMIT %(limit)s)) AS f
+ ORDER BY f.updated_at DESC
  LIMIT %(limit)s
 
 -- name: FAILURES_COUNT
@@ -338,24 +347,6 @@ SELECT date_trunc('minute', updated_at) AS minute, type, 'failed', count(*), sum
    AND updated_at >= %(minute)s::timestamptz - interval '59 minutes'
    AND updated_at < %(minute)s::timestamptz + interval '1 minute'
  GROUP BY 1, 2
-
--- name: RECENT_FAILURES
--- The dashboard: the last `limit` failures: failed rows and pending rows waiting for a retry
--- after an error, newest first (last_error cut at 2,000 characters; updated_at clamped as in
--- FAILURES).
-SELECT f.type, f.photo_id, f.state, f.attempts, f.max_attempts, left(f.last_error, 2000),
-       least(greatest(f.updated_at, '0001-01-02 00:00:00+00'), '9999-12-30 00:00:00+00'),
-       CASE WHEN f.state = 'pending' THEN f.next_retry_at::text END  -- text: 'infinity' has
-                                                                    -- no Python datetime
-  FROM ((SELECT * FROM photo_jobs
-          WHERE state = 'failed'
-          ORDER BY updated_at DESC LIMIT %(limit)s)
-        UNION ALL
-        (SELECT * FROM photo_jobs
-          WHERE state = 'pending' AND last_error IS NOT NULL
-          ORDER BY updated_at DESC LIMIT %(limit)s)) AS f
- ORDER BY f.updated_at DESC
- LIMIT %(limit)s
 
 -- name: REACTOR_SESSIONS
 -- The dashboard: the reactors' connections to this database (the listener of each listening
