@@ -19,6 +19,7 @@ from reactor.routes import Route, parse_handler_prefixes
 __all__ = [
     "BUSY_KEY_TTL_HEARTBEATS",
     "DEFAULT_BATCH_SIZE",
+    "DEFAULT_DASHBOARD_PORT",
     "DEFAULT_GONE_AFTER_SECONDS",
     "DEFAULT_HEARTBEAT_SECONDS",
     "DEFAULT_POLL_INTERVAL_SECONDS",
@@ -36,6 +37,8 @@ __all__ = [
 ]
 
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
+#: `reactor dashboard` listens on 127.0.0.1 at this port unless told otherwise.
+DEFAULT_DASHBOARD_PORT = 9180
 #: Seconds the reactor waits for Redis to connect or to answer one command. The claim's
 #: transaction (and its row locks) stays open while the enqueue waits: a hung Redis must not
 #: hold it longer than this.

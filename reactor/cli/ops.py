@@ -30,6 +30,7 @@ from reactor.pg import db
 from reactor.pg.registry import load_routes
 from reactor.producer import DEFAULT_JOB_TYPE, submit_many
 from reactor.routes import Route
+from reactor.settings import DEFAULT_DASHBOARD_PORT
 from reactor.signals import Stopper
 from reactor.validate import validate_job
 
@@ -216,7 +217,7 @@ def submit_command(
     "--port",
     type=click.IntRange(0, 65535),
     envvar="REACTOR_DASHBOARD_PORT",
-    default=9180,
+    default=DEFAULT_DASHBOARD_PORT,
     show_default=True,
     show_envvar=True,
     help="Port the dashboard listens on.",

@@ -62,7 +62,8 @@ MAX_UNROUTED_LOGGED = 10
 MAX_UNROUTED_REPORTED = 100
 #: The line about unrouted types not named is written at most this often.
 UNROUTED_SUMMARY_SECONDS = 600.0
-_STATES = ("pending", "active")
+#: The states the backlog gauge counts (finished rows are no backlog).
+_BACKLOG_STATES = ("pending", "active")
 
 #: `last_error` of a row failed because its job vanished from Redis and its attempts are spent.
 _JOB_LOST = "job lost: its RQ job vanished from Redis"
@@ -346,7 +347,9 @@ class Sweeper:
         # Routed types by name, the rest summed under one label: series stay bounded whatever
         # types the table holds.
         counts: dict[tuple[str, str], int] = {
-            (label, state): 0 for label in (*self._types, OTHER_TYPES_LABEL) for state in _STATES
+            (label, state): 0
+            for label in (*self._types, OTHER_TYPES_LABEL)
+            for state in _BACKLOG_STATES
         }
         for job_type, state, count in backlog:
             label = job_type if job_type in self._routes else OTHER_TYPES_LABEL

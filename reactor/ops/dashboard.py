@@ -40,7 +40,7 @@ from markupsafe import Markup
 from reactor.errors import ConfigError, DatabaseError, ReactorError
 from reactor.ops.charts import per_minute_chart
 from reactor.ops.overview import Overview, read_overview
-from reactor.ops.status import read_done_counts
+from reactor.ops.status import STATES, read_done_counts
 from reactor.pg import db
 from reactor.redact import redact
 from reactor.routes import Route
@@ -50,7 +50,6 @@ __all__ = [
     "DATABASE_CONNECTIONS",
     "DEFAULT_CACHE_SECONDS",
     "DEFAULT_CLIENT_TIMEOUT_SECONDS",
-    "DEFAULT_DASHBOARD_PORT",
     "DEFAULT_REFRESH_SECONDS",
     "MAX_CLIENTS",
     "Dashboard",
@@ -60,7 +59,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_DASHBOARD_PORT = 9180
 DEFAULT_REFRESH_SECONDS = 5
 #: How long one read of the database serves every request.
 DEFAULT_CACHE_SECONDS = 2.0
@@ -85,7 +83,6 @@ _CSP = (
     "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 )
 _URL = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://\S+")
-_STATES = ("pending", "active", "done", "failed")
 
 
 def public_reason(text: str) -> str:
@@ -325,8 +322,8 @@ class Dashboard:
             error=None,
             refresh=self._refresh,
             o=found,
-            states=_STATES,
-            totals={s: sum(t.counts[s] for t in found.status.types) for s in _STATES},
+            states=STATES,
+            totals={s: sum(t.counts[s] for t in found.status.types) for s in STATES},
             charts=_charts(found),
         )
         return Page(200, html.encode(), "text/html; charset=utf-8")

@@ -31,9 +31,10 @@ from reactor.routes import format_route
 from reactor.rq.state import STARTED, job_statuses, workers_gone
 from reactor.settings import DEFAULT_GONE_AFTER_SECONDS
 
-__all__ = ["Status", "TypeStatus", "format_status", "read_done_counts", "read_status"]
+__all__ = ["STATES", "Status", "TypeStatus", "format_status", "read_done_counts", "read_status"]
 
-_STATES = ("pending", "active", "done", "failed")
+#: The states of a row, in the order a row moves through them.
+STATES = ("pending", "active", "done", "failed")
 #: Quiet active rows whose RQ worker `reactor status` looks up (the oldest first).
 MAX_WORKER_CHECKS = 10_000
 
@@ -122,11 +123,11 @@ def read_status(
     with translating("status query failed"), conn.transaction():
         counts: dict[str, dict[str, int]] = {}
         for job_type, state, count in conn.execute(queries.STATUS_COUNTS):
-            counts.setdefault(job_type, dict.fromkeys(_STATES, 0))[state] = int(count)
+            counts.setdefault(job_type, dict.fromkeys(STATES, 0))[state] = int(count)
         if done_counts is None:
             done_counts = _done_counts(conn)
         for job_type, count in done_counts.items():
-            counts.setdefault(job_type, dict.fromkeys(_STATES, 0))["done"] = count
+            counts.setdefault(job_type, dict.fromkeys(STATES, 0))["done"] = count
         pending_types = [row[0] for row in conn.execute(queries.PENDING_TYPES)]
         paused = paused_types(conn)
         paused_names = {p.type for p in paused}
@@ -157,7 +158,7 @@ def read_status(
     types = [
         TypeStatus(
             type=job_type,
-            counts=counts.get(job_type, dict.fromkeys(_STATES, 0)),
+            counts=counts.get(job_type, dict.fromkeys(STATES, 0)),
             oldest_due_age_seconds=None if age is None else round(float(age), 3),
             next_retry_at=next_at,
             stale_active=int(stale),
