@@ -186,10 +186,14 @@ def test_failures_shows_the_latest_failed_and_retried_rows(env: Env) -> None:
         """,
         {"long": long_error},
     )
-    # The touch trigger set updated_at to now(): put f1 back an hour, as inserted.
+    # The touch trigger set updated_at to now(): put f1 back an hour, as inserted, and f2 a
+    # minute (newest first is then r1, f2, f1, with no tie).
     conn.execute("ALTER TABLE photo_jobs DISABLE TRIGGER photo_jobs_touch_updated_at")
     conn.execute(
         "UPDATE photo_jobs SET updated_at = now() - interval '1 hour' WHERE photo_id = 'f1'"
+    )
+    conn.execute(
+        "UPDATE photo_jobs SET updated_at = now() - interval '1 minute' WHERE photo_id = 'f2'"
     )
     conn.execute("ALTER TABLE photo_jobs ENABLE TRIGGER photo_jobs_touch_updated_at")
 

@@ -15,18 +15,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
 
 from reactor.dispatcher.metrics import Metrics
 from reactor.errors import ReactorError
-from reactor.pg import db, queries
-from reactor.pg.db import Connection, translating
+from reactor.pg import db
+from reactor.pg.db import Connection
+from reactor.pg.prune import PruneResult, prune_finished
 from reactor.settings import DEFAULT_PRUNE_BATCH_SIZE
 
 __all__ = [
     "PRUNE_INTERVAL_SECONDS",
     "PRUNE_PAUSE_SECONDS",
-    "PruneRound",
     "Pruner",
 ]
 
@@ -36,15 +35,6 @@ logger = logging.getLogger(__name__)
 PRUNE_PAUSE_SECONDS = 0.5
 #: Time between rounds, once a round found nothing more to delete (or failed).
 PRUNE_INTERVAL_SECONDS = 60.0
-
-
-@dataclass(frozen=True)
-class PruneRound:
-    """Rows one round deleted, and in how many batches."""
-
-    done: int = 0
-    failed: int = 0
-    batches: int = 0
 
 
 class Pruner:
@@ -100,7 +90,7 @@ class Pruner:
             self._conn.close()
             self._conn = None
 
-    def run_once(self) -> PruneRound:
+    def run_once(self) -> PruneResult:
         """Delete batches until each state comes back short or a stop is requested.
 
         Raises:
@@ -109,25 +99,15 @@ class Pruner:
         if self._conn is None or self._conn.closed or self._conn.broken:
             self._close()
             self._conn = db.connect(self._database_url, purpose="prune")
-        conn = self._conn
         started = time.monotonic()
-        deleted = {"done": 0, "failed": 0}
-        batches = 0
-        for state, age in self._ages:
-            while not self._stop.is_set():
-                with translating("prune batch failed"), conn.transaction():
-                    count = conn.execute(
-                        queries.PRUNE_FINISHED,
-                        {"state": state, "age": age, "limit": self._batch_size},
-                    ).rowcount
-                batches += 1
-                deleted[state] += count
-                if self._metrics is not None and count:
-                    self._metrics.pruned.labels(state).inc(count)
-                if count < self._batch_size:
-                    break
-                self._stop.wait(PRUNE_PAUSE_SECONDS)
-        result = PruneRound(deleted["done"], deleted["failed"], batches)
+        result = prune_finished(
+            self._conn,
+            self._ages,
+            self._batch_size,
+            pause_seconds=PRUNE_PAUSE_SECONDS,
+            stop=self._stop,
+            on_batch=self._counted,
+        )
         if result.done or result.failed:
             logger.info(
                 "rows_pruned done=%d failed=%d batches=%d seconds=%.1f",
@@ -137,3 +117,7 @@ class Pruner:
                 time.monotonic() - started,
             )
         return result
+
+    def _counted(self, state: str, rows: int) -> None:
+        if self._metrics is not None:
+            self._metrics.pruned.labels(state).inc(rows)

@@ -1,4 +1,4 @@
-"""Operator commands on rows: requeue finished rows, prune old ones.
+"""Operator commands on rows: requeue finished rows, prune old ones (`reactor.pg.prune`).
 
 Both work in batches of `batch_size` rows, each its own short transaction with `SKIP LOCKED`,
 so they never hold locks on a large table for long and never wait behind the dispatcher.
@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from reactor.errors import ConfigError
 from reactor.pg import queries
 from reactor.pg.db import Connection, translating
+from reactor.pg.prune import PruneResult, count_finished, prune_finished
 
 __all__ = [
     "PruneResult",
@@ -56,12 +56,6 @@ def _batched(conn: Connection, query: str, params: dict[str, object], limit: int
             return total
 
 
-def _count_older(conn: Connection, state: str, age: float) -> int:
-    with translating(f"cannot count {state} rows"):
-        row = conn.execute(queries.COUNT_FINISHED, {"state": state, "age": age}).fetchone()
-    return 0 if row is None else int(row[0])
-
-
 def requeue_failed(
     conn: Connection, job_type: str | None = None, *, batch_size: int = DEFAULT_ADMIN_BATCH
 ) -> int:
@@ -101,14 +95,6 @@ def missing_photo_ids(
     return [p for p in dict.fromkeys(photo_ids) if p not in found]
 
 
-@dataclass(frozen=True)
-class PruneResult:
-    """Rows deleted by `prune` (or that it would delete, with `dry_run`)."""
-
-    done: int = 0
-    failed: int = 0
-
-
 def prune(
     conn: Connection,
     *,
@@ -119,18 +105,12 @@ def prune(
 ) -> PruneResult:
     """Delete `done` (and `failed`) rows last updated longer ago than the given seconds; with
     `dry_run`, count them and delete nothing."""
+    ages = [
+        (state, age)
+        for state, age in (("done", done_older_than), ("failed", failed_older_than))
+        if age is not None
+    ]
     if dry_run:
-        counts = {}
-        for state, age in (("done", done_older_than), ("failed", failed_older_than)):
-            counts[state] = 0 if age is None else _count_older(conn, state, age)
-        return PruneResult(counts["done"], counts["failed"])
-    done = failed = 0
-    if done_older_than is not None:
-        done = _batched(
-            conn, queries.PRUNE_FINISHED, {"state": "done", "age": done_older_than}, batch_size
-        )
-    if failed_older_than is not None:
-        failed = _batched(
-            conn, queries.PRUNE_FINISHED, {"state": "failed", "age": failed_older_than}, batch_size
-        )
-    return PruneResult(done, failed)
+        counts = {state: count_finished(conn, state, age) for state, age in ages}
+        return PruneResult(counts.get("done", 0), counts.get("failed", 0))
+    return prune_finished(conn, ages, batch_size)
