@@ -11,6 +11,7 @@ may import handlers from at all.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ __all__ = [
     "Route",
     "default_queue",
     "format_route",
+    "given_routes",
     "handler_allowed",
     "parse_handler_prefixes",
     "parse_route",
@@ -151,3 +153,18 @@ def parse_routes(texts: Iterable[str]) -> Mapping[str, Route]:
     if not routes:
         raise ConfigError("no route configured")
     return routes
+
+
+def given_routes(
+    flags: Iterable[str] = (), env: Mapping[str, str] | None = None
+) -> dict[str, Route]:
+    """The routes a process was given: its `--route` flags, else `REACTOR_ROUTES`; empty when
+    neither names one (the process then follows the routes the reactors recorded, never a
+    built-in one).
+
+    Raises:
+        ConfigError: a route is invalid or a type is routed twice.
+    """
+    env = os.environ if env is None else env
+    texts = list(flags) or [env.get("REACTOR_ROUTES", "")]
+    return dict(parse_routes(texts)) if any(t.strip() for t in texts) else {}

@@ -224,11 +224,11 @@ def test_failures_shows_the_latest_failed_and_retried_rows(env: Env) -> None:
 
 def test_the_demo_route_is_only_used_where_named() -> None:
     # The test harness names it for its processes; the reactor never defaults to it.
-    from reactor.cli.options import resolve_routes
+    from reactor.routes import given_routes
 
-    assert resolve_routes((), {}) == {}
-    assert resolve_routes((), {"REACTOR_ROUTES": " "}) == {}
-    assert list(resolve_routes((), {"REACTOR_ROUTES": DEMO_ROUTE})) == ["photo.process"]
+    assert given_routes((), {}) == {}
+    assert given_routes((), {"REACTOR_ROUTES": " "}) == {}
+    assert list(given_routes((), {"REACTOR_ROUTES": DEMO_ROUTE})) == ["photo.process"]
 
 
 @pytest.mark.parametrize(

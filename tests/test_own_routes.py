@@ -19,7 +19,7 @@ from rq.job import Job
 
 from reactor import submit
 from reactor.jobs import job_id
-from reactor.pg.registry import load_routes
+from reactor.pg.registry import routes_in_use
 from tests.handlers import SCHEMA
 from tests.support.cli import NO_ROUTES, cli_without_routes, one_line
 from tests.support.env import Env
@@ -201,7 +201,7 @@ def test_workers_and_producers_work_with_readmes_grants_and_workers_cannot_write
             assert found == ("done", 1), (round_, worker.output())
         # What a worker's role can do to routes, pauses and the ledger: read them.
         with psycopg.connect(worker_url, autocommit=True) as as_worker:
-            assert load_routes(as_worker)["photo.process"].handler == "tests.handlers.noop"
+            assert routes_in_use(as_worker)["photo.process"].handler == "tests.handlers.noop"
             for statement in (
                 "UPDATE reactor_routes SET handler = 'tests.planted.run'",
                 "INSERT INTO reactor_paused_types (type, paused_by) VALUES ('photo.process', 'x')",

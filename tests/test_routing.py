@@ -19,7 +19,7 @@ from reactor import submit
 from reactor.demo import DEMO_RUNS_KEY
 from reactor.jobs import job_id
 from reactor.pg import queries
-from reactor.pg.registry import NO_ROUTE_HINT, RouteRegistration, load_routes
+from reactor.pg.registry import NO_ROUTE_HINT, RouteRegistration, routes_in_use
 from reactor.routes import Route, parse_route
 from tests.handlers import SCHEMA
 from tests.support.cli import NO_ROUTES, cli_without_routes, one_line
@@ -60,7 +60,7 @@ def test_with_no_route_anywhere_run_and_sweep_refuse_and_dispatch_nothing(
         assert out == f"reactor: error: {NO_ROUTE_HINT}"
     assert states(conn) == {"pending": 3}
     assert queue_ids(env.redis()) == []
-    assert load_routes(conn) == {}
+    assert routes_in_use(conn) == {}
 
 
 def test_a_sweep_without_routes_uses_the_recorded_route_never_the_demo(
@@ -81,7 +81,7 @@ def test_a_sweep_without_routes_uses_the_recorded_route_never_the_demo(
     assert states(conn) == {"done": 3}
     assert handler_runs(conn) == [("p0", 1), ("p1", 1), ("p2", 1)]
     assert env.redis().llen(DEMO_RUNS_KEY) == 0
-    assert load_routes(conn) == {
+    assert routes_in_use(conn) == {
         "photo.process": Route("photo.process", "tests.handlers.ok", "photo-process")
     }
 
@@ -122,7 +122,7 @@ def test_a_conflicting_route_is_refused_while_its_reactor_runs(
     assert third.stop() == 0
     changed = cli_without_routes(env, "sweep", "--route", FAILS)
     assert changed.returncode == 0, changed.stderr
-    assert load_routes(conn)["photo.process"].handler == "tests.handlers.always_fails"
+    assert routes_in_use(conn)["photo.process"].handler == "tests.handlers.always_fails"
     after = cli_without_routes(env, "status").stdout
     assert "photo.process=tests.handlers.always_fails@photo-process  no running reactor" in after
 
@@ -161,7 +161,7 @@ def test_a_reactor_whose_routes_were_taken_over_stops_with_the_conflict(
     )
     assert any(line.startswith(expected) for line in first.lines), first.output()
     assert "Traceback" not in first.output()
-    assert load_routes(conn)["photo.process"].handler == "tests.handlers.always_fails"
+    assert routes_in_use(conn)["photo.process"].handler == "tests.handlers.always_fails"
 
 
 def test_a_registration_again_on_a_new_session_leaves_no_live_rows_behind(
@@ -178,7 +178,7 @@ def test_a_registration_again_on_a_new_session_leaves_no_live_rows_behind(
     assert registration.release(env.connect(autocommit=False))
     assert live_reactors(conn) == 0
     RouteRegistration({"photo.process": parse_route(FAILS)}).register(env.connect(autocommit=False))
-    assert load_routes(conn)["photo.process"].handler == "tests.handlers.always_fails"
+    assert routes_in_use(conn)["photo.process"].handler == "tests.handlers.always_fails"
 
 
 def test_a_reactor_that_fails_to_start_marks_its_routes_stopped(
@@ -307,7 +307,7 @@ def test_a_session_holding_a_dead_reactors_lock_key_does_not_keep_its_route(
         second = start_reactor(
             spawn, "--route", FAILS, "--sweep-interval", "600", name="second", **NO_ROUTES
         )
-        assert load_routes(conn)["photo.process"].handler == "tests.handlers.always_fails"
+        assert routes_in_use(conn)["photo.process"].handler == "tests.handlers.always_fails"
         assert second.stop() == 0, second.output()
         spoofer.close()
 

@@ -17,7 +17,6 @@ from reactor.cli.options import (
     duration,
     gone_option,
     redis_option,
-    resolve_routes,
     routes_option,
     stale_option,
 )
@@ -27,9 +26,9 @@ from reactor.ops.failures import format_failures, read_failures
 from reactor.ops.pause import pause_types, resume_types, who
 from reactor.ops.status import format_status, read_status
 from reactor.pg import db
-from reactor.pg.registry import load_routes
+from reactor.pg.registry import routes_in_use
 from reactor.producer import DEFAULT_JOB_TYPE, submit_many
-from reactor.routes import Route
+from reactor.routes import Route, given_routes
 from reactor.settings import DEFAULT_DASHBOARD_PORT
 from reactor.signals import Stopper
 from reactor.validate import validate_job
@@ -107,7 +106,7 @@ def resume(database_url: str, routes: tuple[str, ...], types: tuple[str, ...]) -
 
 def _known_routes(conn: db.Connection, flags: tuple[str, ...]) -> dict[str, Route]:
     """The routes named on the command line, else those the reactors recorded."""
-    return resolve_routes(flags) or dict(load_routes(conn))
+    return given_routes(flags) or dict(routes_in_use(conn))
 
 
 @click.command()
@@ -278,7 +277,7 @@ def dashboard(**options: Any) -> None:
     board = Dashboard(
         options["database_url"],
         options["redis_url"],
-        resolve_routes(options["routes"]),
+        given_routes(options["routes"]),
         stale_after_seconds=options["stale_after"],
         refresh_seconds=options["refresh"],
         cache_seconds=options["cache_seconds"],

@@ -5,8 +5,7 @@ settings and connection they build from them."""
 from __future__ import annotations
 
 import logging
-import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
@@ -17,7 +16,7 @@ from reactor.errors import ConfigError, DatabaseError, ReactorError
 from reactor.ops import admin
 from reactor.pg import db
 from reactor.redact import has_password, redact
-from reactor.routes import Route, parse_routes
+from reactor.routes import given_routes
 from reactor.settings import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_GONE_AFTER_SECONDS,
@@ -37,7 +36,6 @@ __all__ = [
     "gone_option",
     "reactor_settings",
     "redis_option",
-    "resolve_routes",
     "routes_option",
     "run_options",
     "stale_option",
@@ -249,18 +247,6 @@ def run_options(func: F) -> F:
     return sweep_options(func)
 
 
-def resolve_routes(
-    flags: tuple[str, ...], env: Mapping[str, str] | None = None
-) -> dict[str, Route]:
-    """Routes from the flags, else from REACTOR_ROUTES; empty when neither names one (the
-    reactor then uses the routes recorded in the database, never a built-in one)."""
-    env = os.environ if env is None else env
-    texts = list(flags) or [env.get("REACTOR_ROUTES", "")]
-    if not any(t.strip() for t in texts):
-        return {}
-    return dict(parse_routes(texts))
-
-
 def _doorbell_conflict(options: dict[str, Any]) -> None:
     """`--no-listen` and a `--doorbell` other than poll-only, both asked for: neither wins
     silently.
@@ -297,7 +283,7 @@ def reactor_settings(options: dict[str, Any]) -> ReactorSettings:
     return ReactorSettings(
         database_url=options["database_url"],
         redis_url=options["redis_url"],
-        routes=resolve_routes(options["routes"]),
+        routes=given_routes(options["routes"]),
         batch_size=options["batch_size"],
         stale_after_seconds=options["stale_after"],
         gone_after_seconds=options["gone_after"],

@@ -15,13 +15,12 @@ from reactor.cli.options import (
     connect_migrated,
     database_option,
     redis_option,
-    resolve_routes,
     routes_option,
 )
 from reactor.errors import ConfigError
-from reactor.pg.registry import load_routes
+from reactor.pg.registry import routes_in_use
 from reactor.redact import redact
-from reactor.routes import parse_handler_prefixes
+from reactor.routes import given_routes, parse_handler_prefixes
 
 __all__ = ["worker_command"]
 
@@ -81,11 +80,11 @@ def worker_command(**options: Any) -> None:
 
     if options["quiet"]:
         logging.getLogger().setLevel(logging.WARNING)
-    given = resolve_routes(options["routes"])
+    given = given_routes(options["routes"])
     routed = given
     if not routed:
         with connect_migrated(options["database_url"], "worker") as conn:
-            routed = dict(load_routes(conn))
+            routed = dict(routes_in_use(conn))
     # With no queue and no route yet, the worker waits for a reactor to record its routes.
     names = list(options["queues"]) or sorted({route.queue for route in routed.values()})
     names = names or [RQ_DEFAULT_QUEUE]

@@ -69,7 +69,7 @@ from reactor.dispatcher.sweep import Sweeper, SweepResult
 from reactor.errors import ConfigError, DatabaseError, EnqueueError, StatementError
 from reactor.jobs import JobRef
 from reactor.pg import db, queries
-from reactor.pg.registry import NO_ROUTE_HINT, RouteRegistration, load_routes
+from reactor.pg.registry import NO_ROUTE_HINT, RouteRegistration, routes_in_use
 from reactor.redact import redact
 from reactor.routes import Route, format_route
 from reactor.rq.enqueue import Enqueuer
@@ -318,7 +318,7 @@ class Reactor:
 
     def _register_routes(self, conn: db.Connection) -> None:
         if not self.routes:
-            self.routes.update(load_routes(conn))
+            self.routes.update(routes_in_use(conn))
         if not self.routes:
             raise ConfigError(NO_ROUTE_HINT)
         self._types = tuple(self.routes)

@@ -22,7 +22,7 @@ route for the type: that is how an operator changes a route on purpose (stop the
 the type, start one with the new route).
 
 A process given no routes (`reactor sweep`, a second `reactor run`, `reactor status`, the
-worker side) reads them with `load_routes`, which checks each as a `--route` flag is checked.
+worker side) reads them with `routes_in_use`, which checks each as a `--route` flag is checked.
 Nothing here falls back to a built-in handler:
 no route recorded and none given is a `ConfigError` that says how to route.
 """
@@ -47,8 +47,8 @@ __all__ = [
     "NO_ROUTE_HINT",
     "RecordedRoute",
     "RouteRegistration",
-    "load_routes",
     "read_recorded_routes",
+    "routes_in_use",
 ]
 
 logger = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ def read_recorded_routes(conn: Connection) -> list[RecordedRoute]:
     ]
 
 
-def load_routes(conn: Connection) -> dict[str, Route]:
+def routes_in_use(conn: Connection) -> dict[str, Route]:
     """The routes a process given none uses: per type, the route of the live reactors, else
     the last one recorded. Empty when no reactor ever recorded a route.
 

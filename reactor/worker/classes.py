@@ -67,7 +67,7 @@ from reactor.errors import ConfigError, DatabaseError
 from reactor.jobs import ENTRY_POINT, JobRef, warm_up_ref
 from reactor.pg import db, registry
 from reactor.redact import redact
-from reactor.routes import Route
+from reactor.routes import Route, given_routes
 from reactor.settings import BUSY_KEY_TTL_HEARTBEATS, WorkerSettings
 from reactor.worker import lifecycle
 from reactor.worker.entry import (
@@ -78,10 +78,10 @@ from reactor.worker.entry import (
     load_handler,
 )
 from reactor.worker.inflight import DONE, START, InFlight
-from reactor.worker.own_routes import HandlerRefusedError, OwnRoutes, given_routes
+from reactor.worker.own_routes import HandlerRefusedError, OwnRoutes
 from reactor.worker.worker_key import KeyRenewal
 
-__all__ = ["SimpleWorker", "Worker", "load_routes"]
+__all__ = ["SimpleWorker", "Worker"]
 
 logger = logging.getLogger(__name__)
 
@@ -94,18 +94,6 @@ ROUTES_WAIT_POLL_SECONDS = 1.0
 ROUTES_WAIT_LOG_SECONDS = 60.0
 #: The queue RQ's CLI listens on when given none.
 RQ_DEFAULT_QUEUE = "default"
-
-
-def load_routes(conn: db.Connection, env: Mapping[str, str] | None = None) -> Mapping[str, Route]:
-    """The routes a worker started without explicit routes serves: `REACTOR_ROUTES`, else the
-    routes the reactors recorded in the database (`reactor.pg.registry`), else none.
-
-    Raises:
-        ConfigError: `REACTOR_ROUTES` or a recorded route is invalid.
-        DatabaseError: the recorded routes could not be read.
-    """
-    given = given_routes(env)
-    return registry.load_routes(conn) if given is None else given
 
 
 class _RedactingFilter(logging.Filter):
@@ -174,12 +162,12 @@ class _Lifecycle(KeyRenewal, BaseWorker):
         self._store = lifecycle.Store(settings.database_url)
         if routes is None:
             try:
-                routes = given_routes()
+                routes = given_routes() or None
             except ConfigError as exc:
                 self._settings_error = self._settings_error or exc
         # The only handlers this worker runs: every job is checked against them.
         self._own = OwnRoutes(
-            routes, settings.handler_prefixes, lambda: registry.load_routes(self._store.conn)
+            routes, settings.handler_prefixes, lambda: registry.routes_in_use(self._store.conn)
         )
         try:
             prepared = db.prepared_statements_enabled()

@@ -33,8 +33,9 @@ from typing import Literal, NoReturn
 
 from reactor.errors import PermanentError
 from reactor.jobs import JobRef
-from reactor.pg.registry import load_routes
+from reactor.pg.registry import routes_in_use
 from reactor.redact import redact
+from reactor.routes import given_routes
 from reactor.settings import WorkerSettings
 from reactor.worker.lifecycle import (
     Heartbeat,
@@ -46,7 +47,7 @@ from reactor.worker.lifecycle import (
     finish,
     start,
 )
-from reactor.worker.own_routes import HandlerRefusedError, OwnRoutes, given_routes
+from reactor.worker.own_routes import HandlerRefusedError, OwnRoutes
 
 __all__ = [
     "HandlerError",
@@ -235,7 +236,9 @@ def _process_own_routes(settings: WorkerSettings, store: Store) -> OwnRoutes:
     # recorded routes again only for a job they do not route); a forked horse reads them once.
     global _own, _own_pid
     if _own is None or _own_pid != os.getpid():
-        _own = OwnRoutes(given_routes(), settings.handler_prefixes, lambda: load_routes(store.conn))
+        _own = OwnRoutes(
+            given_routes() or None, settings.handler_prefixes, lambda: routes_in_use(store.conn)
+        )
         _own_pid = os.getpid()
     return _own
 

@@ -8,7 +8,7 @@ inside the allowed module prefixes (`REACTOR_HANDLER_PREFIXES`, `reactor worker
 
 A worker's own routes are the ones it was given (`reactor worker --route`, `REACTOR_ROUTES`),
 or, given none, the routes the reactors recorded (`reactor_routes`, checked as a flag is,
-`reactor.pg.registry.load_routes`): read at the first job (or at start), and read again when a
+`reactor.pg.registry.routes_in_use`): read at the first job (or at start), and read again when a
 job names a handler they do not route (at most once a second for the same type and handler),
 so a route changed on purpose (its reactors stopped, one started with the new route) is
 followed without a restart. Given routes never change.
@@ -17,14 +17,13 @@ followed without a restart. Given routes never change.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Mapping
 
 from reactor.errors import ConfigError, DatabaseError
-from reactor.routes import Route, handler_allowed, parse_routes
+from reactor.routes import Route, handler_allowed
 
-__all__ = ["REFRESH_SECONDS", "HandlerRefusedError", "OwnRoutes", "given_routes"]
+__all__ = ["REFRESH_SECONDS", "HandlerRefusedError", "OwnRoutes"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,18 +42,6 @@ class HandlerRefusedError(Exception):
 
 def _shown(text: str) -> str:
     return repr(text[:MAX_SHOWN]) + ("..." if len(text) > MAX_SHOWN else "")
-
-
-def given_routes(env: Mapping[str, str] | None = None) -> Mapping[str, Route] | None:
-    """The routes `REACTOR_ROUTES` gives a worker started without explicit routes; None when
-    it names none (the worker then runs the routes the reactors recorded).
-
-    Raises:
-        ConfigError: `REACTOR_ROUTES` is invalid.
-    """
-    env = os.environ if env is None else env
-    text = env.get("REACTOR_ROUTES", "")
-    return parse_routes([text]) if text.strip() else None
 
 
 class OwnRoutes:
