@@ -113,10 +113,7 @@ def worker_command(**options: Any) -> None:
             instance.work(burst=options["burst"], max_jobs=options["max_jobs"], logging_level=level)
         except redis.RedisError as exc:
             raise click.ClickException(f"Redis: {redact(str(exc))}") from None
-        # A stop while busy sets the flag; one while idle only the date (RQ then ends the
-        # loop by raising StopRequested inside it).
-        stopped = instance._stop_requested or instance._shutdown_requested_date is not None
-        if options["burst"] or options["max_jobs"] or stopped:
+        if options["burst"] or options["max_jobs"] or instance.stop_requested:
             return
         # RQ's work loop quits on any error it does not expect (a Redis error that outlived
         # the retries, a blocked read cut by a failover): a long-running worker starts it again.

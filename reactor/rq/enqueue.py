@@ -14,13 +14,13 @@ batch or nothing of it.
 
 When some job of the batch exists (rare), each job's status decides: a job that is alive
 (queued, started, scheduled, deferred) was enqueued by an earlier claim whose COMMIT was lost,
-and is not enqueued again (RQ would overwrite it and run it twice). A job left over from an
-earlier life of the row (finished or failed, kept by RQ for a while, then the row was re-armed
-with its attempts reset) is deleted and replaced. The rest go out as one MULTI/EXEC pipeline,
-the jobs to be written watched as above (and every status read again if one changed).
-Statuses are read with `HGET` (`reactor.rq.state`) and leftovers deleted by key: the reactor
-never unpickles anything from Redis (a job's fields are pickles, and whoever can write to
-Redis writes them).
+and is not enqueued again (RQ would overwrite it and run it twice). A job that already ended
+(finished or failed: it ran while the claim that enqueued it was rolled back, found the row
+not at its token and did nothing) is deleted and replaced. The rest go out as one MULTI/EXEC
+pipeline, the jobs to be written watched as above (and every status read again if one
+changed). Statuses are read with `HGET` (`reactor.rq.state`), and an ended job is deleted with
+RQ's `Job.delete` on a job object made from its id: the reactor never unpickles anything from
+Redis (a job's fields are pickles, and whoever can write to Redis writes them).
 
 `enqueue_new` writes the jobs of rows not claimed yet (named by their notification) through
 the same script, and never replaces a job (the caller claims such rows, then enqueues them
@@ -42,11 +42,8 @@ import redis
 from redis.client import Pipeline
 from redis.commands.core import Script
 from rq import Queue
-from rq.executions import ExecutionRegistry
 from rq.job import Job
 from rq.queue import EnqueueData
-from rq.registry import CanceledJobRegistry, FailedJobRegistry, FinishedJobRegistry
-from rq.results import Result
 
 from reactor.errors import EnqueueError
 from reactor.jobs import ENTRY_POINT, JobRef, short_id
@@ -89,7 +86,6 @@ class EnqueueResult:
 
     enqueued: int = 0
     already_enqueued: int = 0
-    replaced: int = 0
     #: Enqueued jobs by type.
     by_type: Mapping[str, int] = field(default_factory=dict)
 
@@ -292,11 +288,9 @@ class Enqueuer:
                 )
         except redis.RedisError as exc:
             raise EnqueueError(f"Redis enqueue failed: {redact(str(exc))}", rows=len(refs)) from exc
-        leftovers = sum(1 for _, status in fresh if status is not None)
         return EnqueueResult(
             enqueued=len(fresh),
             already_enqueued=len(refs) - len(fresh),
-            replaced=leftovers,
             by_type=Counter(ref.type for ref, _ in fresh),
         )
 
@@ -323,25 +317,11 @@ class Enqueuer:
         return True
 
     def _add_delete(self, pipe: Pipeline, ref: JobRef) -> None:
-        """Delete a job by its keys, as `Job.delete` does, without reading it:
+        """Delete a job with RQ's `Job.delete`, on a job object made from its id alone:
         `Job.fetch` would unpickle its fields, and whoever can write to Redis chooses them."""
-        name = self._routes[ref.type].queue
-        queue = self._queue(name)
         bare = Job(ref.job_id, connection=self._client)  # no I/O, nothing read
-        pipe.lrem(queue.key, 0, ref.job_id)
-        for registry in (
-            FinishedJobRegistry(name, connection=self._client),
-            FailedJobRegistry(name, connection=self._client),
-            CanceledJobRegistry(name, connection=self._client),
-        ):
-            pipe.zrem(registry.key, ref.job_id)
-        pipe.delete(
-            bare.key,
-            bare.dependents_key,
-            bare.dependencies_key,
-            Result.get_key(ref.job_id),  # type: ignore[no-untyped-call]
-            ExecutionRegistry(ref.job_id, connection=self._client).key,
-        )
+        bare.origin = self._routes[ref.type].queue
+        bare.delete(pipeline=pipe)
 
     def _by_queue(self, refs: Sequence[JobRef]) -> dict[str, list[JobRef]]:
         by_queue: dict[str, list[JobRef]] = defaultdict(list)

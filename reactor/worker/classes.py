@@ -151,6 +151,9 @@ class _Lifecycle(KeyRenewal, BaseWorker):
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
+        #: Set once a warm shutdown was asked for (SIGTERM/SIGINT): `reactor worker` then does
+        #: not start RQ's work loop again.
+        self.stop_requested = False
         self._settings_error: ConfigError | None = None
         if settings is None:
             try:
@@ -186,6 +189,10 @@ class _Lifecycle(KeyRenewal, BaseWorker):
         self._started: lifecycle.Started | None = None  # the running attempt, once settled
         self._report_fds: tuple[int, int] | None = None
         self._horse_status: int | None = None
+
+    def handle_warm_shutdown_request(self) -> None:
+        self.stop_requested = True
+        super().handle_warm_shutdown_request()  # type: ignore[no-untyped-call]
 
     # -- start -----------------------------------------------------------------------------
 
