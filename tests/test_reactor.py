@@ -12,7 +12,7 @@ import signal
 import subprocess
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -27,7 +27,7 @@ from reactor.dispatcher.loop import Reactor
 from reactor.errors import DatabaseError
 from reactor.jobs import JobRef, job_id
 from reactor.routes import parse_routes
-from reactor.rq.enqueue import SCRIPT_MAX_JOBS, Enqueuer
+from reactor.rq.enqueue import SCRIPT_MAX_JOBS, Enqueuer, EnqueueResult
 from reactor.rq.redis_url import connect_redis
 from reactor.rq.state import RqState
 from reactor.settings import ReactorSettings
@@ -93,12 +93,15 @@ def test_lost_commit_after_enqueue_never_enqueues_twice(env: Env) -> None:
     conn, killer, client = env.connect(autocommit=False), env.connect(), env.redis()
     insert_rows(killer, 3)
 
-    def terminate_own_backend() -> None:
-        killer.execute("SELECT pg_terminate_backend(%s)", [conn.info.backend_pid])
+    class _KillingEnqueuer(Enqueuer):
+        """Enqueues for real, then ends the claim's session: its COMMIT is lost."""
 
-    lossy = Dispatcher(
-        conn, Enqueuer(client, ROUTES), ROUTES, batch_size=10, before_commit=terminate_own_backend
-    )
+        def enqueue(self, refs: Sequence[JobRef]) -> EnqueueResult:
+            result = super().enqueue(refs)
+            killer.execute("SELECT pg_terminate_backend(%s)", [conn.info.backend_pid])
+            return result
+
+    lossy = Dispatcher(conn, _KillingEnqueuer(client, ROUTES), ROUTES, batch_size=10)
     with pytest.raises(DatabaseError):
         lossy.claim_batch("photo.process")
     assert states(killer) == {"pending": 3}  # the COMMIT never happened

@@ -124,7 +124,6 @@ class Dispatcher:
         routes: Mapping[str, Route],
         *,
         batch_size: int,
-        before_commit: Callable[[], None] | None = None,
         metrics: Metrics | None = None,
         database_url: str | None = None,
         idle_in_transaction_seconds: float | None = None,
@@ -134,8 +133,6 @@ class Dispatcher:
         self._enqueuer = enqueuer
         self._routes = routes
         self._batch_size = batch_size
-        # Test hook: runs after the enqueue, before COMMIT (to lose a COMMIT on purpose).
-        self._before_commit = before_commit
         # The prefetch connection of backlog drains; without a URL, drains do not overlap.
         self._database_url = database_url
         # The prefetch connection's guard against a claim left open (as the work connection's).
@@ -188,8 +185,6 @@ class Dispatcher:
             metrics.enqueue_seconds.observe(time.perf_counter() - started)
         try:
             with db.translating("COMMIT failed", conn):
-                if self._before_commit is not None:
-                    self._before_commit()
                 conn.commit()
         except DatabaseError:
             db.abandon(conn)

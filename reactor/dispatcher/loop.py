@@ -50,7 +50,7 @@ import gc
 import logging
 import random
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from http.server import ThreadingHTTPServer
 
@@ -182,7 +182,6 @@ class Reactor:
         settings: ReactorSettings,
         *,
         stopper: Stopper | None = None,
-        before_commit: Callable[[], None] | None = None,
     ) -> None:
         self.settings = settings
         self.stopper = stopper or Stopper()
@@ -215,7 +214,6 @@ class Reactor:
         self._work: db.Connection | None = None
         self._dispatcher: Dispatcher | None = None
         self._sweeper: Sweeper | None = None
-        self._before_commit = before_commit
         self._warned_unknown: set[str] = set()
         self._ignored_log = LogThrottle(burst=10, interval_seconds=60.0)
         self._named_budget = Budget(NAMED_ROWS_BUDGET, NAMED_ROWS_REFILL_PER_SECOND)
@@ -333,7 +331,6 @@ class Reactor:
             self._enqueuer,
             self.routes,
             batch_size=self.settings.batch_size,
-            before_commit=self._before_commit,
             metrics=self.metrics,
             database_url=self.settings.database_url,
             idle_in_transaction_seconds=self._idle_in_transaction,
