@@ -14,6 +14,7 @@ import re
 from reactor.errors import InvalidJobError
 
 __all__ = [
+    "MAX_ERROR_CHARS",
     "MAX_PHOTO_ID_BYTES",
     "MAX_TYPE_LENGTH",
     "check_job_type",
@@ -23,6 +24,9 @@ __all__ = [
 ]
 
 MAX_PHOTO_ID_BYTES = 255
+#: Longest `last_error` the project writes into a row (an outcome, RQ's error, a rescue) or
+#: reads out of one for a page.
+MAX_ERROR_CHARS = 2000
 MAX_TYPE_LENGTH = 128
 
 _TYPE = re.compile(rf"[A-Za-z0-9_.-]{{1,{MAX_TYPE_LENGTH}}}")

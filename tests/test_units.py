@@ -21,8 +21,9 @@ from reactor.routes import (
     parse_routes,
     recorded_route,
 )
-from reactor.rq.job_errors import MAX_ERROR_CHARS, last_line
+from reactor.rq.job_errors import last_line
 from reactor.settings import ReactorSettings, WorkerSettings
+from reactor.validate import MAX_ERROR_CHARS
 from reactor.worker.entry import backoff_seconds
 from reactor.worker.own_routes import HandlerRefusedError, OwnRoutes
 

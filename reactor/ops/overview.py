@@ -31,6 +31,7 @@ from reactor.pg import queries
 from reactor.pg.db import Connection, translating
 from reactor.redact import redact
 from reactor.routes import Route
+from reactor.validate import MAX_ERROR_CHARS
 
 __all__ = [
     "CHART_MINUTES",
@@ -46,8 +47,6 @@ __all__ = [
 CHART_MINUTES = 60
 #: Failures listed.
 FAILURES_SHOWN = 20
-#: Characters of each failure's `last_error` read (a row written by hand may hold any length).
-FAILURE_ERROR_CHARS = 2000
 
 
 @dataclass(frozen=True)
@@ -168,7 +167,7 @@ def read_overview(
         now, minute = row
         finished = _finished(conn, minute)
         failures = read_failures(
-            conn, None, FAILURES_SHOWN, count_more=False, error_chars=FAILURE_ERROR_CHARS
+            conn, None, FAILURES_SHOWN, count_more=False, error_chars=MAX_ERROR_CHARS
         ).rows
         reactors = [
             ReactorSession(int(pid), role, addr, since.isoformat(), bool(armed))

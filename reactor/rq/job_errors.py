@@ -21,11 +21,9 @@ from rq.job import Job
 from rq.results import Result
 
 from reactor.jobs import JobRef
+from reactor.validate import MAX_ERROR_CHARS
 
-__all__ = ["MAX_ERROR_CHARS", "last_line", "read_failure_texts"]
-
-#: `last_error` keeps at most this much of RQ's error text.
-MAX_ERROR_CHARS = 500
+__all__ = ["last_line", "read_failure_texts"]
 
 
 def last_line(traceback_text: str) -> str:

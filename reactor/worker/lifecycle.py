@@ -52,10 +52,10 @@ from reactor.pg import db, queries
 from reactor.redact import redact
 from reactor.settings import WorkerSettings
 from reactor.throttle import LogThrottle
+from reactor.validate import MAX_ERROR_CHARS
 
 __all__ = [
     "HEARTBEAT_SLACK",
-    "MAX_ERROR_CHARS",
     "Heartbeat",
     "Heartbeater",
     "Outcome",
@@ -76,8 +76,6 @@ logger = logging.getLogger(__name__)
 #: Warnings about jobs whose row is missing: a few a minute at most.
 _missing_log = LogThrottle(burst=5, interval_seconds=60.0)
 
-#: Longest `last_error` kept in the row.
-MAX_ERROR_CHARS = 2000
 #: A quarter of the heartbeat interval: how often the heartbeat thread looks whether a beat is
 #: due, and how recently the claim must have stamped a row for the start to only read it.
 #: Together they bound a running attempt's stamp to 1.5 intervals old before its first beat.
