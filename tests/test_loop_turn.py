@@ -16,7 +16,7 @@ import psycopg
 import pytest
 import redis
 
-from reactor.dispatcher import loop
+from reactor.dispatcher import loop, named
 from reactor.dispatcher.doorbell import RECHECK_SECONDS, ArmOutcome, DoorbellMode
 from reactor.dispatcher.listener import Listener
 from reactor.dispatcher.loop import Reactor, Turn, Work
@@ -394,15 +394,15 @@ def test_a_flood_of_named_rows_costs_at_most_the_budget_and_real_rows_still_go(
     flood = (
         "SELECT pg_notify('photo_jobs', 'photo.process fake-' || i) FROM generate_series(1, %s) i"
     )
-    conn.execute(flood, [loop.NAMED_ROWS_BUDGET + 50])
+    conn.execute(flood, [named.NAMED_ROWS_BUDGET + 50])
     turn = reactor.turn()
     assert (turn.work, turn.claimed) == (Work.HINTS, 0)
-    assert withdrawn(reactor) == loop.NAMED_ROWS_BUDGET
+    assert withdrawn(reactor) == named.NAMED_ROWS_BUDGET
     assert queued(env) == []
     with conn.transaction():
-        conn.execute(flood, [loop.NAMED_ROWS_BUDGET])
+        conn.execute(flood, [named.NAMED_ROWS_BUDGET])
         conn.execute(INSERT, ["real"])
     turn_until(reactor, lambda t: state_of(conn, "real") == ("active", 1))
     assert queued(env) == [job_id("photo.process", "real", 1)]
     # The refill over the test's few seconds, at most.
-    assert withdrawn(reactor) < loop.NAMED_ROWS_BUDGET + 50
+    assert withdrawn(reactor) < named.NAMED_ROWS_BUDGET + 50

@@ -103,14 +103,14 @@ def test_lost_commit_after_enqueue_never_enqueues_twice(env: Env) -> None:
 
     lossy = Dispatcher(conn, _KillingEnqueuer(client, ROUTES), ROUTES, batch_size=10)
     with pytest.raises(DatabaseError):
-        lossy.claim_batch("photo.process")
+        lossy.drain(["photo.process"], lambda: False, 60.0)
     assert states(killer) == {"pending": 3}  # the COMMIT never happened
     assert len(queue_ids(client)) == 3  # but the jobs were enqueued
 
     again = Dispatcher(
         env.connect(autocommit=False), Enqueuer(client, ROUTES), ROUTES, batch_size=10
     )
-    result = again.claim_batch("photo.process")
+    result = again.drain(["photo.process"], lambda: False, 60.0)
     assert (result.claimed, result.enqueued, result.already_enqueued) == (3, 0, 3)
     assert sorted(queue_ids(client)) == sorted(
         job_id("photo.process", f"p{i}", 1) for i in range(1, 4)

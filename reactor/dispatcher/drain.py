@@ -1,13 +1,12 @@
 """Claim rows and hand them to RQ, never a row `active` without its job: claim, enqueue, COMMIT.
 
-`Dispatcher.drain()` claims the due pending rows of the given types batch by batch;
-`enqueue_notified()` enqueues the jobs of rows named by their notification and
-`claim_notified()` claims them afterwards (a round trip sooner in the queue; why that is safe
-is in the former's docstring); the sweep
+`Dispatcher.drain()` claims the due pending rows of the given types batch by batch; the sweep
 re-dispatches rows whose job is lost (`redispatch_lost`) or whose worker died
-(`redispatch_stale`) through the same unit. The work connection is its owner's (the reactor
-opens it, hands it in, and hands in a new one with `replace_connection` after a reconnect);
-the dispatcher opens only the prefetch connection below, and closes it in `close()`.
+(`redispatch_stale`) through the same unit. (Rows named by their notification are enqueued
+first and claimed after, on the same connection: `reactor.dispatcher.named`.) The work
+connection is its owner's (`reactor.dispatcher.sessions` opens it, and hands in a new one
+with `replace_connection` after a reconnect); the dispatcher opens only the prefetch
+connection below, and closes it in `close()`.
 
 Guarantees:
 - A row is never `active` without its job in Redis: the enqueue happens inside the claiming
@@ -33,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -43,15 +42,13 @@ from psycopg.pq import TransactionStatus
 
 from reactor.dispatcher.metrics import Metrics
 from reactor.errors import DatabaseError, EnqueueError, ReactorError, StatementError
-from reactor.jobs import JobRef, short_id, warm_up_ref
+from reactor.jobs import JobRef, warm_up_ref
 from reactor.pg import db, queries
 from reactor.pg.db import Connection
 from reactor.routes import Route
 from reactor.rq.enqueue import Enqueuer
-from reactor.rq.state import ALIVE_STATUSES
-from reactor.throttle import LogThrottle
 
-__all__ = ["BatchResult", "Dispatcher", "DrainResult", "Quarantine"]
+__all__ = ["BatchResult", "Dispatcher", "DrainResult", "Quarantine", "require_idle"]
 
 logger = logging.getLogger(__name__)
 
@@ -142,8 +139,11 @@ class Dispatcher:
         #: Types whose claim failed with a statement error, and until when they are skipped.
         self.quarantined: dict[str, Quarantine] = {}
         self._executor: ThreadPoolExecutor | None = None
-        self._confirm_log = LogThrottle(burst=10, interval_seconds=60.0)
-        self._strays_log = LogThrottle(burst=5, interval_seconds=60.0)
+
+    @property
+    def connection(self) -> Connection:
+        """The work connection (claims of named rows run on it too)."""
+        return self._conn
 
     def replace_connection(self, conn: Connection) -> None:
         """Work on `conn` from now on (after a reconnect; the old one is the caller's to close)."""
@@ -153,7 +153,7 @@ class Dispatcher:
 
     def _claim(self, conn: Connection, query: str, params: Mapping[str, Any]) -> list[Row]:
         """Run the claiming UPDATE; its transaction stays open (locks held) until `_deliver`."""
-        _require_idle(conn)
+        require_idle(conn)
         started = time.perf_counter()
         try:
             # Pipeline mode sends the BEGIN together with the claim: one round trip, not two.
@@ -246,209 +246,8 @@ class Dispatcher:
         params = self._claim_params(ref.type)
         db.rehearse(self._conn, row, lambda conn: conn.execute(queries.CLAIM_DUE, params))
 
-    def claim_batch(self, job_type: str) -> BatchResult:
-        """Claim and dispatch up to one batch of due pending rows of `job_type`.
-
-        Raises:
-            EnqueueError: Redis failed (the claim was rolled back).
-            DatabaseError: Postgres failed (the claim was rolled back or its COMMIT was lost).
-        """
-        return self._dispatch(queries.CLAIM_DUE, self._claim_params(job_type))
-
     def _claim_params(self, job_type: str) -> dict[str, Any]:
         return {"type": job_type, "limit": self._batch_size}
-
-    # -- notified rows: enqueue first, claim after --------------------------------------------
-
-    def enqueue_notified(self, refs: Sequence[JobRef]) -> tuple[list[JobRef], list[JobRef]]:
-        """Enqueue the jobs of rows named by their insert's notification (`refs`: token 1 of
-        each) that do not exist yet; `claim_notified` claims those rows afterwards.
-
-        The job is in the queue one Postgres round trip sooner than through a claim. Until the
-        claim commits the row is `pending` at token 0 with its job queued, which is safe: the
-        job's fenced start takes such a row over on the claim's terms (due, attempts left, type
-        not paused), and a drain's claim of the same token finds the job alive and does not
-        enqueue it again. Refs of quarantined types are left to later drains.
-
-        Returns:
-            The refs whose jobs were written, and those whose job existed already (not written,
-            not to be claimed here: the caller drains their types).
-
-        Raises:
-            EnqueueError: Redis failed (the caller drains the types instead).
-        """
-        quarantined = self.quarantined
-        refs = [r for r in refs if r.type in self._routes and r.type not in quarantined]
-        if not refs:
-            return [], []
-        started = time.perf_counter()
-        try:
-            written = self._enqueuer.enqueue_new(refs)
-        except EnqueueError:
-            self._metrics.enqueue_failures.inc()
-            raise
-        if written:
-            self._metrics.enqueue_seconds.observe(time.perf_counter() - started)
-        kept = set(written)
-        return written, [ref for ref in refs if ref not in kept]
-
-    def claim_notified(
-        self, written: Sequence[JobRef], already_enqueued: int = 0
-    ) -> tuple[BatchResult, set[str]]:
-        """Claim the rows whose jobs `enqueue_notified` wrote (`CLAIM_NOTIFIED`), and withdraw
-        the jobs that no row can use: a notification names whatever its sender wrote (anyone
-        who can connect may NOTIFY), so a named row may not exist, or be in a later life.
-
-        Returns the batch, whose `claimed` counts the named rows whose jobs these are (claimed
-        here, taken over by their job's fenced start, run already, or waiting for a resume or
-        their due time, when a claim of token 1 will find the job), and the types to drain now
-        (see below).
-
-        A job may have run already, and its row been inserted anew (deleted first), before
-        this claim: the claim would then make the new row `active` with an ended job. So the
-        claim reads the jobs' statuses while it holds the rows' locks (a job's fenced start
-        waits for them, so no job can run meanwhile), and rolls back if any claimed row's job
-        is no longer alive: those rows' types are returned, for a drain that replaces an ended
-        job. (A row armed again by a requeue or `submit()` is never claimed here: its token is
-        past 0.)
-
-        Raises:
-            DatabaseError: the connection failed (the jobs written are taken over by their
-                workers, or found alive by the next claim).
-        """
-        if not written:
-            return BatchResult(already_enqueued=already_enqueued), set()
-        named = self._claim_named(written)
-        if named is None:
-            # The claim was skipped: the jobs stay, for their fenced starts to judge.
-            skipped = BatchResult(
-                claimed=len(written), enqueued=len(written), already_enqueued=already_enqueued
-            )
-            return skipped, set()
-        rows, dropped = named
-        keep = {key for key, (_, kept) in rows.items() if kept}
-        claimed_here = sum(1 for here, _ in rows.values() if here)
-        # Names of absent rows, or of rows in a later life: their jobs are nobody's.
-        absent = [ref for ref in written if (ref.type, ref.photo_id) not in rows]
-        # First-life rows past token 0: a job still queued is a spare (a name sent again after
-        # RQ let the row's own job expire); a job taken is the row's own, run within the wait.
-        ran = [
-            r for r in written if (r.type, r.photo_id) in rows and (r.type, r.photo_id) not in keep
-        ]
-        withdrawn_absent = self._withdraw(absent)
-        withdrawn_ran = self._withdraw(ran)
-        ours = len(written) - len(absent) - withdrawn_ran
-        by_type = Counter(r.type for r in written if (r.type, r.photo_id) in keep)
-        for job_type, count in by_type.items():
-            self._metrics.dispatched.labels(job_type).inc(count)
-        if ours:
-            logger.info(
-                "batch_dispatched claimed=%d taken_over=%d enqueued=%d already_enqueued=%d "
-                "notified=true",
-                claimed_here,
-                len(keep) - claimed_here,
-                len(written) - withdrawn_absent - withdrawn_ran,
-                already_enqueued,
-            )
-        batch = BatchResult(
-            claimed=ours,
-            enqueued=len(written) - withdrawn_absent - withdrawn_ran,
-            already_enqueued=already_enqueued,
-        )
-        return batch, dropped
-
-    def _claim_named(
-        self, refs: Sequence[JobRef]
-    ) -> tuple[dict[tuple[str, str], tuple[bool, bool]], set[str]] | None:
-        """Claim the rows of `refs`, whose jobs are queued (`CLAIM_NOTIFIED`), if every job of
-        a row it claims is still alive. Returns the first-life rows among them, each with
-        (claimed here, token-1 job still the row's to run), and the types of the rows left to
-        a drain (the claim rolled back); None when the claim was skipped (logged)."""
-        conn = self._conn
-        _require_idle(conn)
-        params = {"photo_ids": [r.photo_id for r in refs], "types": [r.type for r in refs]}
-        started = time.perf_counter()
-        try:
-            with db.translating("claim of notified rows failed", conn), conn.pipeline():
-                rows = conn.execute(queries.CLAIM_NOTIFIED, params).fetchall()
-            found = {(t, p): (bool(here), bool(keep)) for t, p, here, keep in rows}
-            claimed = [JobRef(t, p, 1) for (t, p), (here, _) in found.items() if here]
-            statuses = self._enqueuer.statuses(claimed) if claimed else []
-            ended = [
-                ref
-                for ref, status in zip(claimed, statuses, strict=True)
-                if status not in ALIVE_STATUSES
-            ]
-            if ended:
-                with db.translating("rollback failed", conn):
-                    conn.rollback()
-                logger.info(
-                    "notified_claim_dropped rows=%d ended=%s (jobs ended before the claim, "
-                    "their rows inserted anew: left to the drains)",
-                    len(claimed),
-                    ",".join(ref.job_id[:80] for ref in ended[:5]),
-                )
-                # Rolled back: the claimed rows are pending at token 0 again, and still keep.
-                unclaimed = {key: (False, keep) for key, (_, keep) in found.items()}
-                return unclaimed, {ref.type for ref in claimed}
-            with db.translating("COMMIT of notified rows failed", conn):
-                conn.commit()
-        except EnqueueError as exc:
-            db.abandon(conn)
-            self._claim_skipped(refs, exc)
-            return None
-        except StatementError as exc:
-            db.abandon(conn)
-            self._claim_skipped(refs, exc)
-            return None
-        except DatabaseError:
-            db.abandon(conn)
-            raise
-        self._metrics.claim_seconds.observe(time.perf_counter() - started)
-        return found, set()
-
-    def _withdraw(self, refs: Sequence[JobRef]) -> int:
-        """Withdraw the jobs of named rows that do not exist or are in a later life, if still
-        queued; how many. A job already taken is left to its worker, whose fenced start
-        refuses it; a Redis error leaves them all, likewise."""
-        if not refs:
-            return 0
-        try:
-            withdrawn = self._enqueuer.withdraw(refs)
-        except EnqueueError as exc:
-            if self._strays_log.allow():
-                logger.warning(
-                    "notified_withdraw_failed rows=%d error=%s suppressed=%d",
-                    len(refs),
-                    exc,
-                    self._strays_log.suppressed(),
-                )
-            return 0
-        if withdrawn:
-            self._metrics.named_withdrawn.inc(withdrawn)
-            if self._strays_log.allow():
-                logger.warning(
-                    "notified_jobs_withdrawn jobs=%d first=%s:%s suppressed=%d (rows named by "
-                    "notifications that are not startable: no such row, or not pending at "
-                    "token 0)",
-                    withdrawn,
-                    refs[0].type,
-                    short_id(refs[0].photo_id),
-                    self._strays_log.suppressed(),
-                )
-        return withdrawn
-
-    def _claim_skipped(self, refs: Sequence[JobRef], error: ReactorError) -> None:
-        """Only an optimisation failed (a statement error, or Redis unreadable): the jobs are
-        queued and their workers take the rows over (or fail on the same row, as a claim
-        would)."""
-        if self._confirm_log.allow():
-            logger.warning(
-                "notified_claim_failed rows=%d error=%s suppressed=%d",
-                len(refs),
-                error,
-                self._confirm_log.suppressed(),
-            )
 
     # -- re-dispatching (the sweep's rescues) ------------------------------------------------
 
@@ -638,7 +437,7 @@ class Dispatcher:
             self._prefetch_conn = None
 
 
-def _require_idle(conn: Connection) -> None:
+def require_idle(conn: Connection) -> None:
     """Refuse to claim on a connection whose transaction is open: another claim's, which would
     be committed with ours whether or not its jobs were enqueued. Its rows are given back."""
     if conn.info.transaction_status is not TransactionStatus.IDLE:

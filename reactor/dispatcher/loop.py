@@ -20,13 +20,12 @@ wake-up. On start and on every reconnect the listener LISTENs first and the reac
 at once, catching up on whatever was committed while nobody listened; it then polls until
 the table is quiet and arms the doorbell again (a lost connection released it).
 
-Connections: the reactor opens and owns both. The listener's session (LISTEN, the doorbell
-keys) is `reactor.dispatcher.listener.Listener`. The work connection is handed to the `Dispatcher`
-(claims, re-dispatches) and the `Sweeper` (the sweep's reads) and replaced in both after a
-reconnect. When either connection fails, both are reopened in one round (after a primary
-failover both point at the old server), on a server that takes writes (see `reactor.pg.db`).
-The loop's timer query (`queries.NEXT_DUE_IN`, when the next row becomes due) runs here, on
-the work connection: it serves only the loop's wait, so it lives with the wait.
+The parts: `reactor.dispatcher.sessions` owns both Postgres sessions and reopens them;
+`reactor.dispatcher.wakeups` reads what the notifications ask; `reactor.dispatcher.named`
+enqueues named rows before claiming them; `reactor.dispatcher.drain` claims by type;
+`reactor.dispatcher.sweep` rescues; `reactor.dispatcher.liveness` keeps the routes live. The
+`Reactor` makes them all and runs the turns. The loop's timer query (`queries.NEXT_DUE_IN`,
+when the next row becomes due) runs here, on the work connection: it serves only the wait.
 
 With retention on (`--prune-done-after`), a `reactor.dispatcher.retention.Pruner` thread deletes old
 finished rows on a connection of its own, outside this loop.
@@ -37,14 +36,11 @@ with exponential backoff and jitter, forever; Redis failures roll the batch back
 `pending`) and the drain is retried with backoff until Redis answers again. A sweep whose
 statement fails on a healthy connection is logged (throttled) and tried again at the next
 interval, and dispatch goes on meanwhile: only lost connections pause the loop. Every Redis
-command waits at most `--redis-timeout` (a hung Redis cannot keep a claim's row locks), and a
-listening reactor's work sessions end a transaction left idle for
-`IDLE_IN_TRANSACTION_REDIS_TIMEOUTS` times that (Postgres rolls it back): the second guard.
+command waits at most `--redis-timeout` (a hung Redis cannot keep a claim's row locks).
 """
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import gc
 import logging
@@ -52,42 +48,32 @@ import random
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from http.server import ThreadingHTTPServer
 
-import redis
-import tenacity
 from redis.backoff import NoBackoff
 from redis.retry import Retry
-from redis.sentinel import MasterNotFoundError
 
 from reactor.dispatcher.doorbell import Action, ArmOutcome, Doorbell
-from reactor.dispatcher.drain import Dispatcher, DrainResult
-from reactor.dispatcher.listener import Listener
-from reactor.dispatcher.metrics import HealthCheck, Metrics, serve
-from reactor.dispatcher.retention import Pruner
-from reactor.dispatcher.sweep import Sweeper, SweepResult
-from reactor.errors import ConfigError, DatabaseError, EnqueueError, StatementError
+from reactor.dispatcher.drain import DrainResult
+from reactor.dispatcher.liveness import RouteLiveness
+from reactor.dispatcher.metrics import HealthCheck, Metrics
+from reactor.dispatcher.named import NAMED_ROWS_MAX
+from reactor.dispatcher.root import Parts
+from reactor.dispatcher.sessions import Sessions, backoff
+from reactor.dispatcher.sweep import SweepResult
+from reactor.dispatcher.wakeups import Wakeups
+from reactor.errors import DatabaseError, EnqueueError, StatementError
 from reactor.jobs import JobRef
 from reactor.pg import db, queries
-from reactor.pg.registry import NO_ROUTE_HINT, RouteRegistration, routes_in_use
-from reactor.redact import redact
 from reactor.routes import Route, format_route
-from reactor.rq.enqueue import Enqueuer
-from reactor.rq.redis_url import connect_redis, describe_master_not_found
-from reactor.rq.state import RqState
+from reactor.rq.redis_url import connect_redis
 from reactor.settings import ReactorSettings
 from reactor.signals import Stopper
-from reactor.throttle import Budget, LogThrottle
+from reactor.throttle import LogThrottle
 
 __all__ = ["Reactor", "Turn", "Work"]
 
 logger = logging.getLogger(__name__)
 
-#: Backoff between reconnects and between retries of a drain that Redis refused. The cap is
-#: short because dispatch resumes only at the next try after a failover: one connection
-#: attempt every 2 s per reactor costs a down server nothing.
-BACKOFF_MULTIPLIER_SECONDS = 0.1
-BACKOFF_MAX_SECONDS = 2.0
 #: Cap of the pause after a statement error (the same statement would fail again at once).
 ERROR_PAUSE_MAX_SECONDS = 10.0
 #: Pause after a failed turn before reconnecting.
@@ -95,9 +81,6 @@ ERROR_PAUSE_SECONDS = 0.2
 #: A drain returns to the loop after this long even if rows keep coming (and the loop drains
 #: again at once), so that sweeps, rescues, timers and stop requests are never starved.
 DRAIN_SLICE_SECONDS = 1.0
-#: After a drain for notified types found nothing, drain notified types again only this much
-#: later (a row's notification waits at most this long, and only during a flood of hints).
-HINT_DRAIN_GAP_SECONDS = 0.01
 #: Look up the next due time before any wait that may last longer than this (not before
 #: every 1 ms poll: a poll finds rows that became due anyway).
 NEXT_DUE_LOOKUP_SECONDS = 0.05
@@ -107,26 +90,6 @@ NEXT_DUE_LOOKUP_SECONDS = 0.05
 #: cores they share, a claim made at once slows the job's start down). The job's fenced start
 #: takes its row over if it comes first.
 CLAIM_NAMED_AFTER_SECONDS = 0.005
-#: Rows named by notifications that one turn enqueues before claiming them; the types of any
-#: more are drained (claimed first) instead.
-NAMED_ROWS_MAX = 100
-#: Jobs enqueued for named rows before their claim are drawn from a budget of this many,
-#: refilled at `NAMED_ROWS_REFILL_PER_SECOND`; a row the claim finds real pays its job back.
-#: Anyone who can connect may NOTIFY: names of rows that do not exist cost at most the budget
-#: plus the refill (a few hundred jobs in a minute-long flood, each withdrawn at its claim);
-#: once it is spent, named rows are drained by type, which costs no job for a row that is not
-#: there.
-NAMED_ROWS_BUDGET = 100
-NAMED_ROWS_REFILL_PER_SECOND = 5.0
-#: Check at most this often (or every sweep, if sweeps come sooner) that the routes are still
-#: recorded as this reactor's and their liveness lock held (behind a transaction pooler, the
-#: server session holding it can be closed). The check rides on turns that wake anyway: a
-#: polling reactor, the kind that runs behind a pooler, makes it every few seconds, and it
-#: wakes nothing by itself (a poll-only reactor would poll at each such wake-up).
-KEEP_ROUTES_SECONDS = 5.0
-#: A listening reactor's work connections end a transaction idle this many Redis timeouts
-#: (`--redis-timeout`): the claim's enqueue may take a few commands, each bounded by the timeout.
-IDLE_IN_TRANSACTION_REDIS_TIMEOUTS = 3
 #: Failed sweeps logged per `SWEEP_FAILED_LOG_SECONDS` (the rest are counted in the next line).
 SWEEP_FAILED_LOG_BURST = 3
 SWEEP_FAILED_LOG_SECONDS = 60.0
@@ -174,23 +137,15 @@ class Turn:
 
 
 class Reactor:
-    """`reactor run`: owns the connections, and hands the work one to the dispatcher and the
-    sweeper."""
+    """`reactor run`: makes the parts (`reactor.dispatcher.root`), then runs the turns."""
 
-    def __init__(
-        self,
-        settings: ReactorSettings,
-        *,
-        stopper: Stopper | None = None,
-    ) -> None:
+    def __init__(self, settings: ReactorSettings, *, stopper: Stopper | None = None) -> None:
         self.settings = settings
         self.stopper = stopper or Stopper()
         #: The routes this reactor dispatches with: the ones it was given, else (filled in by
-        #: `start()`) the ones recorded in the database. The enqueuer, the RQ reader, the
-        #: dispatcher and the sweeper share this mapping.
+        #: `start()`) the ones recorded in the database. Every part shares this mapping.
         self.routes: dict[str, Route] = dict(settings.routes)
         self._types = tuple(self.routes)
-        self._registration: RouteRegistration | None = None
         # No retry inside redis-py: a failed batch is rolled back and the drain retried by
         # the loop, outside the transaction, so a retry never extends how long locks are held.
         self._redis = connect_redis(
@@ -199,251 +154,52 @@ class Reactor:
             socket_connect_timeout=settings.redis_timeout_seconds,
             retry=Retry(NoBackoff(), 0),
         )
-        # Only a listening reactor is sure to have sessions of its own (no pooler between).
-        self._idle_in_transaction = (
-            IDLE_IN_TRANSACTION_REDIS_TIMEOUTS * settings.redis_timeout_seconds
-            if settings.listen
-            else None
-        )
-        self._enqueuer = Enqueuer(
-            self._redis, self.routes, job_timeout_seconds=settings.job_timeout_seconds
-        )
-        self._rq_state = RqState(self._redis, self.routes)
-        self._listener = Listener(settings.database_url) if settings.listen else None
-        # Made by `start()`, once the routes are known.
-        self._work: db.Connection | None = None
-        self._dispatcher: Dispatcher | None = None
-        self._sweeper: Sweeper | None = None
-        self._warned_unknown: set[str] = set()
-        self._ignored_log = LogThrottle(burst=10, interval_seconds=60.0)
-        self._named_budget = Budget(NAMED_ROWS_BUDGET, NAMED_ROWS_REFILL_PER_SECOND)
-        self._sweep_failed_log = LogThrottle(
-            burst=SWEEP_FAILED_LOG_BURST, interval_seconds=SWEEP_FAILED_LOG_SECONDS
-        )
         self.metrics = Metrics()
+        interval = settings.sweep_interval_seconds
+        self.health = HealthCheck(settings.listen, max(2 * interval, interval + 10))
+        self._liveness = RouteLiveness(self.routes, settings.database_url, interval)
+        self._sessions = Sessions(settings, self._liveness, self.stopper, self.health, self.metrics)
+        self._wakeups = Wakeups(self.routes)
         self._bell = Doorbell(
             settings.doorbell, poll_interval_seconds=settings.poll_interval_seconds
         )
-        interval = settings.sweep_interval_seconds
-        self.health = HealthCheck(settings.listen, max(2 * interval, interval + 10))
-        self._http: ThreadingHTTPServer | None = None
-        self._pruner: Pruner | None = None
+        self._sweep_failed_log = LogThrottle(
+            burst=SWEEP_FAILED_LOG_BURST, interval_seconds=SWEEP_FAILED_LOG_SECONDS
+        )
+        self._parts: Parts | None = None  # made by `start()`, once the routes are known
         # The loop's state between turns.
         self._next_sweep = 0.0  # set by `start()`
-        self._next_keep = 0.0  # when to check the routes are still ours (`_keep_routes`)
-        self._keep_interval = min(KEEP_ROUTES_SECONDS, settings.sweep_interval_seconds)
         self._next_due: float | None = None  # when the next row becomes due (monotonic)
         self._due_known = False  # _next_due was looked up after the last drain
         self._backlog = True  # drain every type at the next turn
-        self._hinted: set[str] = set()  # notified types waiting for the gap to end
-        self._hints_due = 0.0
 
     # -- start-up ----------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Connect everything once, failing fast.
+        """Connect everything once, failing fast (`Parts.start`).
 
         Raises:
-            ConfigError: bad URL, unreachable or unmigrated database, no route given nor
-                recorded, a route that conflicts with a running reactor's, Redis credentials
-                or scripting (which the enqueue needs) refused.
+            ConfigError: what a retry cannot fix (see `reactor.dispatcher.root`).
         """
         try:
-            self._start()
-        except BaseException:
-            self._release_routes()  # the routes of a reactor that never ran are not live
-            raise
-        self._next_keep = time.monotonic() + self._keep_interval
-
-    def _start(self) -> None:
-        try:
-            conn = db.connect(
-                self.settings.database_url,
-                purpose="work",
-                idle_in_transaction_seconds=self._idle_in_transaction,
-            )
-            try:
-                db.check_schema(conn)
-                self._register_routes(conn)
-            except BaseException:
-                conn.close()
-                raise
-            self._make_dispatcher_and_sweeper(conn)
-            assert self._dispatcher is not None
-            self._dispatcher.warm_up()
-            if self._listener is not None:
-                self._listener.connect()
-        except DatabaseError as exc:
-            raise ConfigError(str(exc)) from exc
-        try:
-            self._redis.ping()
-            self._enqueuer.prepare()
-            self._enqueuer.warm_up()
-        except MasterNotFoundError as exc:
-            # Sentinels all unreachable, or none knows the master's name: a set-up error.
-            raise ConfigError(
-                f"Redis Sentinel: {describe_master_not_found(self.settings.redis_url, exc)}"
-            ) from None
-        except (redis.AuthenticationError, redis.ResponseError) as exc:
-            raise ConfigError(f"Redis refused us: {redact(str(exc))}") from None
-        except redis.RedisError as exc:
-            # Not fatal: rows stay pending and drains retry until Redis answers.
-            logger.warning("redis_unavailable error=%s (will retry)", redact(str(exc)))
-        if self.settings.metrics_port is not None:
-            try:
-                self._http = serve(
-                    self.settings.metrics_port,
-                    self.metrics,
-                    self.health.problem,
-                    host=self.settings.metrics_host,
-                )
-            except OSError as exc:
-                raise ConfigError(
-                    f"cannot serve metrics on port {self.settings.metrics_port}: {exc}"
-                ) from None
-        if self.settings.prune_done_after_seconds is not None:
-            # Its own thread and connection: DELETE batches never sit in the dispatch path.
-            self._pruner = Pruner(
-                self.settings.database_url,
-                done_after_seconds=self.settings.prune_done_after_seconds,
-                failed_after_seconds=self.settings.prune_failed_after_seconds,
-                batch_size=self.settings.prune_batch_size,
+            self._parts = Parts.start(
+                self.settings,
+                sessions=self._sessions,
+                liveness=self._liveness,
+                client=self._redis,
                 metrics=self.metrics,
+                health=self.health,
             )
-            self._pruner.start()
-        self._listener_ok()
+        except BaseException:
+            self._liveness.release(self._sessions.work)  # a reactor that never ran is not live
+            raise
+        self._types = tuple(self.routes)
         self._next_sweep = time.monotonic() + _jittered(self.settings.sweep_interval_seconds)
 
-    def _register_routes(self, conn: db.Connection) -> None:
-        if not self.routes:
-            self.routes.update(routes_in_use(conn))
-        if not self.routes:
-            raise ConfigError(NO_ROUTE_HINT)
-        self._types = tuple(self.routes)
-        self._registration = RouteRegistration(self.routes)
-        self._registration.register(conn)
-
-    def _make_dispatcher_and_sweeper(self, conn: db.Connection) -> None:
-        """Make the dispatcher and the sweeper, on the first work connection `conn`."""
-        self._work = conn
-        self._dispatcher = Dispatcher(
-            conn,
-            self._enqueuer,
-            self.routes,
-            batch_size=self.settings.batch_size,
-            metrics=self.metrics,
-            database_url=self.settings.database_url,
-            idle_in_transaction_seconds=self._idle_in_transaction,
-        )
-        quarantined = self._dispatcher.quarantined
-        self.health.failing_types = lambda: [(t, q.error) for t, q in list(quarantined.items())]
-        self._sweeper = Sweeper(
-            conn,
-            self._dispatcher,
-            self._rq_state,
-            self.routes,
-            batch_size=self.settings.batch_size,
-            stale_after_seconds=self.settings.stale_after_seconds,
-            gone_after_seconds=self.settings.gone_after_seconds,
-            metrics=self.metrics,
-        )
-
-    # -- connections -------------------------------------------------------------------------
-
-    def _connections_ok(self) -> bool:
-        return self._work_connection_ok() and self._listener_ok()
-
-    def _work_connection_ok(self) -> bool:
-        conn = self._work
-        return conn is not None and not conn.closed and not conn.broken
-
-    def _listener_ok(self) -> bool:
-        connected = self._listener is not None and self._listener.connected
-        self.metrics.listener_connected.set(1 if connected else 0)
-        self.health.listener_connected = connected
-        return self._listener is None or connected
-
-    def _drop_connections(self) -> None:
-        if self._listener is not None:
-            self._listener.close()
-        if self._dispatcher is not None:
-            self._dispatcher.close()
-        if self._work is not None:
-            self._work.close()
-
-    def _reconnect(self) -> None:
-        """Reopen both connections in one round (see the module docstring), retrying with
-        backoff until they are up or a stop is requested; then the doorbell starts over and
-        the next turn drains every type.
-
-        Raises:
-            DatabaseError: a stop was requested before the connections were up.
-            ConfigError: a reactor that started meanwhile routes one of our types differently.
-        """
-        self._drop_connections()
-
-        def connect_missing() -> None:
-            if not self._work_connection_ok():
-                self._replace_work_connection(self._connect_work())
-            if self._listener is not None and not self._listener.connected:
-                self._listener.connect()
-
-        self._retrying(DatabaseError, "reconnect")(connect_missing)
-        self._listener_ok()
-        logger.info("reconnected")
-        self._bell.lost()
-        self.metrics.doorbell_armed.set(0)
-        self._backlog = True
-
-    def _connect_work(self) -> db.Connection:
-        conn = db.connect(
-            self.settings.database_url,
-            purpose="work",
-            idle_in_transaction_seconds=self._idle_in_transaction,
-        )
-        if self._registration is not None:
-            # The routes' liveness lock went with the old session: hold it again.
-            try:
-                self._registration.register(conn)
-            except BaseException:
-                conn.close()
-                raise
-        return conn
-
-    def _replace_work_connection(self, conn: db.Connection) -> None:
-        """Hand `conn` to the dispatcher and the sweeper, and close the connection it replaces."""
-        assert self._dispatcher is not None and self._sweeper is not None
-        old, self._work = self._work, conn
-        self._dispatcher.replace_connection(conn)
-        self._sweeper.replace_connection(conn)
-        if old is not None:
-            old.close()
-
-    def _backoff_sleep(self, seconds: float) -> None:
-        self.stopper.sleep(seconds)
-
-    def _retrying(self, kind: type[Exception], what: str) -> tenacity.Retrying:
-        def log_retry(state: tenacity.RetryCallState) -> None:
-            exc = state.outcome.exception() if state.outcome else None
-            self.health.failed(f"{what}: {exc}")
-            logger.warning(
-                "%s_retry attempt=%d next_in=%.2fs error=%s",
-                what,
-                state.attempt_number,
-                state.upcoming_sleep,
-                exc,
-            )
-
-        return tenacity.Retrying(
-            retry=tenacity.retry_if_exception_type(kind),
-            wait=tenacity.wait_random_exponential(
-                multiplier=BACKOFF_MULTIPLIER_SECONDS, max=BACKOFF_MAX_SECONDS
-            ),
-            stop=lambda _state: self.stopper.requested,
-            sleep=self._backoff_sleep,
-            before_sleep=log_retry,
-            reraise=True,
-        )
+    def _started(self) -> Parts:
+        if self._parts is None:
+            raise RuntimeError("the reactor was not started")
+        return self._parts
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -474,17 +230,17 @@ class Reactor:
     def _run(self) -> None:
         while not self.stopper.requested:
             try:
-                if not self._connections_ok():
+                if not self._sessions.ok():
                     self._reconnect()
                 self.turn()
             except DatabaseError as exc:
                 if self.stopper.requested:
                     break
-                if db.is_connection_failure(exc) or not self._connections_ok():
+                if db.is_connection_failure(exc) or not self._sessions.ok():
                     # Reopen both in one round: after a failover the other connection is
                     # on the old primary too (gone, or read-only), just not noticed yet.
-                    self._drop_connections()
-                self._listener_ok()
+                    self._sessions.drop()
+                self._sessions.listener_ok()
                 self.health.failed(str(exc))
                 pause = ERROR_PAUSE_SECONDS
                 if isinstance(exc, StatementError):
@@ -498,6 +254,14 @@ class Reactor:
             except EnqueueError:
                 # Only reached when a stop interrupted the retries.
                 break
+
+    def _reconnect(self) -> None:
+        """Reopen both sessions (`Sessions.reconnect`); the doorbell then starts over and the
+        next turn drains every type (rows committed meanwhile sent notifications to nobody)."""
+        self._sessions.reconnect()
+        self._bell.lost()
+        self.metrics.doorbell_armed.set(0)
+        self._backlog = True
 
     def turn(self) -> Turn:
         """One turn: arm if the doorbell says so, wait for a reason to work, do that work
@@ -528,7 +292,7 @@ class Reactor:
                 self._next_sweep,
                 self._next_due,
                 None if bell_in is None else now + bell_in,
-                self._hints_due if self._hinted else None,
+                self._wakeups.gap_ends,
             )
             if t is not None
         )
@@ -536,18 +300,18 @@ class Reactor:
         payloads = self._wait(deadline - now)
         notifications = len(payloads)
         waited = time.monotonic() - waiting
-        hinted, notified = self._routed(payloads)
-        types = self._hints(hinted)
-        if types or notified or (payloads and not self._hinted):
+        hinted, notified = self._wakeups.parse(payloads, self._started().named.room())
+        held = bool(self._wakeups.held)
+        types = self._wakeups.to_drain(hinted)
+        if types or notified or (payloads and not held):
             bell.rung(routed=bool(types or notified))
         if self.stopper.requested:
             return Turn(waited=waited, notifications=len(payloads), arm=arm)
 
         # 3. The work, the first that is due.
         now = time.monotonic()
-        if self._registration is not None and now >= self._next_keep:
-            self._next_keep = now + self._keep_interval
-            self._keep_routes()
+        if self._sessions.work is not None:
+            self._liveness.keep_if_due(self._sessions.work)
         sweep: SweepResult | None = None
         result: DrainResult | SweepResult
         if now >= self._next_sweep:
@@ -565,9 +329,7 @@ class Reactor:
             result, more_notifications, drained = self._dispatch_notified(notified, types)
             notifications += more_notifications
             if not result.claimed:
-                # Hints that find nothing (a NOTIFY flood costs us a claim each): the next
-                # ones wait a little and are drained together.
-                self._hints_due = time.monotonic() + HINT_DRAIN_GAP_SECONDS
+                self._wakeups.found_nothing()
         elif bell.should_poll():
             self.metrics.polls.inc()
             work, drained = Work.POLL, self._types
@@ -599,22 +361,24 @@ class Reactor:
     # -- the steps of a turn -----------------------------------------------------------------
 
     def _lock_doorbell(self) -> ArmOutcome:
-        assert self._listener is not None  # poll-only reactors never arm
-        outcome = self._listener.lock_doorbell()
+        listener = self._sessions.listener
+        assert listener is not None  # poll-only reactors never arm
+        outcome = listener.lock_doorbell()
         self.metrics.doorbell_arms.labels(outcome.value).inc()
         logger.debug("doorbell_arm outcome=%s", outcome.value)
         return outcome
 
     def _unlock_doorbell(self) -> None:
-        assert self._listener is not None
+        listener = self._sessions.listener
+        assert listener is not None
         self.metrics.doorbell_armed.set(0)
-        self._listener.unlock_doorbell()
+        listener.unlock_doorbell()
         logger.debug("doorbell_disarmed")
 
     def _next_due_at(self) -> float | None:
         """Monotonic time at which the earliest not-yet-due pending row of a routed type
         becomes due (None: no such row)."""
-        conn = self._work
+        conn = self._sessions.work
         assert conn is not None
         with db.translating("next-due query failed", conn), conn.transaction():
             row = conn.execute(queries.NEXT_DUE_IN, {"types": list(self.routes)}).fetchone()
@@ -625,79 +389,34 @@ class Reactor:
     def _wait(self, timeout: float) -> list[str]:
         self.health.turned()
         self.metrics.last_loop.set(time.time())
-        if self._listener is None:
+        listener = self._sessions.listener
+        if listener is None:
             self.stopper.sleep(timeout)
             return []
-        if self._hinted:
+        if self._wakeups.held:
             # Hints are held back until the gap ends: let notifications pile up meanwhile
             # rather than wake for each (the listener reads them all at once afterwards).
             self.stopper.sleep(timeout)
             timeout = 0.0
-        payloads = self._listener.wait(timeout, self.stopper.fileno())
+        payloads = listener.wait(timeout, self.stopper.fileno())
         if payloads:
             self.metrics.notifications.inc(len(payloads))
         return payloads
-
-    def _routed(
-        self, payloads: list[str], room: int = NAMED_ROWS_MAX
-    ) -> tuple[set[str], list[JobRef]]:
-        """The routed types named alone, and the routed rows named one by one (their first
-        attempts, at most `room`; the types of any more count as named alone), in `payloads`
-        (the forms are in sql/0010)."""
-        types = set()
-        rows: dict[tuple[str, str], JobRef] = {}
-        room = min(room, self._named_budget.available())
-        for payload in payloads:
-            job_type, by_row, photo_id = payload.partition(" ")
-            if job_type in self.routes:
-                if not by_row:
-                    types.add(job_type)
-                    continue
-                if photo_id:
-                    if len(rows) < room:
-                        rows.setdefault((job_type, photo_id), JobRef(job_type, photo_id, 1))
-                    else:
-                        types.add(job_type)  # a flood, or the budget spent: claimed first
-                    continue
-            # Rows of a type routed elsewhere are reported by their type, once.
-            unknown = job_type if by_row and job_type not in self.routes else payload
-            if unknown not in self._warned_unknown and len(self._warned_unknown) < 1000:
-                # A hint for a type we do not route (or garbage on the channel): ignore it,
-                # saying so a few times a minute at most (anyone may NOTIFY).
-                self._warned_unknown.add(unknown)
-                if self._ignored_log.allow():
-                    logger.warning(
-                        "notification_ignored payload=%r (no route) suppressed=%d",
-                        payload[:200],
-                        self._ignored_log.suppressed(),
-                    )
-        return types, list(rows.values())
-
-    def _hints(self, types: set[str]) -> set[str]:
-        """The notified types to drain now: none while the gap after an empty hinted drain
-        lasts (they are kept), all kept ones once it is over."""
-        if time.monotonic() < self._hints_due:
-            self._hinted |= types
-            return set()
-        types |= self._hinted
-        self._hinted = set()
-        return types
 
     def _dispatch_notified(
         self, refs: list[JobRef], types: set[str]
     ) -> tuple[DrainResult, int, tuple[str, ...]]:
         """Dispatch the rows named by their notifications: enqueue their jobs at once
-        (`Dispatcher.enqueue_notified`), keep listening for `CLAIM_NAMED_AFTER_SECONDS` and
+        (`NamedRows.enqueue`), keep listening for `CLAIM_NAMED_AFTER_SECONDS` and
         enqueue the rows named meanwhile at once too, then claim them all in one statement
-        (`Dispatcher.claim_notified`). Then drain the types to drain: those named alone, and
+        (`NamedRows.claim`). Then drain the types to drain: those named alone, and
         those of the rows whose jobs were not written (they existed, or Redis refused them:
         the drain retries until Redis answers). A type to drain, or a stop, ends the wait.
 
         Returns:
             What was done, how many notifications the wait read, and the types drained.
         """
-        assert self._dispatcher is not None
-        dispatcher = self._dispatcher
+        named = self._started().named
         drained = dict.fromkeys([*types, *(ref.type for ref in refs)])
         written: list[JobRef] = []
         already = notifications = 0
@@ -705,11 +424,10 @@ class Reactor:
         while True:
             if refs:
                 try:
-                    enqueued, existing = dispatcher.enqueue_notified(refs)
+                    enqueued, existing = named.enqueue(refs)
                 except EnqueueError as exc:
                     logger.warning("notified_enqueue_failed rows=%d error=%s", len(refs), exc)
                     enqueued, existing = [], refs
-                self._named_budget.spend(len(enqueued))
                 written += enqueued
                 already += len(existing)
                 # A job that exists already (another reactor's, or of an earlier life of the
@@ -721,14 +439,12 @@ class Reactor:
                 break
             payloads = self._wait(left)
             notifications += len(payloads)
-            hinted, refs = self._routed(payloads, NAMED_ROWS_MAX - len(written))
-            types = self._hints(hinted)
+            hinted, refs = self._wakeups.parse(payloads, named.room(NAMED_ROWS_MAX - len(written)))
+            types = self._wakeups.to_drain(hinted)
             if types or refs:
                 self._bell.rung(routed=True)
             drained.update(dict.fromkeys([*types, *(ref.type for ref in refs)]))
-        early, dropped = dispatcher.claim_notified(written, already)
-        # Only rows that exist pay their jobs back: names of absent rows spend the budget.
-        self._named_budget.refund(early.claimed)
+        early, dropped = named.claim(written, already)
         types |= dropped
         drained.update(dict.fromkeys(dropped))
         result = self._drain(types) if types else DrainResult()
@@ -738,8 +454,7 @@ class Reactor:
 
     def _drain(self, types: Iterable[str]) -> DrainResult:
         """Drain `types` for up to one slice, retrying while Redis refuses."""
-        assert self._dispatcher is not None
-        dispatcher = self._dispatcher
+        dispatcher = self._started().dispatcher
         wanted = list(types)
         should_stop = self._should_stop
         try:
@@ -750,44 +465,8 @@ class Reactor:
             if self.stopper.requested:
                 raise
         # Redis refused the batch (it was rolled back): retry with backoff, logging each try.
-        return self._retrying(EnqueueError, "drain")(
+        return backoff(EnqueueError, "drain", self.stopper, self.health)(
             dispatcher.drain, wanted, should_stop, DRAIN_SLICE_SECONDS
-        )
-
-    def _keep_routes(self) -> None:
-        """Keep this reactor's routes live (`RouteRegistration.keep`).
-
-        Raises:
-            ConfigError: another reactor took one of our types over with another route.
-            DatabaseError: the connection failed (the caller reconnects).
-        """
-        assert self._registration is not None and self._work is not None
-        try:
-            self._registration.keep(self._work)
-        except StatementError as exc:
-            # The routes' table stayed locked: try again at the next check, dispatch on.
-            logger.warning("routes_keep_failed error=%s", exc)
-
-    def _release_routes(self) -> None:
-        """Mark our routes stopped: on the work connection, else on a new one. Behind a
-        transaction pooler nothing else ends their liveness (the lock stays with a server
-        session), so a failure is logged."""
-        registration = self._registration
-        if registration is None:
-            return
-        if self._work_connection_ok():
-            assert self._work is not None
-            if registration.release(self._work):
-                return
-        try:
-            with contextlib.closing(db.connect(self.settings.database_url, purpose="work")) as conn:
-                if registration.release(conn):
-                    return
-        except (DatabaseError, ConfigError):
-            pass
-        logger.warning(
-            "routes_not_marked_stopped (they count as running until the session holding their"
-            " lock ends)"
         )
 
     def _should_stop(self) -> bool:
@@ -799,11 +478,11 @@ class Reactor:
         Raises:
             DatabaseError: the connection failed (the caller reconnects).
         """
-        assert self._sweeper is not None
+        parts = self._started()
         try:
-            result = self._sweeper.run_once(self._should_stop, DRAIN_SLICE_SECONDS)
-            if self._http is not None:
-                self._sweeper.refresh_backlog_metrics()
+            result = parts.sweeper.run_once(self._should_stop, DRAIN_SLICE_SECONDS)
+            if parts.http is not None:
+                parts.sweeper.refresh_backlog_metrics()
         except StatementError as exc:
             # A row or a statement the sweep cannot handle: the next interval tries again,
             # and meanwhile notifications and polls are dispatched without a pause.
@@ -819,19 +498,13 @@ class Reactor:
 
     def sweep_once(self) -> SweepResult:
         """One sweep round (`reactor sweep`); `start()` must have succeeded."""
-        assert self._sweeper is not None
-        return self._sweeper.run_once(self._should_stop)
+        return self._started().sweeper.run_once(self._should_stop)
 
     # -- shutdown ----------------------------------------------------------------------------
 
     def close(self) -> None:
-        if self._pruner is not None:
-            self._pruner.stop()
-            self._pruner = None
-        if self._http is not None:
-            self._http.shutdown()
-            self._http.server_close()
-            self._http = None
-        self._release_routes()
-        self._drop_connections()
+        if self._parts is not None:
+            self._parts.close()
+        self._liveness.release(self._sessions.work)
+        self._sessions.drop()
         self._redis.close()

@@ -1,0 +1,166 @@
+"""The composition root of `reactor run`: what a reactor is made of, made once its routes are
+known, and taken apart again at the end.
+
+`Parts.start` connects everything once and fails fast: a bad URL, an unreachable or unmigrated
+database, no route given nor recorded, a route that conflicts with a running reactor's, or a
+Redis that refuses our credentials or scripting is a `ConfigError` (exit 2). A Redis that does
+not answer yet is not: rows stay pending and drains retry until it does. The work connection
+is opened first (it records the routes and holds their liveness lock), then the dispatcher,
+the named-row protocol and the sweeper are made on it, the listener connected, Redis checked,
+and, when asked for, the metrics server and the retention thread started.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from http.server import ThreadingHTTPServer
+
+import redis
+from redis.sentinel import MasterNotFoundError
+
+from reactor.dispatcher.drain import Dispatcher
+from reactor.dispatcher.liveness import RouteLiveness
+from reactor.dispatcher.metrics import HealthCheck, Metrics, serve
+from reactor.dispatcher.named import NamedRows
+from reactor.dispatcher.retention import Pruner
+from reactor.dispatcher.sessions import Sessions
+from reactor.dispatcher.sweep import Sweeper
+from reactor.errors import ConfigError, DatabaseError
+from reactor.pg import db
+from reactor.redact import redact
+from reactor.rq.enqueue import Enqueuer
+from reactor.rq.redis_url import describe_master_not_found
+from reactor.rq.state import RqState
+from reactor.settings import ReactorSettings
+
+__all__ = ["Parts"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Parts:
+    """What a started reactor runs with."""
+
+    dispatcher: Dispatcher
+    named: NamedRows
+    sweeper: Sweeper
+    http: ThreadingHTTPServer | None = None
+    pruner: Pruner | None = None
+
+    @classmethod
+    def start(
+        cls,
+        settings: ReactorSettings,
+        *,
+        sessions: Sessions,
+        liveness: RouteLiveness,
+        client: redis.Redis,
+        metrics: Metrics,
+        health: HealthCheck,
+    ) -> Parts:
+        """Connect everything once (see the module docstring).
+
+        Raises:
+            ConfigError: what a retry cannot fix (see the module docstring).
+        """
+        routes = liveness.routes
+        try:
+            conn = db.connect(
+                settings.database_url,
+                purpose="work",
+                idle_in_transaction_seconds=sessions.idle_in_transaction_seconds,
+            )
+            try:
+                db.check_schema(conn)
+                liveness.register(conn)  # fills `routes` in, when none was given
+            except BaseException:
+                conn.close()
+                raise
+            sessions.work = conn
+            enqueuer = Enqueuer(client, routes, job_timeout_seconds=settings.job_timeout_seconds)
+            dispatcher = Dispatcher(
+                conn,
+                enqueuer,
+                routes,
+                batch_size=settings.batch_size,
+                metrics=metrics,
+                database_url=settings.database_url,
+                idle_in_transaction_seconds=sessions.idle_in_transaction_seconds,
+            )
+            quarantined = dispatcher.quarantined
+            health.failing_types = lambda: [(t, q.error) for t, q in list(quarantined.items())]
+            sweeper = Sweeper(
+                conn,
+                dispatcher,
+                RqState(client, routes),
+                routes,
+                batch_size=settings.batch_size,
+                stale_after_seconds=settings.stale_after_seconds,
+                gone_after_seconds=settings.gone_after_seconds,
+                metrics=metrics,
+            )
+            parts = cls(dispatcher, NamedRows(dispatcher, enqueuer, routes, metrics), sweeper)
+            sessions.on_new_work = parts.replace_connection
+            sessions.on_drop = dispatcher.close
+            dispatcher.warm_up()
+            if sessions.listener is not None:
+                sessions.listener.connect()
+        except DatabaseError as exc:
+            raise ConfigError(str(exc)) from exc
+        _check_redis(settings, client, enqueuer)
+        if settings.metrics_port is not None:
+            try:
+                parts.http = serve(
+                    settings.metrics_port, metrics, health.problem, host=settings.metrics_host
+                )
+            except OSError as exc:
+                raise ConfigError(
+                    f"cannot serve metrics on port {settings.metrics_port}: {exc}"
+                ) from None
+        if settings.prune_done_after_seconds is not None:
+            # Its own thread and connection: DELETE batches never sit in the dispatch path.
+            parts.pruner = Pruner(
+                settings.database_url,
+                done_after_seconds=settings.prune_done_after_seconds,
+                failed_after_seconds=settings.prune_failed_after_seconds,
+                batch_size=settings.prune_batch_size,
+                metrics=metrics,
+            )
+            parts.pruner.start()
+        sessions.listener_ok()
+        return parts
+
+    def replace_connection(self, conn: db.Connection) -> None:
+        """After a reconnect: the dispatcher and the sweeper work on `conn` from now on."""
+        self.dispatcher.replace_connection(conn)
+        self.sweeper.replace_connection(conn)
+
+    def close(self) -> None:
+        """Stop the retention thread and the metrics server (the sessions are the caller's)."""
+        if self.pruner is not None:
+            self.pruner.stop()
+            self.pruner = None
+        if self.http is not None:
+            self.http.shutdown()
+            self.http.server_close()
+            self.http = None
+
+
+def _check_redis(settings: ReactorSettings, client: redis.Redis, enqueuer: Enqueuer) -> None:
+    """Check Redis answers and takes our script; refusals are fatal, silence is not."""
+    try:
+        client.ping()
+        enqueuer.prepare()
+        enqueuer.warm_up()
+    except MasterNotFoundError as exc:
+        # Sentinels all unreachable, or none knows the master's name: a set-up error.
+        raise ConfigError(
+            f"Redis Sentinel: {describe_master_not_found(settings.redis_url, exc)}"
+        ) from None
+    except (redis.AuthenticationError, redis.ResponseError) as exc:
+        raise ConfigError(f"Redis refused us: {redact(str(exc))}") from None
+    except redis.RedisError as exc:
+        # Not fatal: rows stay pending and drains retry until Redis answers.
+        logger.warning("redis_unavailable error=%s (will retry)", redact(str(exc)))

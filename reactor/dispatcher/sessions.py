@@ -1,0 +1,171 @@
+"""The reactor's two Postgres sessions and the policy that keeps them up.
+
+The reactor opens and owns both: the listener's (`Listener`: LISTEN and the doorbell keys) and
+the work connection, which it hands to the dispatcher and the sweeper and replaces in both
+after a reconnect. When either fails, both are reopened in one round (after a primary failover
+both point at the old server), on a server that takes writes (see `reactor.pg.db`), retrying
+with exponential backoff and jitter until they are up or a stop is requested. A listening
+reactor's work sessions end a transaction left idle for `IDLE_IN_TRANSACTION_REDIS_TIMEOUTS`
+Redis timeouts (Postgres rolls it back): a second guard, after the Redis timeout itself,
+against a claim whose row locks outlive a hung enqueue.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import tenacity
+
+from reactor.dispatcher.listener import Listener
+from reactor.dispatcher.liveness import RouteLiveness
+from reactor.dispatcher.metrics import HealthCheck, Metrics
+from reactor.errors import DatabaseError
+from reactor.pg import db
+from reactor.settings import ReactorSettings
+from reactor.signals import Stopper
+
+__all__ = [
+    "BACKOFF_MAX_SECONDS",
+    "BACKOFF_MULTIPLIER_SECONDS",
+    "IDLE_IN_TRANSACTION_REDIS_TIMEOUTS",
+    "Sessions",
+    "backoff",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Backoff between reconnects and between retries of a drain that Redis refused. The cap is
+#: short because dispatch resumes only at the next try after a failover: one connection
+#: attempt every 2 s per reactor costs a down server nothing.
+BACKOFF_MULTIPLIER_SECONDS = 0.1
+BACKOFF_MAX_SECONDS = 2.0
+#: A listening reactor's work connections end a transaction idle this many Redis timeouts
+#: (`--redis-timeout`): the claim's enqueue may take a few commands, each bounded by the timeout.
+IDLE_IN_TRANSACTION_REDIS_TIMEOUTS = 3
+
+
+def backoff(
+    kind: type[Exception], what: str, stopper: Stopper, health: HealthCheck
+) -> tenacity.Retrying:
+    """Retry on `kind` with backoff until it succeeds or a stop is requested, logging each
+    retry and telling the health check."""
+
+    def log_retry(state: tenacity.RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        health.failed(f"{what}: {exc}")
+        logger.warning(
+            "%s_retry attempt=%d next_in=%.2fs error=%s",
+            what,
+            state.attempt_number,
+            state.upcoming_sleep,
+            exc,
+        )
+
+    def pause(seconds: float) -> None:
+        stopper.sleep(seconds)  # a stop ends the pause, and `stop` then ends the retries
+
+    return tenacity.Retrying(
+        retry=tenacity.retry_if_exception_type(kind),
+        wait=tenacity.wait_random_exponential(
+            multiplier=BACKOFF_MULTIPLIER_SECONDS, max=BACKOFF_MAX_SECONDS
+        ),
+        stop=lambda _state: stopper.requested,
+        sleep=pause,
+        before_sleep=log_retry,
+        reraise=True,
+    )
+
+
+class Sessions:
+    """Owns the work connection and the listener; reopens both when either fails."""
+
+    def __init__(
+        self,
+        settings: ReactorSettings,
+        liveness: RouteLiveness,
+        stopper: Stopper,
+        health: HealthCheck,
+        metrics: Metrics,
+    ) -> None:
+        self._url = settings.database_url
+        self._liveness = liveness
+        self._stopper = stopper
+        self._health = health
+        self._metrics = metrics
+        # Only a listening reactor is sure to have sessions of its own (no pooler between).
+        self._idle_in_transaction = (
+            IDLE_IN_TRANSACTION_REDIS_TIMEOUTS * settings.redis_timeout_seconds
+            if settings.listen
+            else None
+        )
+        self.listener = Listener(settings.database_url) if settings.listen else None
+        self.work: db.Connection | None = None
+        #: Told of every new work connection after a reconnect (the dispatcher, the sweeper).
+        self.on_new_work: Callable[[db.Connection], None] = lambda _conn: None
+        #: Told when the connections are dropped (the dispatcher closes its prefetch one).
+        self.on_drop: Callable[[], None] = lambda: None
+
+    @property
+    def idle_in_transaction_seconds(self) -> float | None:
+        return self._idle_in_transaction
+
+    def open_work(self) -> db.Connection:
+        """A new work connection, holding the routes' liveness lock if they are registered.
+
+        Raises:
+            ConfigError: the URL is malformed, or our routes conflict with a running reactor's.
+            DatabaseError: the server could not be reached.
+        """
+        conn = db.connect(
+            self._url, purpose="work", idle_in_transaction_seconds=self._idle_in_transaction
+        )
+        try:
+            self._liveness.hold_again(conn)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def ok(self) -> bool:
+        return self.work_ok() and self.listener_ok()
+
+    def work_ok(self) -> bool:
+        conn = self.work
+        return conn is not None and not conn.closed and not conn.broken
+
+    def listener_ok(self) -> bool:
+        """Whether the listener is up (or there is none); the gauge and health say so too."""
+        connected = self.listener is not None and self.listener.connected
+        self._metrics.listener_connected.set(1 if connected else 0)
+        self._health.listener_connected = connected
+        return self.listener is None or connected
+
+    def drop(self) -> None:
+        if self.listener is not None:
+            self.listener.close()
+        self.on_drop()
+        if self.work is not None:
+            self.work.close()
+
+    def reconnect(self) -> None:
+        """Reopen both connections in one round, retrying with backoff until they are up.
+
+        Raises:
+            DatabaseError: a stop was requested before the connections were up.
+            ConfigError: a reactor that started meanwhile routes one of our types differently.
+        """
+        self.drop()
+
+        def connect_missing() -> None:
+            if not self.work_ok():
+                old, self.work = self.work, self.open_work()
+                self.on_new_work(self.work)
+                if old is not None:
+                    old.close()
+            if self.listener is not None and not self.listener.connected:
+                self.listener.connect()
+
+        backoff(DatabaseError, "reconnect", self._stopper, self._health)(connect_missing)
+        self.listener_ok()
+        logger.info("reconnected")
