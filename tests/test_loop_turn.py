@@ -16,7 +16,7 @@ import psycopg
 import pytest
 import redis
 
-from reactor.dispatcher import loop, named
+from reactor.dispatcher import named
 from reactor.dispatcher.doorbell import RECHECK_SECONDS, ArmOutcome, DoorbellMode
 from reactor.dispatcher.listener import Listener
 from reactor.dispatcher.loop import Reactor, Turn, Work
@@ -202,7 +202,7 @@ def test_rows_named_while_the_claim_waits_are_enqueued_at_once_and_claimed_toget
     """The claim of named rows waits a few ms (here stretched to a minute), so that it does not
     compete with the job's pick-up; rows named meanwhile are enqueued at once, and a type
     notified alone ends the wait."""
-    monkeypatch.setattr(loop, "CLAIM_NAMED_AFTER_SECONDS", WATCHDOG_SECONDS)
+    monkeypatch.setattr(named, "CLAIM_NAMED_AFTER_SECONDS", WATCHDOG_SECONDS)
     conn, writer = env.connect(), env.connect()
     reactor = armed_reactor(make_reactor)
     first, second = (job_id("photo.process", p, 1) for p in ("first", "second"))
@@ -260,7 +260,7 @@ def test_a_row_armed_again_before_its_delayed_claim_is_not_claimed_for_its_ended
     while RQ still says `started` (an in-process worker writes `done` before RQ records the
     job's end); a row deleted and inserted anew starts again at token 0, and the drain
     replaces the ended job."""
-    monkeypatch.setattr(loop, "CLAIM_NAMED_AFTER_SECONDS", WATCHDOG_SECONDS)
+    monkeypatch.setattr(named, "CLAIM_NAMED_AFTER_SECONDS", WATCHDOG_SECONDS)
     conn, writer, client = env.connect(), env.connect(), env.redis()
     reactor = armed_reactor(make_reactor)
     first = job_id("photo.process", "again", 1)

@@ -130,15 +130,9 @@ class Dispatcher:
         self._enqueuer = enqueuer
         self._routes = routes
         self._batch_size = batch_size
-        # The prefetch connection of backlog drains; without a URL, drains do not overlap.
-        self._database_url = database_url
-        # The prefetch connection's guard against a claim left open (as the work connection's).
-        self._idle_in_transaction = idle_in_transaction_seconds
-        self._prefetch_conn: Connection | None = None
-        self._prefetch_retry_at = 0.0
+        self._prefetch = Prefetch(database_url, idle_in_transaction_seconds)
         #: Types whose claim failed with a statement error, and until when they are skipped.
         self.quarantined: dict[str, Quarantine] = {}
-        self._executor: ThreadPoolExecutor | None = None
 
     @property
     def connection(self) -> Connection:
@@ -366,9 +360,9 @@ class Dispatcher:
                 ahead, other = None, None
                 if next_type is not None and len(rows) == self._batch_size:
                     # A backlog: claim the next batch on the other connection meanwhile.
-                    other = self._other_connection(conn)
+                    other = self._prefetch.other(conn, self._conn)
                     if other is not None:
-                        ahead = self._pool().submit(self._claim_type, other, next_type)
+                        ahead = self._prefetch.submit(self._claim_type, other, next_type)
                 total = total.add(self._deliver(conn, rows))
                 if next_type is None:
                     return total
@@ -390,51 +384,9 @@ class Dispatcher:
                 db.abandon(other)
             raise
 
-    def _other_connection(self, current: Connection) -> Connection | None:
-        """The connection that is not `current` (opening the prefetch one if needed), or None
-        when there is none: then the drain goes on, one batch at a time, on `current`."""
-        if self._database_url is None:
-            return None
-        if current is not self._conn:
-            return self._conn
-        prefetch = self._prefetch_conn
-        if prefetch is None or prefetch.closed or prefetch.broken:
-            if prefetch is not None:
-                prefetch.close()
-            self._prefetch_conn = None
-            now = time.monotonic()
-            if now < self._prefetch_retry_at:
-                return None
-            try:
-                self._prefetch_conn = db.connect(
-                    self._database_url,
-                    purpose="work-prefetch",
-                    idle_in_transaction_seconds=self._idle_in_transaction,
-                )
-            except ReactorError as exc:
-                # A connection limit, say: draining on one connection is slower, not wrong.
-                self._prefetch_retry_at = now + PREFETCH_RETRY_SECONDS
-                logger.warning(
-                    "prefetch_unavailable error=%s (draining on one connection; retry in %gs)",
-                    exc,
-                    PREFETCH_RETRY_SECONDS,
-                )
-                return None
-        return self._prefetch_conn
-
-    def _pool(self) -> ThreadPoolExecutor:
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix="reactor-prefetch")
-        return self._executor
-
     def close(self) -> None:
         """Close the prefetch connection and thread (the work connection is the caller's)."""
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-            self._executor = None
-        if self._prefetch_conn is not None:
-            self._prefetch_conn.close()
-            self._prefetch_conn = None
+        self._prefetch.close()
 
 
 def require_idle(conn: Connection) -> None:
@@ -443,3 +395,64 @@ def require_idle(conn: Connection) -> None:
     if conn.info.transaction_status is not TransactionStatus.IDLE:
         db.abandon(conn)
         raise DatabaseError("claim refused: the connection was inside a transaction")
+
+
+class Prefetch:
+    """The second connection of backlog drains and the thread that claims on it, both opened
+    on first use; without a URL there is none (drains do not overlap)."""
+
+    def __init__(self, database_url: str | None, idle_in_transaction_seconds: float | None) -> None:
+        self._database_url = database_url
+        # The prefetch connection's guard against a claim left open (as the work connection's).
+        self._idle_in_transaction = idle_in_transaction_seconds
+        self._conn: Connection | None = None
+        self._retry_at = 0.0
+        self._executor: ThreadPoolExecutor | None = None
+
+    def other(self, current: Connection, work: Connection) -> Connection | None:
+        """The connection that is not `current` (opening the prefetch one if needed), or None
+        when there is none: then the drain goes on, one batch at a time, on `current`."""
+        if self._database_url is None:
+            return None
+        if current is not work:
+            return work
+        prefetch = self._conn
+        if prefetch is None or prefetch.closed or prefetch.broken:
+            if prefetch is not None:
+                prefetch.close()
+            self._conn = None
+            now = time.monotonic()
+            if now < self._retry_at:
+                return None
+            try:
+                self._conn = db.connect(
+                    self._database_url,
+                    purpose="work-prefetch",
+                    idle_in_transaction_seconds=self._idle_in_transaction,
+                )
+            except ReactorError as exc:
+                # A connection limit, say: draining on one connection is slower, not wrong.
+                self._retry_at = now + PREFETCH_RETRY_SECONDS
+                logger.warning(
+                    "prefetch_unavailable error=%s (draining on one connection; retry in %gs)",
+                    exc,
+                    PREFETCH_RETRY_SECONDS,
+                )
+                return None
+        return self._conn
+
+    def submit(
+        self, claim: Callable[[Connection, str], list[Row]], conn: Connection, job_type: str
+    ) -> Future[list[Row]]:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="reactor-prefetch")
+        return self._executor.submit(claim, conn, job_type)
+
+    def close(self) -> None:
+        """Close the prefetch connection and thread."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None

@@ -56,10 +56,9 @@ from reactor.dispatcher.doorbell import Action, ArmOutcome, Doorbell
 from reactor.dispatcher.drain import DrainResult
 from reactor.dispatcher.liveness import RouteLiveness
 from reactor.dispatcher.metrics import HealthCheck, Metrics
-from reactor.dispatcher.named import NAMED_ROWS_MAX
 from reactor.dispatcher.root import Parts
 from reactor.dispatcher.sessions import Sessions, backoff
-from reactor.dispatcher.sweep import SweepResult
+from reactor.dispatcher.sweep import SweepResult, guarded_round
 from reactor.dispatcher.wakeups import Wakeups
 from reactor.errors import DatabaseError, EnqueueError, StatementError
 from reactor.jobs import JobRef
@@ -68,7 +67,6 @@ from reactor.routes import Route, format_route
 from reactor.rq.redis_url import connect_redis
 from reactor.settings import ReactorSettings
 from reactor.signals import Stopper
-from reactor.throttle import LogThrottle
 
 __all__ = ["Reactor", "Turn", "Work"]
 
@@ -84,20 +82,25 @@ DRAIN_SLICE_SECONDS = 1.0
 #: Look up the next due time before any wait that may last longer than this (not before
 #: every 1 ms poll: a poll finds rows that became due anyway).
 NEXT_DUE_LOOKUP_SECONDS = 0.05
-#: How long after enqueuing the rows named by notifications the reactor claims them, enqueuing
-#: rows named meanwhile at once. RQ's worker picks a job up within a few ms; until then the
-#: reactor and its Postgres session stay off the CPUs that the pick-up needs (on a machine whose
-#: cores they share, a claim made at once slows the job's start down). The job's fenced start
-#: takes its row over if it comes first.
-CLAIM_NAMED_AFTER_SECONDS = 0.005
-#: Failed sweeps logged per `SWEEP_FAILED_LOG_SECONDS` (the rest are counted in the next line).
-SWEEP_FAILED_LOG_BURST = 3
-SWEEP_FAILED_LOG_SECONDS = 60.0
 
 
 def _jittered(seconds: float) -> float:
     # ± 10 %, so reactors started together do not sweep in lockstep.
     return seconds * random.uniform(0.9, 1.1)
+
+
+def _next_due_at(conn: db.Connection, types: Iterable[str]) -> float | None:
+    """Monotonic time at which the earliest not-yet-due pending row of `types` becomes due
+    (None: no such row).
+
+    Raises:
+        DatabaseError: the query failed.
+    """
+    with db.translating("next-due query failed", conn), conn.transaction():
+        row = conn.execute(queries.NEXT_DUE_IN, {"types": list(types)}).fetchone()
+    if row is None or row[0] is None:
+        return None
+    return time.monotonic() + max(0.0, float(row[0]))
 
 
 class Work(str, enum.Enum):
@@ -162,9 +165,6 @@ class Reactor:
         self._wakeups = Wakeups(self.routes)
         self._bell = Doorbell(
             settings.doorbell, poll_interval_seconds=settings.poll_interval_seconds
-        )
-        self._sweep_failed_log = LogThrottle(
-            burst=SWEEP_FAILED_LOG_BURST, interval_seconds=SWEEP_FAILED_LOG_SECONDS
         )
         self._parts: Parts | None = None  # made by `start()`, once the routes are known
         # The loop's state between turns.
@@ -276,7 +276,7 @@ class Reactor:
         arm: ArmOutcome | None = None
         now = time.monotonic()
         if not self._backlog and bell.should_arm(now):
-            arm = self._lock_doorbell()
+            arm = self._sessions.arm_doorbell()
             if bell.arm_result(arm, now) is Action.DRAIN:
                 self._backlog = True
             self.metrics.doorbell_armed.set(1 if bell.armed else 0)
@@ -285,7 +285,9 @@ class Reactor:
         now = time.monotonic()
         bell_in = 0.0 if self._backlog else bell.wait_seconds(now)
         if not self._due_known and (bell_in is None or bell_in > NEXT_DUE_LOOKUP_SECONDS):
-            self._next_due, self._due_known = self._next_due_at(), True
+            conn = self._sessions.work
+            assert conn is not None
+            self._next_due, self._due_known = _next_due_at(conn, self._types), True
         deadline = min(
             t
             for t in (
@@ -326,7 +328,13 @@ class Reactor:
             result = self._drain(drained)
         elif types or notified:
             work = Work.HINTS
-            result, more_notifications, drained = self._dispatch_notified(notified, types)
+            result, more_notifications, drained = self._started().named.dispatch(
+                notified,
+                types,
+                listen=self._listen_for_names,
+                drain=self._drain,
+                stopped=self._should_stop,
+            )
             notifications += more_notifications
             if not result.claimed:
                 self._wakeups.found_nothing()
@@ -343,7 +351,7 @@ class Reactor:
             is Action.RELEASE
         )
         if released:
-            self._unlock_doorbell()
+            self._sessions.disarm_doorbell()
         self._backlog = result.more
         self._due_known = False
         self.health.succeeded()
@@ -359,32 +367,6 @@ class Reactor:
         )
 
     # -- the steps of a turn -----------------------------------------------------------------
-
-    def _lock_doorbell(self) -> ArmOutcome:
-        listener = self._sessions.listener
-        assert listener is not None  # poll-only reactors never arm
-        outcome = listener.lock_doorbell()
-        self.metrics.doorbell_arms.labels(outcome.value).inc()
-        logger.debug("doorbell_arm outcome=%s", outcome.value)
-        return outcome
-
-    def _unlock_doorbell(self) -> None:
-        listener = self._sessions.listener
-        assert listener is not None
-        self.metrics.doorbell_armed.set(0)
-        listener.unlock_doorbell()
-        logger.debug("doorbell_disarmed")
-
-    def _next_due_at(self) -> float | None:
-        """Monotonic time at which the earliest not-yet-due pending row of a routed type
-        becomes due (None: no such row)."""
-        conn = self._sessions.work
-        assert conn is not None
-        with db.translating("next-due query failed", conn), conn.transaction():
-            row = conn.execute(queries.NEXT_DUE_IN, {"types": list(self.routes)}).fetchone()
-        if row is None or row[0] is None:
-            return None
-        return time.monotonic() + max(0.0, float(row[0]))
 
     def _wait(self, timeout: float) -> list[str]:
         self.health.turned()
@@ -403,54 +385,16 @@ class Reactor:
             self.metrics.notifications.inc(len(payloads))
         return payloads
 
-    def _dispatch_notified(
-        self, refs: list[JobRef], types: set[str]
-    ) -> tuple[DrainResult, int, tuple[str, ...]]:
-        """Dispatch the rows named by their notifications: enqueue their jobs at once
-        (`NamedRows.enqueue`), keep listening for `CLAIM_NAMED_AFTER_SECONDS` and
-        enqueue the rows named meanwhile at once too, then claim them all in one statement
-        (`NamedRows.claim`). Then drain the types to drain: those named alone, and
-        those of the rows whose jobs were not written (they existed, or Redis refused them:
-        the drain retries until Redis answers). A type to drain, or a stop, ends the wait.
-
-        Returns:
-            What was done, how many notifications the wait read, and the types drained.
-        """
-        named = self._started().named
-        drained = dict.fromkeys([*types, *(ref.type for ref in refs)])
-        written: list[JobRef] = []
-        already = notifications = 0
-        deadline = time.monotonic() + CLAIM_NAMED_AFTER_SECONDS
-        while True:
-            if refs:
-                try:
-                    enqueued, existing = named.enqueue(refs)
-                except EnqueueError as exc:
-                    logger.warning("notified_enqueue_failed rows=%d error=%s", len(refs), exc)
-                    enqueued, existing = [], refs
-                written += enqueued
-                already += len(existing)
-                # A job that exists already (another reactor's, or of an earlier life of the
-                # row) was not written, nor will its row be claimed here: the drain claims it,
-                # replacing a job that ended, finding another reactor's alive.
-                types |= {ref.type for ref in existing}
-            left = deadline - time.monotonic()
-            if types or not written or left <= 0 or self.stopper.requested:
-                break
-            payloads = self._wait(left)
-            notifications += len(payloads)
-            hinted, refs = self._wakeups.parse(payloads, named.room(NAMED_ROWS_MAX - len(written)))
-            types = self._wakeups.to_drain(hinted)
-            if types or refs:
-                self._bell.rung(routed=True)
-            drained.update(dict.fromkeys([*types, *(ref.type for ref in refs)]))
-        early, dropped = named.claim(written, already)
-        types |= dropped
-        drained.update(dict.fromkeys(dropped))
-        result = self._drain(types) if types else DrainResult()
-        if written or already:
-            result = result.add(early)
-        return result, notifications, tuple(drained)
+    def _listen_for_names(self, seconds: float, room: int) -> tuple[set[str], list[JobRef], int]:
+        """Listen up to `seconds` while named rows wait for their claim (`NamedRows.dispatch`):
+        the types to drain and the rows named meanwhile (at most `room`), and how many
+        notifications came."""
+        payloads = self._wait(seconds)
+        hinted, refs = self._wakeups.parse(payloads, self._started().named.room(room))
+        types = self._wakeups.to_drain(hinted)
+        if types or refs:
+            self._bell.rung(routed=True)
+        return types, refs, len(payloads)
 
     def _drain(self, types: Iterable[str]) -> DrainResult:
         """Drain `types` for up to one slice, retrying while Redis refuses."""
@@ -473,28 +417,14 @@ class Reactor:
         return self.stopper.requested
 
     def _sweep(self) -> SweepResult | None:
-        """A sweep round (None: a statement of it failed, on a healthy connection).
-
-        Raises:
-            DatabaseError: the connection failed (the caller reconnects).
-        """
         parts = self._started()
-        try:
-            result = parts.sweeper.run_once(self._should_stop, DRAIN_SLICE_SECONDS)
-            if parts.http is not None:
-                parts.sweeper.refresh_backlog_metrics()
-        except StatementError as exc:
-            # A row or a statement the sweep cannot handle: the next interval tries again,
-            # and meanwhile notifications and polls are dispatched without a pause.
-            self.health.sweep_failed(str(exc))
-            self.metrics.sweep_failures.inc()
-            if self._sweep_failed_log.allow():
-                logger.error(
-                    "sweep_failed error=%s suppressed=%d", exc, self._sweep_failed_log.suppressed()
-                )
-            return None
-        self.health.sweep_succeeded()
-        return result
+        return guarded_round(
+            parts.sweeper,
+            self._should_stop,
+            DRAIN_SLICE_SECONDS,
+            health=self.health,
+            refresh_backlog=parts.http is not None,
+        )
 
     def sweep_once(self) -> SweepResult:
         """One sweep round (`reactor sweep`); `start()` must have succeeded."""

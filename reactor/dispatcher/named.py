@@ -21,9 +21,9 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from reactor.dispatcher.drain import BatchResult, Dispatcher, require_idle
+from reactor.dispatcher.drain import BatchResult, Dispatcher, DrainResult, require_idle
 from reactor.dispatcher.metrics import Metrics
 from reactor.errors import DatabaseError, EnqueueError, ReactorError, StatementError
 from reactor.jobs import JobRef, short_id
@@ -33,10 +33,22 @@ from reactor.rq.enqueue import Enqueuer
 from reactor.rq.state import ALIVE_STATUSES
 from reactor.throttle import Budget, LogThrottle
 
-__all__ = ["NAMED_ROWS_BUDGET", "NAMED_ROWS_MAX", "NAMED_ROWS_REFILL_PER_SECOND", "NamedRows"]
+__all__ = [
+    "CLAIM_NAMED_AFTER_SECONDS",
+    "NAMED_ROWS_BUDGET",
+    "NAMED_ROWS_MAX",
+    "NAMED_ROWS_REFILL_PER_SECOND",
+    "NamedRows",
+]
 
 logger = logging.getLogger(__name__)
 
+#: How long after enqueuing the rows named by notifications the reactor claims them, enqueuing
+#: rows named meanwhile at once. RQ's worker picks a job up within a few ms; until then the
+#: reactor and its Postgres session stay off the CPUs that the pick-up needs (on a machine whose
+#: cores they share, a claim made at once slows the job's start down). The job's fenced start
+#: takes its row over if it comes first.
+CLAIM_NAMED_AFTER_SECONDS = 0.005
 #: Rows named by notifications that one turn enqueues before claiming them; the types of any
 #: more are drained (claimed first) instead.
 NAMED_ROWS_MAX = 100
@@ -67,6 +79,57 @@ class NamedRows:
     def room(self, wanted: int = NAMED_ROWS_MAX) -> int:
         """How many named rows may be enqueued now (at most `wanted`)."""
         return min(wanted, self._budget.available())
+
+    def dispatch(
+        self,
+        refs: list[JobRef],
+        types: set[str],
+        *,
+        listen: Callable[[float, int], tuple[set[str], list[JobRef], int]],
+        drain: Callable[[Iterable[str]], DrainResult],
+        stopped: Callable[[], bool],
+    ) -> tuple[DrainResult, int, tuple[str, ...]]:
+        """Dispatch the rows named by their notifications: enqueue their jobs at once, keep
+        listening for `CLAIM_NAMED_AFTER_SECONDS` (`listen(seconds, room)`: the types to
+        drain, the rows named meanwhile, how many notifications came) and enqueue the rows
+        named meanwhile at once too, then claim them all in one statement. Then drain the types
+        to drain: those named alone, and those of the rows whose jobs were not written (they
+        existed, or Redis refused them: the drain retries until Redis answers). A type to
+        drain, or a stop, ends the wait.
+
+        Returns:
+            What was done, how many notifications the wait read, and the types drained.
+        """
+        drained = dict.fromkeys([*types, *(ref.type for ref in refs)])
+        written: list[JobRef] = []
+        already = notifications = 0
+        deadline = time.monotonic() + CLAIM_NAMED_AFTER_SECONDS
+        while True:
+            if refs:
+                try:
+                    enqueued, existing = self.enqueue(refs)
+                except EnqueueError as exc:
+                    logger.warning("notified_enqueue_failed rows=%d error=%s", len(refs), exc)
+                    enqueued, existing = [], refs
+                written += enqueued
+                already += len(existing)
+                # A job that exists already (another reactor's, or of an earlier life of the
+                # row) was not written, nor will its row be claimed here: the drain claims it,
+                # replacing a job that ended, finding another reactor's alive.
+                types |= {ref.type for ref in existing}
+            left = deadline - time.monotonic()
+            if types or not written or left <= 0 or stopped():
+                break
+            types, refs, heard = listen(left, NAMED_ROWS_MAX - len(written))
+            notifications += heard
+            drained.update(dict.fromkeys([*types, *(ref.type for ref in refs)]))
+        early, dropped = self.claim(written, already)
+        types |= dropped
+        drained.update(dict.fromkeys(dropped))
+        result = drain(types) if types else DrainResult()
+        if written or already:
+            result = result.add(early)
+        return result, notifications, tuple(drained)
 
     def enqueue(self, refs: Sequence[JobRef]) -> tuple[list[JobRef], list[JobRef]]:
         """Enqueue the jobs of rows named by their insert's notification (`refs`: token 1 of

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import tenacity
 
+from reactor.dispatcher.doorbell import ArmOutcome
 from reactor.dispatcher.listener import Listener
 from reactor.dispatcher.liveness import RouteLiveness
 from reactor.dispatcher.metrics import HealthCheck, Metrics
@@ -147,6 +148,20 @@ class Sessions:
         self.on_drop()
         if self.work is not None:
             self.work.close()
+
+    def arm_doorbell(self) -> ArmOutcome:
+        """Take the doorbell keys on the listener's session (`Listener.lock_doorbell`)."""
+        assert self.listener is not None  # poll-only reactors never arm
+        outcome = self.listener.lock_doorbell()
+        self._metrics.doorbell_arms.labels(outcome.value).inc()
+        logger.debug("doorbell_arm outcome=%s", outcome.value)
+        return outcome
+
+    def disarm_doorbell(self) -> None:
+        assert self.listener is not None
+        self._metrics.doorbell_armed.set(0)
+        self.listener.unlock_doorbell()
+        logger.debug("doorbell_disarmed")
 
     def reconnect(self) -> None:
         """Reopen both connections in one round, retrying with backoff until they are up.

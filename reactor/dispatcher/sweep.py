@@ -39,7 +39,7 @@ from datetime import datetime
 from typing import Any
 
 from reactor.dispatcher.drain import BatchResult, Dispatcher
-from reactor.dispatcher.metrics import Metrics
+from reactor.dispatcher.metrics import HealthCheck, Metrics
 from reactor.errors import EnqueueError, StatementError
 from reactor.jobs import JobRef, short_id
 from reactor.pg import queries
@@ -49,7 +49,7 @@ from reactor.rq.state import ALIVE_STATUSES, FAILED, QUEUED, STARTED, RqState
 from reactor.settings import DEFAULT_GONE_AFTER_SECONDS
 from reactor.throttle import LogThrottle
 
-__all__ = ["OTHER_TYPES_LABEL", "SweepResult", "Sweeper"]
+__all__ = ["OTHER_TYPES_LABEL", "SweepResult", "Sweeper", "guarded_round"]
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +62,9 @@ MAX_UNROUTED_LOGGED = 10
 MAX_UNROUTED_REPORTED = 100
 #: The line about unrouted types not named is written at most this often.
 UNROUTED_SUMMARY_SECONDS = 600.0
+#: Failed sweeps logged per `SWEEP_FAILED_LOG_SECONDS` (the rest are counted in the next line).
+SWEEP_FAILED_LOG_BURST = 3
+SWEEP_FAILED_LOG_SECONDS = 60.0
 #: The states the backlog gauge counts (finished rows are no backlog).
 _BACKLOG_STATES = ("pending", "active")
 
@@ -121,7 +124,7 @@ class Sweeper:
         self._unrouted_log = LogThrottle(burst=1, interval_seconds=UNROUTED_SUMMARY_SECONDS)
         self._refused = 0  # rows whose re-dispatch failed alone, this sweep
         self._refused_log = LogThrottle(burst=10, interval_seconds=60.0)
-        self._metrics = metrics or Metrics()
+        self.metrics = self._metrics = metrics or Metrics()
 
     def replace_connection(self, conn: Connection) -> None:
         """Read on `conn` from now on (after a reconnect; the old one is the caller's to close)."""
@@ -380,3 +383,37 @@ class Sweeper:
                 len(new) - len(named),
             )
         return unrouted[:MAX_UNROUTED_REPORTED]
+
+
+_sweep_failed_log = LogThrottle(
+    burst=SWEEP_FAILED_LOG_BURST, interval_seconds=SWEEP_FAILED_LOG_SECONDS
+)
+
+
+def guarded_round(
+    sweeper: Sweeper,
+    should_stop: Callable[[], bool],
+    slice_seconds: float,
+    *,
+    health: HealthCheck,
+    refresh_backlog: bool,
+) -> SweepResult | None:
+    """A sweep round inside `reactor run` (and the backlog gauges after it, when metrics are
+    served); None when a statement of it failed on a healthy connection: logged (throttled),
+    counted, and tried again at the next interval while dispatch goes on without a pause.
+
+    Raises:
+        DatabaseError: the connection failed (the caller reconnects).
+    """
+    try:
+        result = sweeper.run_once(should_stop, slice_seconds)
+        if refresh_backlog:
+            sweeper.refresh_backlog_metrics()
+    except StatementError as exc:
+        health.sweep_failed(str(exc))
+        sweeper.metrics.sweep_failures.inc()
+        if _sweep_failed_log.allow():
+            logger.error("sweep_failed error=%s suppressed=%d", exc, _sweep_failed_log.suppressed())
+        return None
+    health.sweep_succeeded()
+    return result
