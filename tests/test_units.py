@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import random
 import re
-import subprocess
-import sys
 
 import pytest
 
@@ -244,20 +242,6 @@ def test_last_line_of_a_traceback_names_the_exception() -> None:
     )
     assert last_line("") == ""
     assert len(last_line("ValueError: " + "x" * 2000)) == MAX_ERROR_CHARS
-
-
-def test_job_side_modules_import_nothing_heavy() -> None:
-    """What an RQ work horse imports to run a job (the entry point, the worker classes, the
-    settings) loads neither Prometheus nor the reactor's loop; a fresh interpreter checks."""
-    probe = (
-        "import sys, reactor.worker.entry, reactor.worker.classes, reactor.settings;"
-        "print(sorted(m for m in ('prometheus_client', 'reactor.dispatcher.loop', 'reactor.dispatcher.metrics')"
-        " if m in sys.modules))"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
-    )
-    assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
 def test_status_of_an_empty_table_says_so() -> None:

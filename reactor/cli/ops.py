@@ -23,6 +23,7 @@ from reactor.cli.options import (
 from reactor.errors import ConfigError
 from reactor.ops import admin
 from reactor.ops.failures import format_failures, read_failures
+from reactor.ops.hosts import parse_allowed_host
 from reactor.ops.pause import pause_types, resume_types, who
 from reactor.ops.status import format_status, read_status
 from reactor.pg import db
@@ -259,11 +260,7 @@ def submit_command(
 def dashboard(**options: Any) -> None:
     """Serve a read-only web page of the table, the reactors and RQ (and /api/overview)."""
     try:
-        from reactor.ops.dashboard import (  # noqa: PLC0415
-            Dashboard,
-            parse_allowed_host,
-            serve_dashboard,
-        )
+        from reactor.ops.dashboard import Dashboard, serve_dashboard  # noqa: PLC0415
     except ImportError as exc:
         raise ConfigError(
             f"reactor dashboard needs {exc.name}: pip install 'photo-reactor[dashboard]'"

@@ -34,14 +34,15 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Any
 
 from psycopg.pq import TransactionStatus
 
 from reactor.dispatcher.metrics import Metrics
-from reactor.errors import DatabaseError, EnqueueError, ReactorError, StatementError
+from reactor.dispatcher.prefetch import Prefetch, Row
+from reactor.errors import DatabaseError, EnqueueError, StatementError
 from reactor.jobs import JobRef, warm_up_ref
 from reactor.pg import db, queries
 from reactor.pg.db import Connection
@@ -52,11 +53,7 @@ __all__ = ["BatchResult", "Dispatcher", "DrainResult", "Quarantine", "require_id
 
 logger = logging.getLogger(__name__)
 
-Row = tuple[str, str, int, str]
 
-#: After the prefetch connection of a backlog drain could not be opened, drain on one
-#: connection for this long before trying again.
-PREFETCH_RETRY_SECONDS = 30.0
 #: A type whose claim fails with a statement error is left out of drains for this long,
 #: doubling on each further failure up to the maximum.
 QUARANTINE_BASE_SECONDS = 1.0
@@ -395,64 +392,3 @@ def require_idle(conn: Connection) -> None:
     if conn.info.transaction_status is not TransactionStatus.IDLE:
         db.abandon(conn)
         raise DatabaseError("claim refused: the connection was inside a transaction")
-
-
-class Prefetch:
-    """The second connection of backlog drains and the thread that claims on it, both opened
-    on first use; without a URL there is none (drains do not overlap)."""
-
-    def __init__(self, database_url: str | None, idle_in_transaction_seconds: float | None) -> None:
-        self._database_url = database_url
-        # The prefetch connection's guard against a claim left open (as the work connection's).
-        self._idle_in_transaction = idle_in_transaction_seconds
-        self._conn: Connection | None = None
-        self._retry_at = 0.0
-        self._executor: ThreadPoolExecutor | None = None
-
-    def other(self, current: Connection, work: Connection) -> Connection | None:
-        """The connection that is not `current` (opening the prefetch one if needed), or None
-        when there is none: then the drain goes on, one batch at a time, on `current`."""
-        if self._database_url is None:
-            return None
-        if current is not work:
-            return work
-        prefetch = self._conn
-        if prefetch is None or prefetch.closed or prefetch.broken:
-            if prefetch is not None:
-                prefetch.close()
-            self._conn = None
-            now = time.monotonic()
-            if now < self._retry_at:
-                return None
-            try:
-                self._conn = db.connect(
-                    self._database_url,
-                    purpose="work-prefetch",
-                    idle_in_transaction_seconds=self._idle_in_transaction,
-                )
-            except ReactorError as exc:
-                # A connection limit, say: draining on one connection is slower, not wrong.
-                self._retry_at = now + PREFETCH_RETRY_SECONDS
-                logger.warning(
-                    "prefetch_unavailable error=%s (draining on one connection; retry in %gs)",
-                    exc,
-                    PREFETCH_RETRY_SECONDS,
-                )
-                return None
-        return self._conn
-
-    def submit(
-        self, claim: Callable[[Connection, str], list[Row]], conn: Connection, job_type: str
-    ) -> Future[list[Row]]:
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix="reactor-prefetch")
-        return self._executor.submit(claim, conn, job_type)
-
-    def close(self) -> None:
-        """Close the prefetch connection and thread."""
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-            self._executor = None
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None

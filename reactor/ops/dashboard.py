@@ -22,7 +22,6 @@ What it guarantees on a shared host and a big table:
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import logging
 import re
@@ -39,6 +38,7 @@ from markupsafe import Markup
 
 from reactor.errors import ConfigError, DatabaseError, ReactorError
 from reactor.ops.charts import per_minute_chart
+from reactor.ops.hosts import allowed_hosts, host_of
 from reactor.ops.overview import Overview, read_overview
 from reactor.ops.status import STATES, read_done_counts
 from reactor.pg import db
@@ -53,7 +53,6 @@ __all__ = [
     "DEFAULT_REFRESH_SECONDS",
     "MAX_CLIENTS",
     "Dashboard",
-    "parse_allowed_host",
     "serve_dashboard",
 ]
 
@@ -73,10 +72,6 @@ DATABASE_CONNECTIONS = 1
 #: How long a request waits for the read in progress before it answers 503.
 READ_WAIT_SECONDS = 30.0
 #: Host names every dashboard answers to, besides its bound address and `--allowed-host`.
-LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
-_WILDCARDS = frozenset({"", "0.0.0.0", "::"})
-_HOST_NAME = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.-]{0,251}[A-Za-z0-9_])?$")
-
 #: No script of any origin, no request to anywhere: the page is markup, inline CSS and SVG.
 _CSP = (
     "default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
@@ -89,52 +84,6 @@ def public_reason(text: str) -> str:
     """One line fit for a page: no password, no connection URL."""
     lines = text.strip().splitlines()
     return _URL.sub("<url>", redact(lines[0] if lines else "unknown error"))
-
-
-def _normal_host(name: str) -> str:
-    """A host name or IP address as the Host check compares it: lower case, no trailing dot,
-    an IPv6 address without brackets and in its compressed form."""
-    name = name.strip().lower().rstrip(".")
-    if name.startswith("[") and name.endswith("]"):
-        name = name[1:-1]
-    try:
-        return str(ipaddress.ip_address(name))
-    except ValueError:
-        return name
-
-
-def parse_allowed_host(text: str) -> str:
-    """A name given to `--allowed-host`: a host name or an IP address (an IPv6 one in brackets
-    or not), without scheme, port or path.
-
-    Raises:
-        ConfigError: anything else.
-    """
-    name = _normal_host(text)
-    try:
-        ipaddress.ip_address(name)
-    except ValueError:
-        if not _HOST_NAME.match(name) or ".." in name:
-            raise ConfigError(
-                f"bad --allowed-host {text!r}: give a host name or an IP address, "
-                "without scheme, port or path"
-            ) from None
-    return name
-
-
-def _host_of(header: str) -> str | None:
-    """The host part of a Host header (`name`, `name:port`, `[v6]`, `[v6]:port`); None when
-    it is malformed."""
-    header = header.strip()
-    if header.startswith("["):
-        host, sep, rest = header[1:].partition("]")
-        if not sep or (rest and not (rest.startswith(":") and rest[1:].isdigit())):
-            return None
-    else:
-        host, _, port = header.partition(":")
-        if port and not port.isdigit():
-            return None
-    return _normal_host(host) if host else None
 
 
 @dataclass(frozen=True)
@@ -386,15 +335,6 @@ class _BoundedServer(ThreadingHTTPServer):
             self._slots.release()
 
 
-def allowed_hosts(bound: str, extra: Iterable[str]) -> frozenset[str]:
-    """The Host names the dashboard answers to: loopback names, the bound address unless it
-    is a wildcard, and `extra` (already checked by `parse_allowed_host`)."""
-    names = set(LOOPBACK_NAMES) | {_normal_host(n) for n in extra}
-    if _normal_host(bound) not in _WILDCARDS:
-        names.add(_normal_host(bound))
-    return frozenset(names)
-
-
 def serve_dashboard(
     dashboard: Dashboard,
     host: str,
@@ -416,7 +356,7 @@ def serve_dashboard(
         timeout = client_timeout
 
         def do_GET(self) -> None:
-            name = _host_of(self.headers.get("Host", ""))
+            name = host_of(self.headers.get("Host", ""))
             path = self.path.split("?", 1)[0]
             if name is None or name not in names:
                 # A DNS-rebinding page sends its own name: never answer it with our data.
