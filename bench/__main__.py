@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import subprocess
 import time
 from collections.abc import Callable
 from typing import Any
@@ -40,6 +41,29 @@ SUITES: dict[str, tuple[str, Callable[[bool], dict[str, Any]]]] = {
 }
 
 
+def _commit() -> str:
+    """The checkout's commit, `+dirty` when it has uncommitted changes (figures are quoted
+    with the commit they were measured on)."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            check=False,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    except OSError:
+        return "unknown"
+    return (head or "unknown") + ("+dirty" if dirty else "")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("suites", nargs="*", default=["all"], choices=["all", *SUITES])
@@ -62,11 +86,13 @@ def main() -> None:
         result["command"] = command
         result["when"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
         result["machine"] = f"{platform.machine()}, Python {platform.python_version()}"
+        result["commit"] = _commit()
         results[name] = result
         print(f"### {title}\n\n{result['table']}\n", flush=True)
         latest.write_text(json.dumps(results, indent=2, default=str) + "\n")
         markdown = [
-            f"### {SUITES[key][0]}\n\n`{results[key]['command']}` ({results[key]['when']})\n\n"
+            f"### {SUITES[key][0]}\n\n`{results[key]['command']}` ({results[key]['when']}, "
+            f"commit {results[key].get('commit', 'unknown')})\n\n"
             f"{results[key]['table']}\n"
             for key in SUITES
             if key in results

@@ -177,16 +177,24 @@ class Stat:
     low: float
     high: float
     runs: int
+    #: Every run's value, in the order measured (kept in results/latest.json).
+    values: tuple[float, ...] = ()
 
     @classmethod
     def of(cls, values: Sequence[float]) -> Stat:
-        return cls(statistics.median(values), min(values), max(values), len(values))
+        return cls(statistics.median(values), min(values), max(values), len(values), tuple(values))
 
     def fmt(self, unit: str = "", digits: int = 1) -> str:
         return f"{self.median:,.{digits}f}{unit} ({self.low:,.{digits}f}–{self.high:,.{digits}f})"
 
-    def as_dict(self) -> dict[str, float]:
-        return {"median": self.median, "min": self.low, "max": self.high, "runs": self.runs}
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "median": self.median,
+            "min": self.low,
+            "max": self.high,
+            "runs": self.runs,
+            "values": [round(v, 6) for v in self.values],
+        }
 
 
 def percentile(values: Sequence[float], q: float) -> float:
