@@ -575,7 +575,7 @@ def test_a_session_holding_a_doorbell_key_does_not_keep_the_reactor_spinning(
     conn.execute("INSERT INTO photo_jobs (photo_id, type) VALUES ('wake', 'photo.process')")
     assert taken.wait(20), "the reactor never released the doorbell after a routed NOTIFY"
     wait_for(
-        lambda: metric(scrape(port), 'reactor_doorbell_arm_attempts_total{outcome="busy"}') >= 3,
+        lambda: metric(scrape(port), 'reactor_doorbell_arm_attempts_total{outcome="busy"}', 0) >= 3,
         timeout=20,
         what="failed arms",
     )

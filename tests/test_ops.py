@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
+import pytest
 import yaml
 from click import Context
 
@@ -46,7 +47,8 @@ def test_metrics_and_health_over_http(env: Env, spawn: Callable[..., Process]) -
 
     def moved() -> str | None:
         _, text = get(base + "/metrics")
-        done = metric(text, 'reactor_dispatched_total{type="photo.process"}') == 7
+        # The type's series appears with its first dispatch.
+        done = metric(text, 'reactor_dispatched_total{type="photo.process"}', 0) == 7
         return text if done else None
 
     text = wait_for(moved, what="dispatched counter")
@@ -59,6 +61,12 @@ def test_metrics_and_health_over_http(env: Env, spawn: Callable[..., Process]) -
     assert metric(text, "reactor_claim_seconds_count") >= 1
     assert metric(text, "reactor_enqueue_seconds_count") >= 1
     assert metric(text, "reactor_listener_connected") == 1
+    # A series the reactor does not expose is an error, not a 0 (a renamed metric would
+    # otherwise pass every `== 0` and `<` assert).
+    for absent in ('reactor_dispatched_total{type="photo.thumb"}', "reactor_no_such_total"):
+        with pytest.raises(AssertionError, match="no series"):
+            metric(text, absent)
+    assert metric(text, 'reactor_dispatched_total{type="photo.thumb"}', 0) == 0
 
     # Take the listener away and keep it away (no new connections to this database).
     admin = psycopg.connect(env.pg_server_url, autocommit=True)
