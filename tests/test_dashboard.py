@@ -32,6 +32,7 @@ from tests.support.doorbell import armed_by
 from tests.support.env import Env
 from tests.support.processes import Process, start_reactor, start_worker
 from tests.support.servers import PostgresServer, free_port
+from tests.support.sockets import listening_addresses
 from tests.support.waiting import wait_for
 
 TITLE = "photo-reactor dashboard"
@@ -516,6 +517,28 @@ def test_foreign_host_headers_are_refused(env: Env, spawn: Callable[..., Process
         "reactor: error: bad --allowed-host 'http://evil.example/': give a host name or an "
         "IP address, without scheme, port or path"
     ]
+
+
+def test_it_binds_loopback_unless_told_otherwise(env: Env, spawn: Callable[..., Process]) -> None:
+    """The kernel's view of its listening socket: 127.0.0.1 by default (connecting to
+    127.0.0.1 cannot tell that from a wildcard bind), the --host address otherwise (another
+    loopback address here: the reader tells them apart)."""
+    proc, base = start_dashboard(spawn)
+    port = int(base.rsplit(":", 1)[1])
+    assert listening_addresses(proc.proc.pid) == {("127.0.0.1", port)}
+    other_port = free_port()
+    other = spawn(
+        "-m",
+        "reactor",
+        "dashboard",
+        "--host",
+        "127.0.0.2",
+        "--port",
+        str(other_port),
+        name="dashboard-127.0.0.2",
+    )
+    other.wait_for_line("dashboard_serving")
+    assert listening_addresses(other.proc.pid) == {("127.0.0.2", other_port)}
 
 
 def test_concurrent_requests_share_one_postgres_connection(

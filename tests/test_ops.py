@@ -22,6 +22,7 @@ from tests.support.paths import ROOT
 from tests.support.processes import Process, start_reactor
 from tests.support.rows import insert_rows, states
 from tests.support.servers import RedisServer, free_port
+from tests.support.sockets import listening_addresses
 from tests.support.waiting import wait_for
 
 
@@ -91,6 +92,25 @@ def test_metrics_and_health_over_http(env: Env, spawn: Callable[..., Process]) -
     finally:
         admin.execute(f'ALTER DATABASE "{env.database_name}" ALLOW_CONNECTIONS true')
     wait_for(lambda: get(base + "/healthz")[0] == 200, timeout=20, what="200 after reconnect")
+
+
+def test_metrics_bind_loopback_unless_told_otherwise(
+    env: Env, spawn: Callable[..., Process]
+) -> None:
+    """What the kernel says the reactor listens on: 127.0.0.1 by default (a connection to
+    127.0.0.1 would also reach a server bound to every address), the address given with
+    --metrics-host otherwise (another loopback address here: the reader tells them apart)."""
+    port, other_port = free_port(), free_port()
+    default = start_reactor(spawn, "--metrics-port", str(port))
+    assert wait_for(lambda: listening_addresses(default.proc.pid), what="the metrics socket") == {
+        ("127.0.0.1", port)
+    }
+    told = start_reactor(
+        spawn, "--metrics-port", str(other_port), "--metrics-host", "127.0.0.2", name="told"
+    )
+    assert wait_for(lambda: listening_addresses(told.proc.pid), what="the metrics socket") == {
+        ("127.0.0.2", other_port)
+    }
 
 
 def test_no_password_in_any_output(env: Env, spawn: Callable[..., Process]) -> None:
