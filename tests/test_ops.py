@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -92,6 +93,71 @@ def test_metrics_and_health_over_http(env: Env, spawn: Callable[..., Process]) -
     finally:
         admin.execute(f'ALTER DATABASE "{env.database_name}" ALLOW_CONNECTIONS true')
     wait_for(lambda: get(base + "/healthz")[0] == 200, timeout=20, what="200 after reconnect")
+
+
+def test_healthz_is_503_from_the_third_failed_drain_and_200_once_redis_answers(
+    env: Env, spawn: Callable[..., Process], private_redis: RedisServer
+) -> None:
+    """A hung Redis (SIGSTOP) makes every drain fail after --redis-timeout (3 s): the gap
+    between two failures in which /healthz is read. Two failed retries are still healthy,
+    the third is not, and the first drain that Redis takes makes it healthy again."""
+    port = free_port()
+    reactor = start_reactor(
+        spawn, "--metrics-port", str(port), "--redis-timeout", "3", REDIS_URL=private_redis.url
+    )
+    base = f"http://127.0.0.1:{port}"
+    conn = env.connect()
+    assert get(base + "/healthz") == (200, "ok\n")
+    private_redis.freeze()
+    try:
+        insert_rows(conn, 20)  # more than a notification names: a drain of the type
+        reactor.wait_for_line("drain_retry attempt=2", timeout=60)
+        # The third try is waiting out its 3 s on the hung Redis.
+        assert get(base + "/healthz") == (200, "ok\n"), reactor.output()
+        reactor.wait_for_line("drain_retry attempt=3", timeout=60)
+        status, body = get(base + "/healthz")
+        assert status == 503, body
+        assert body.startswith("unhealthy: 3 failed drains or sweeps in a row: drain: "), body
+    finally:
+        private_redis.thaw()
+    wait_for(lambda: states(conn) == {"active": 20}, timeout=30, what="the rows dispatched")
+    wait_for(lambda: get(base + "/healthz") == (200, "ok\n"), timeout=30, what="200 again")
+
+
+def test_healthz_is_503_while_the_loop_stalls_and_200_once_it_turns(
+    env: Env, spawn: Callable[..., Process], private_redis: RedisServer
+) -> None:
+    """A stall: the loop has not turned for max(2 x sweep interval, sweep interval + 10 s)
+    (11 s here) with no failure to report, as when a claim waits on a hung Redis whose
+    --redis-timeout (120 s) is longer than that."""
+    port = free_port()
+    reactor = start_reactor(
+        spawn,
+        "--metrics-port",
+        str(port),
+        "--sweep-interval",
+        "1",
+        "--redis-timeout",
+        "120",
+        REDIS_URL=private_redis.url,
+    )
+    base = f"http://127.0.0.1:{port}"
+    conn = env.connect()
+    private_redis.freeze()
+    try:
+        insert_rows(conn, 20)
+
+        def stalled() -> str:
+            status, body = get(base + "/healthz")
+            return body if status == 503 else ""
+
+        body = wait_for(stalled, timeout=60, interval=0.2, what="/healthz 503")
+        assert re.fullmatch(r"unhealthy: main loop stalled for \d+s\n", body), body
+        assert "_retry" not in reactor.output(), "a stall, not failed drains"
+    finally:
+        private_redis.thaw()
+    wait_for(lambda: states(conn) == {"active": 20}, timeout=30, what="the rows dispatched")
+    wait_for(lambda: get(base + "/healthz") == (200, "ok\n"), timeout=30, what="200 again")
 
 
 def test_metrics_bind_loopback_unless_told_otherwise(
