@@ -1022,6 +1022,51 @@ def test_reactor_worker_says_at_once_that_redis_is_unreachable_and_waits_for_it(
         server.close()
 
 
+@pytest.mark.parametrize(
+    "outage", [pytest.param(3.0, id="3s"), pytest.param(60.0, id="60s", marks=pytest.mark.slow)]
+)
+def test_reactor_worker_rides_out_a_redis_restart(
+    env: Env,
+    conn: psycopg.Connection[Any],
+    spawn: Callable[..., Process],
+    private_redis: RedisServer,
+    kind: str,
+    outage: float,
+) -> None:
+    """Redis stopped (its data gone), started again on the same port: the worker keeps
+    running, and rows committed after the restart are done, the outage shorter or longer than
+    the worker's Redis retries (about 40 s)."""
+    simple = ("--simple",) if kind == "simple" else ()
+    redis_env = {"REDIS_URL": private_redis.url}
+    start_reactor(spawn, "--route", route("ok"), **redis_env)
+    worker = spawn(
+        "-m",
+        "reactor",
+        "worker",
+        "--route",
+        route("ok"),
+        *simple,
+        name="worker",
+        extra_env=redis_env,
+    )
+    submit(conn, "before")
+    wait_for(lambda: row_of(conn, "before")[0] == "done", timeout=30, what="served before")
+    private_redis.stop()
+    # The outage itself: a duration, not a synchronisation.
+    time.sleep(outage)
+    assert worker.proc.poll() is None, worker.output()
+    private_redis.start()
+    for i in range(3):
+        submit(conn, f"after-{i}")
+    wait_for(
+        lambda: [row_of(conn, f"after-{i}")[0] for i in range(3)] == ["done"] * 3,
+        timeout=60,
+        what="rows committed after the restart done",
+    )
+    assert worker.proc.poll() is None, worker.output()
+    assert [r[2] for r in runs(conn, "after-0")] == ["ok"]
+
+
 def test_reactor_worker_refused_by_redis_exits_2_in_one_line(
     env: Env, spawn: Callable[..., Process]
 ) -> None:
