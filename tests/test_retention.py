@@ -96,9 +96,10 @@ def test_old_rows_disappear_in_batches_while_new_rows_are_dispatched(
     intermediate = {n for n in seen if 0 < n < 4000}
     assert len(intermediate) >= 5, sorted(seen)
     assert all((4000 - n) % 200 == 0 for n in intermediate), sorted(seen)
-    # New rows kept flowing during the pruning, each promptly.
+    # New rows kept flowing during the pruning, each well before the 30 s sweep (that no
+    # prune blocks a claim is test_concurrent_prunes_block_no_claim's; latency is bench's).
     assert len(during) >= 5
-    assert max(during) < 1.0, sorted(during)
+    assert max(during) < 5.0, sorted(during)
     # Only the old finished rows went; new and pending/active rows stayed.
     assert count(conn, "new-done-") == 50
     assert count(conn, "new-failed-") == 20
