@@ -976,7 +976,8 @@ def test_a_notified_row_left_unclaimed_by_the_reactor_is_taken_over_by_its_job(
         submit(conn, "p1")
         locker.execute("SELECT FROM photo_jobs WHERE photo_id = 'p1' FOR UPDATE")
         turn = reactor.turn()
-        assert (turn.work, turn.claimed) == (Work.HINTS, 1)
+        # The job enqueued, the row not claimed: the turn says so.
+        assert (turn.work, turn.claimed, turn.named) == (Work.HINTS, 0, 1)
         assert row_of(conn, "p1")[:2] == ("pending", 0)
         worker = start_worker(spawn, env, burst=True, extra_args=("--worker-class", worker_class))
         locker.rollback()

@@ -80,10 +80,15 @@ class Quarantine:
 class BatchResult:
     """One transaction of the dispatcher."""
 
+    #: Rows this transaction claimed (made `active`, or failed with their attempts spent).
     claimed: int = 0
     enqueued: int = 0
     already_enqueued: int = 0
     failed: int = 0
+    #: Rows named by notifications whose jobs were enqueued and are theirs, but that this
+    #: claim did not take (locked, not due, paused, taken over by their job's fenced start,
+    #: or the claim was skipped): dispatched, not claimed here.
+    named: int = 0
 
     def __add__(self, other: BatchResult) -> BatchResult:
         return BatchResult(
@@ -91,6 +96,7 @@ class BatchResult:
             self.enqueued + other.enqueued,
             self.already_enqueued + other.already_enqueued,
             self.failed + other.failed,
+            self.named + other.named,
         )
 
 
@@ -104,6 +110,8 @@ class DrainResult:
     already_enqueued: int = 0
     batches: int = 0
     more: bool = False
+    #: See `BatchResult.named`.
+    named: int = 0
 
     def add(self, batch: BatchResult) -> DrainResult:
         return DrainResult(
@@ -112,6 +120,7 @@ class DrainResult:
             self.already_enqueued + batch.already_enqueued,
             self.batches + 1,
             self.more,
+            self.named + batch.named,
         )
 
 
@@ -305,10 +314,10 @@ class Dispatcher:
         the jobs that no row can use: a notification names whatever its sender wrote (anyone
         who can connect may NOTIFY), so a named row may not exist, or be in a later life.
 
-        Returns the batch, whose `claimed` counts the named rows whose jobs these are (claimed
-        here, taken over by their job's fenced start, run already, or waiting for a resume or
-        their due time, when a claim of token 1 will find the job), and the types to drain now
-        (see below).
+        Returns the batch, whose `claimed` counts the rows this claim took, and `named` the
+        other named rows whose jobs these are (taken over by their job's fenced start, run
+        already, locked by another session, or waiting for a resume or their due time, when a
+        claim of token 1 will find the job), and the types to drain now (see below).
 
         A job may have run already, and its row been inserted anew (deleted first), before
         this claim: the claim would then make the new row `active` with an ended job. So the
@@ -328,7 +337,7 @@ class Dispatcher:
         if named is None:
             # The claim was skipped: the jobs stay, for their fenced starts to judge.
             skipped = BatchResult(
-                claimed=len(written), enqueued=len(written), already_enqueued=already_enqueued
+                enqueued=len(written), already_enqueued=already_enqueued, named=len(written)
             )
             return skipped, set()
         rows, dropped = named
@@ -357,9 +366,10 @@ class Dispatcher:
                 already_enqueued,
             )
         batch = BatchResult(
-            claimed=ours,
+            claimed=claimed_here,
             enqueued=len(written) - withdrawn_absent - withdrawn_ran,
             already_enqueued=already_enqueued,
+            named=ours - claimed_here,
         )
         return batch, dropped
 

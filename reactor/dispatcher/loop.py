@@ -168,6 +168,9 @@ class Turn:
     drained: tuple[str, ...] = ()
     #: Rows claimed (by the sweep's drain too).
     claimed: int = 0
+    #: Rows named by notifications whose jobs this turn enqueued but did not claim
+    #: (`BatchResult.named`).
+    named: int = 0
     #: The sweep round's result (SWEEP only).
     sweep: SweepResult | None = None
     #: The doorbell keys were given back after the drain.
@@ -568,7 +571,7 @@ class Reactor:
             work = Work.HINTS
             result, more_notifications, drained = self._dispatch_notified(notified, types)
             notifications += more_notifications
-            if not result.claimed:
+            if not result.claimed and not result.named:
                 # Hints that find nothing (a NOTIFY flood costs us a claim each): the next
                 # ones wait a little and are drained together.
                 self._hints_due = time.monotonic() + HINT_DRAIN_GAP_SECONDS
@@ -580,8 +583,10 @@ class Reactor:
             return Turn(waited=waited, notifications=len(payloads), arm=arm)
 
         # 4. Tell the doorbell.
+        # Rows dispatched: claimed, or named rows whose jobs were enqueued for them.
+        dispatched = result.claimed + (result.named if isinstance(result, DrainResult) else 0)
         released = (
-            bell.drained(result.claimed, started=now, every_type=work is not Work.HINTS)
+            bell.drained(dispatched, started=now, every_type=work is not Work.HINTS)
             is Action.RELEASE
         )
         if released:
@@ -596,6 +601,7 @@ class Reactor:
             work=work,
             drained=drained,
             claimed=result.claimed,
+            named=result.named if isinstance(result, DrainResult) else 0,
             sweep=sweep,
             released=released,
         )
@@ -735,7 +741,7 @@ class Reactor:
             drained.update(dict.fromkeys([*types, *(ref.type for ref in refs)]))
         early, dropped = dispatcher.claim_notified(written, already)
         # Only rows that exist pay their jobs back: names of absent rows spend the budget.
-        self._named_budget.refund(early.claimed)
+        self._named_budget.refund(early.claimed + early.named)
         types |= dropped
         drained.update(dict.fromkeys(dropped))
         result = self._drain(types) if types else DrainResult()
