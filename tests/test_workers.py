@@ -18,6 +18,7 @@ from typing import Any
 
 import psycopg
 import pytest
+import redis
 from psycopg import sql
 from rq import Queue
 from rq import Worker as RqWorker
@@ -1066,6 +1067,55 @@ def test_reactor_worker_rides_out_a_redis_restart(
     )
     assert worker.proc.poll() is None, worker.output()
     assert [r[2] for r in runs(conn, "after-0")] == ["ok"]
+
+
+def test_reactor_worker_rides_out_a_redis_refusing_writes_mid_job(
+    env: Env,
+    conn: psycopg.Connection[Any],
+    spawn: Callable[..., Process],
+    private_redis: RedisServer,
+    kind: str,
+) -> None:
+    """Redis full (maxmemory reached, noeviction) while a job runs: RQ's bookkeeping after the
+    job and its teardown are refused (an error no retry helps). The worker starts RQ's loop
+    again, once Redis takes writes it serves new rows, and it never exits."""
+    simple = ("--simple",) if kind == "simple" else ()
+    redis_env = {"REDIS_URL": private_redis.url}
+    start_reactor(spawn, "--route", route("gated"), **redis_env)
+    worker = spawn(
+        "-m",
+        "reactor",
+        "worker",
+        "--route",
+        route("gated"),
+        *simple,
+        name="worker",
+        extra_env=redis_env,
+    )
+    client = redis.Redis.from_url(private_redis.url)
+    env.cleanups.append(client.close)
+    submit(conn, "held")
+    wait_for(lambda: runs(conn, "held") == [("held", 1, "started")], timeout=30, what="started")
+    client.config_set("maxmemory", 1)
+    try:
+        conn.execute("INSERT INTO gates (name) VALUES ('held:1')")
+
+        def refused() -> bool:
+            return worker.proc.poll() is not None or "worker_restarting" in worker.output()
+
+        wait_for(refused, timeout=60, what="RQ's loop refused by Redis")
+        assert worker.proc.poll() is None, worker.output()
+    finally:
+        client.config_set("maxmemory", 0)
+    for i in range(3):
+        conn.execute("INSERT INTO gates (name) VALUES (%s)", [f"after-{i}:1"])
+        submit(conn, f"after-{i}")
+    wait_for(
+        lambda: [row_of(conn, f"after-{i}")[0] for i in range(3)] == ["done"] * 3,
+        timeout=60,
+        what="rows served once Redis takes writes",
+    )
+    assert worker.proc.poll() is None, worker.output()
 
 
 def test_reactor_worker_refused_by_redis_exits_2_in_one_line(
