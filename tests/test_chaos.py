@@ -1,14 +1,18 @@
 """Chaos: break real servers and processes while jobs flow; prove nothing is lost or doubled.
 
-Three `reactor run` and four workers serve a Redis of the test's own and the test's database
-while four writers insert photos. The workers are the project's classes (`reactor.Worker`,
-forking, and `reactor.SimpleWorker`) beside plain `rq worker`s (in-process and forking) that run
-the lifecycle inside each job, all on one queue. Meanwhile, on a seeded random schedule, the test
+Three `reactor run` and six workers serve a Redis of the test's own and the test's database
+while four writers insert photos. The workers are `reactor worker` (forking and `--simple`),
+the project's classes under RQ's CLI (`rq worker -w reactor.Worker|reactor.SimpleWorker`) and
+plain `rq worker`s (in-process and forking) that run the lifecycle inside each job, all on one
+queue. Meanwhile, on a seeded random schedule, the test
 restarts Redis (losing its data), terminates the reactors' and workers' Postgres backends,
 SIGKILLs and restarts a reactor and a worker (mid-job), freezes a worker (SIGSTOP) for longer
 than stale_after so its attempt is superseded, makes Redis refuse writes (checking meanwhile
 that no row is active without its job), and sends bursts of garbage notifications. Then the faults stop, the test waits for quiescence (with a deadline) and checks
-the guarantees. The seed and schedule are printed, so a failure can be replayed:
+the guarantees, and that no reactor and no `reactor worker` exited by itself: only the
+processes the chaos killed were gone (a process that exits is restarted meanwhile, as a
+supervisor would, so the run goes on; a worker under RQ's CLI, which quits on Redis errors it
+does not expect, as README says, may exit only during a Redis fault). The seed and schedule are printed, so a failure can be replayed:
 
     REACTOR_CHAOS_SEED=1234 scripts/test -m chaos -s
 
@@ -54,13 +58,26 @@ FAULTS = (
     "garbage",
 )
 STALE_AFTER_SECONDS = 6
-#: One worker process of each kind, on one queue.
-WORKER_CLASSES = (
+#: One worker process of each kind, on one queue: `reactor worker [--simple]`, and
+#: `rq worker -w CLASS`.
+WORKER_KINDS = (
+    "reactor worker",
+    "reactor worker --simple",
     "reactor.Worker",
     "reactor.SimpleWorker",
     "rq.worker.SimpleWorker",
     "rq.worker.Worker",
 )
+#: Kinds that must never exit by themselves: `reactor worker` rides out Redis restarts and
+#: refusals and Postgres terminations. Under RQ's own CLI (`rq worker`, our classes too) RQ
+#: quits on a Redis error it does not expect, as README says: those may exit, in a Redis fault.
+STEADFAST_WORKERS = frozenset(k for k in WORKER_KINDS if k.startswith("reactor worker"))
+#: Environment of every worker process.
+WORKER_ENV = {
+    "REACTOR_HEARTBEAT_SECONDS": "1",
+    "REACTOR_RETRY_BASE_SECONDS": "0.2",
+    "REACTOR_RETRY_MAX_SECONDS": "2",
+}
 #: How long the backlog the faults left may take to clear: the forking workers (a plain one
 #: forks and connects to Postgres for every job) clear it at a few dozen jobs a second.
 SETTLE_SECONDS = 480
@@ -97,6 +114,10 @@ class Cluster:
     reactors: list[Process] = field(default_factory=list)
     workers: list[Process] = field(default_factory=list)
     crashes: Counter[str] = field(default_factory=Counter)
+    #: (role or worker kind, exit code, seconds since the last Redis fault, the output's end)
+    #: of each process that exited by itself.
+    exits: list[tuple[str, int, float, str]] = field(default_factory=list)
+    last_redis_fault: float = float("-inf")
     last_restart: float = 0.0
     invariant_checks: int = 0
     violations: list[str] = field(default_factory=list)
@@ -131,24 +152,44 @@ class Cluster:
         )
 
     def start_worker(self, slot: int) -> Process:
-        return start_worker(
+        kind = WORKER_KINDS[slot % len(WORKER_KINDS)]
+        if kind.startswith("reactor worker"):
+            # The recorded routes, as the `rq worker`s follow them.
+            simple = ("--simple",) if kind.endswith("--simple") else ()
+            return self.spawn(
+                "-m",
+                "reactor",
+                "worker",
+                *simple,
+                "photo-process",
+                name=kind,
+                extra_env={**WORKER_ENV, "REACTOR_ROUTES": "", "REDIS_URL": self.redis.url},
+            )
+        proc = start_worker(
             self.spawn,
             self.env,
-            extra_args=("--worker-class", WORKER_CLASSES[slot % len(WORKER_CLASSES)]),
+            extra_args=("--worker-class", kind),
             redis_url=self.redis.url,
-            REACTOR_HEARTBEAT_SECONDS="1",
-            REACTOR_RETRY_BASE_SECONDS="0.2",
-            REACTOR_RETRY_MAX_SECONDS="2",
             REDIS_URL=self.redis.url,
+            REACTOR_HEARTBEAT_SECONDS=WORKER_ENV["REACTOR_HEARTBEAT_SECONDS"],
+            REACTOR_RETRY_BASE_SECONDS=WORKER_ENV["REACTOR_RETRY_BASE_SECONDS"],
+            REACTOR_RETRY_MAX_SECONDS=WORKER_ENV["REACTOR_RETRY_MAX_SECONDS"],
         )
+        proc.name = kind
+        return proc
 
     def supervise(self) -> None:
-        """Restart any process that exited on its own (a process manager would)."""
+        """Restart any process that exited on its own (a process manager would), noting it."""
         for group, role in ((self.reactors, "reactor"), (self.workers, "worker")):
             for i, proc in enumerate(group):
-                if proc.proc.poll() is not None:
-                    self.crashes[role] += 1
-                    print(f"chaos: a {role} exited by itself:\n{proc.output()[-2000:]}")
+                code = proc.proc.poll()
+                if code is not None:
+                    name = role if role == "reactor" else proc.name
+                    self.crashes[name] += 1
+                    since = time.monotonic() - self.last_redis_fault
+                    tail = proc.output()[-2000:]
+                    self.exits.append((name, code, since, tail))
+                    print(f"chaos: a {name} exited by itself (exit {code}):\n{tail}")
                     group[i] = self.start_reactor() if role == "reactor" else self.start_worker(i)
 
 
@@ -158,11 +199,13 @@ def _resume(proc: Any) -> None:
 
 
 def inject(kind: str, cluster: Cluster, rng: random.Random, admin: psycopg.Connection[Any]) -> None:
+    if kind in ("redis_restart", "redis_oom"):
+        cluster.last_redis_fault = time.monotonic()
     if kind == "redis_restart":
         cluster.redis.stop()
         time.sleep(rng.uniform(0.2, 1.5))  # the outage itself: a duration, not a synchronisation
         cluster.redis.start()
-        cluster.last_restart = time.monotonic()
+        cluster.last_restart = cluster.last_redis_fault = time.monotonic()
     elif kind == "redis_oom":
         # Redis refuses every write but keeps its data: claims must roll back, and no row may
         # be active without its job meanwhile.
@@ -175,6 +218,7 @@ def inject(kind: str, cluster: Cluster, rng: random.Random, admin: psycopg.Conne
         finally:
             client.config_set("maxmemory", 0)
             client.close()
+            cluster.last_redis_fault = time.monotonic()
     elif kind == "pg_terminate":
         admin.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
@@ -226,7 +270,7 @@ def test_nothing_lost_or_doubled_under_faults(env: Env, spawn: Callable[..., Pro
     env.cleanups.append(redis_server.close)
     cluster = Cluster(spawn, env, redis_server)
     cluster.reactors = [cluster.start_reactor() for _ in range(3)]
-    cluster.workers = [cluster.start_worker(i) for i in range(len(WORKER_CLASSES))]
+    cluster.workers = [cluster.start_worker(i) for i in range(len(WORKER_KINDS))]
     for proc in cluster.reactors:
         proc.wait_for_line("reactor_started")
 
@@ -330,7 +374,7 @@ def test_nothing_lost_or_doubled_under_faults(env: Env, spawn: Callable[..., Pro
     ).fetchall()
     assert not early, f"seed={SEED}: done before the final attempt succeeded: {early[:20]}"
     foreign = admin.execute(
-        "SELECT t.photo_id, t.attempts, t.new_state FROM transitions t"
+        "SELECT t.photo_id, t.attempts, t.new_state, t.last_error FROM transitions t"
         " WHERE t.old_state = 'active' AND t.new_state IN ('pending', 'failed')"
         "   AND t.last_error NOT LIKE '%% lost: %%'"
         # a work horse that ended without an outcome (killed, or RQ failed the job on a Redis
@@ -358,5 +402,20 @@ def test_nothing_lost_or_doubled_under_faults(env: Env, spawn: Callable[..., Pro
         f"max_dispatch_delay={delay[0]} "
         f"quiescent_after={settle_seconds:.0f}s"
     )
+    # 5. Only the processes the chaos killed were gone: no reactor and no `reactor worker`
+    # exited by itself; a worker under RQ's CLI only within a Redis fault.
+    steadfast = [
+        (name, code, tail)
+        for name, code, _, tail in cluster.exits
+        if name == "reactor" or name in STEADFAST_WORKERS
+    ]
+    assert not steadfast, f"seed={SEED}: processes that exited by themselves: {steadfast}"
+    unexplained = [
+        (name, code, f"{since:.1f}s after a Redis fault", tail)
+        for name, code, since, tail in cluster.exits
+        if since > SETTLE_AFTER_RESTART_SECONDS
+    ]
+    assert not unexplained, f"seed={SEED}: workers exited away from any Redis fault: {unexplained}"
+
     for proc in cluster.reactors + cluster.workers:
         proc.proc.send_signal(signal.SIGTERM)

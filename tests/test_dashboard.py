@@ -1,5 +1,6 @@
-"""`reactor dashboard`: the page in a real headless browser, the JSON endpoint's numbers, 503
-when Postgres is down, and bad input.
+"""`reactor dashboard`: the page and the JSON endpoint over plain HTTP (every figure, markup
+from the table escaped, 503 when Postgres is down, no password shown), read-only grants and
+refused writes, the page's rendering in a real headless browser, and bad input.
 
 The browser is Debian's `chromium`; the fixture installs it with apt-get when it is missing
 and skips (saying why) only when that is impossible.
@@ -23,6 +24,8 @@ from typing import Any
 
 import psycopg
 import pytest
+import redis
+from psycopg import sql
 from rq import Worker
 
 from reactor.ops.dashboard import DATABASE_CONNECTIONS, MAX_CLIENTS
@@ -31,7 +34,9 @@ from tests.support.cli import run_cli
 from tests.support.doorbell import armed_by
 from tests.support.env import Env
 from tests.support.processes import Process, start_reactor, start_worker
-from tests.support.servers import PostgresServer, free_port
+from tests.support.roles import as_role, throwaway_role
+from tests.support.servers import PostgresServer, RedisServer, free_port
+from tests.support.sockets import listening_addresses
 from tests.support.waiting import wait_for
 
 TITLE = "photo-reactor dashboard"
@@ -234,25 +239,31 @@ def get(url: str) -> tuple[int, str, dict[str, str]]:
 # -- tests ---------------------------------------------------------------------------------
 
 
-@pytest.mark.slow
-def test_the_page_in_a_browser_matches_the_table_and_shows_markup_as_text(
-    env: Env, spawn: Callable[..., Process], chromium: str, tmp_path: Path
-) -> None:
+def serve_seeded(env: Env, spawn: Callable[..., Process]) -> tuple[psycopg.Connection[Any], str]:
+    """The seeded table, a reactor (routed to a type without rows: it leaves the seeded rows
+    alone), an RQ worker and a dashboard; the connection and the dashboard's base URL."""
     conn = env.connect()
     seed(conn)
-    # A reactor (routed to a type without rows: it leaves the seeded rows alone) and a worker.
     start_reactor(spawn, "--route", IDLE_ROUTE)
     wait_for(lambda: armed_by(conn), what="the reactor arming its doorbell")
     start_worker(spawn, env, "photo-idle")
-    client = env.redis()
-    wait_for(lambda: Worker.all(connection=client), what="the RQ worker registering")
+    wait_for(lambda: Worker.all(connection=env.redis()), what="the RQ worker registering")
     _, base = start_dashboard(spawn, "--route", IDLE_ROUTE)
+    return conn, base
 
-    screenshot = tmp_path / "dashboard.png"
-    browse(chromium, base + "/", tmp_path, f"--screenshot={screenshot}")
-    assert screenshot.stat().st_size > 20_000
-    dom = browse(chromium, base + "/", tmp_path, "--dump-dom")
-    page = Page(dom)
+
+def test_the_page_matches_the_table_and_escapes_its_markup(
+    env: Env, spawn: Callable[..., Process]
+) -> None:
+    """The HTML as served (plain HTTP, no browser: the page has no script, so what the server
+    sends is the document): every figure, the charts, and markup from the table as text."""
+    conn, base = serve_seeded(env, spawn)
+    status, html, headers = get(base + "/")
+    assert status == 200, html
+    assert headers["Content-Type"] == "text/html; charset=utf-8"
+    assert "script-src" not in headers["Content-Security-Policy"]
+    assert headers["Content-Security-Policy"].startswith("default-src 'none';")
+    page = Page(html)
 
     # Numbers: every (type, state) cell equals the table, and so do the totals.
     counts = table_counts(conn)
@@ -280,7 +291,7 @@ def test_the_page_in_a_browser_matches_the_table_and_shows_markup_as_text(
     assert page.one("paused:photo.thumb") == "photo.thumb"
 
     # Charts: three SVGs, whose bars add up to what the table holds for the last hour.
-    charts = dom.split("<svg")[1:]
+    charts = html.split("<svg")[1:]
     assert len(charts) == 3
     done, failed, attempts = finished_last_hour(conn)
     assert done > 0 and failed > 0
@@ -291,22 +302,47 @@ def test_the_page_in_a_browser_matches_the_table_and_shows_markup_as_text(
     assert bar_sums == [done, failed, attempts]
     assert "photo.thumb" in charts[0] and "photo.process" in charts[0]  # the legend
 
-    # Failures: newest first, the markup shown as text, character for character.
+    # Failures: newest first, the markup escaped: read back as text, character for character,
+    # and none of it an element or an attribute of the document.
     assert page.values["failure-error"][0] == EVIL_ERROR
     assert page.values["failure-photo"][0] == EVIL_ID
     assert "TimeoutError: slow" in page.values["failure-error"]
-    assert "&lt;script&gt;document.title='pwned'&lt;/script&gt;" in dom
-    # Nothing of it ran or became markup.
+    assert "&lt;script&gt;document.title=&#39;pwned&#39;&lt;/script&gt;" in html
+    assert "&lt;img src=x onerror=" in html and "&amp; more" in html
+    assert "<script" not in html.lower() and "<img" not in html.lower()
     assert page.title == TITLE
     assert "injected-b" not in page.ids
-    assert not any(name == "data-pwned" for name, _ in page.attributes)
-    assert not any(name == "onerror" for name, _ in page.attributes)
+    assert not any(name in ("data-pwned", "onerror") for name, _ in page.attributes)
 
     # Reactors and RQ.
     assert sorted(page.values["reactor-role"]) == ["listener", "work"]
     assert any("armed" in v for v in page.values["reactor-armed"])
     assert page.one("waiting:photo-idle") == "0"
-    assert Worker.all(connection=client)[0].name in page.one("workers:photo-idle")
+    assert Worker.all(connection=env.redis())[0].name in page.one("workers:photo-idle")
+
+
+@pytest.mark.slow
+def test_the_page_in_a_browser_renders_and_runs_none_of_the_markup(
+    env: Env, spawn: Callable[..., Process], chromium: str, tmp_path: Path
+) -> None:
+    """What only a browser shows (the figures and the escaping are checked over plain HTTP
+    above): the page renders, and the DOM the browser built, scripts allowed by the browser,
+    holds the table's markup as text, with nothing of it run."""
+    conn, base = serve_seeded(env, spawn)
+    screenshot = tmp_path / "dashboard.png"
+    browse(chromium, base + "/", tmp_path, f"--screenshot={screenshot}")
+    assert screenshot.stat().st_size > 20_000
+    dom = browse(chromium, base + "/", tmp_path, "--dump-dom")
+    page = Page(dom)
+    assert page.title == TITLE
+    assert page.one("total:pending") == str(
+        sum(n for (_, s), n in table_counts(conn).items() if s == "pending")
+    )
+    assert len(dom.split("<svg")[1:]) == 3
+    assert page.values["failure-error"][0] == EVIL_ERROR
+    assert page.values["failure-photo"][0] == EVIL_ID
+    assert "injected-b" not in page.ids
+    assert not any(name in ("data-pwned", "onerror") for name, _ in page.attributes)
 
 
 def test_the_json_endpoint_reports_the_table(env: Env, spawn: Callable[..., Process]) -> None:
@@ -366,9 +402,10 @@ def test_the_json_endpoint_reports_the_table(env: Env, spawn: Callable[..., Proc
     assert data["redis_error"] is None
 
 
-def test_503_with_the_reason_when_postgres_is_down(
-    env: Env, spawn: Callable[..., Process], chromium: str, tmp_path: Path
-) -> None:
+@pytest.fixture
+def postgres_gone(spawn: Callable[..., Process]) -> str:
+    """A dashboard whose Postgres (password-protected, a server of the test's own) answered
+    once and then stopped; the dashboard's base URL."""
     server = PostgresServer(password="dash-secret-pw")
     try:
         with psycopg.connect(server.url, autocommit=True) as conn:
@@ -377,14 +414,28 @@ def test_503_with_the_reason_when_postgres_is_down(
         assert get(base + "/api/overview")[0] == 200
     finally:
         server.stop()
+    return base
+
+
+def test_503_with_the_reason_when_postgres_is_down(env: Env, postgres_gone: str) -> None:
     for path in ("/api/overview", "/"):
-        status, body, _headers = get(base + path)
+        status, body, _headers = get(postgres_gone + path)
         assert status == 503, body
         assert "dash-secret-pw" not in body and "postgresql://" not in body
         assert "postgres unavailable: cannot connect to Postgres" in body
-    status, body, _ = get(base + "/api/overview")
+    status, body, _ = get(postgres_gone + "/api/overview")
     assert list(json.loads(body)) == ["error"]
-    page = Page(browse(chromium, base + "/", tmp_path, "--dump-dom"))
+    status, html, _ = get(postgres_gone + "/")
+    page = Page(html)
+    assert page.title == TITLE
+    assert page.one("error").startswith("postgres unavailable: cannot connect to Postgres")
+    assert "count:" not in html  # no figures from an earlier read
+
+
+def test_the_503_page_in_a_browser(
+    env: Env, postgres_gone: str, chromium: str, tmp_path: Path
+) -> None:
+    page = Page(browse(chromium, postgres_gone + "/", tmp_path, "--dump-dom"))
     assert page.title == TITLE
     assert page.one("error").startswith("postgres unavailable: cannot connect to Postgres")
 
@@ -399,6 +450,89 @@ def test_redis_down_leaves_the_rest_of_the_page(env: Env, spawn: Callable[..., P
     assert data["queues"] == [] and "refused" in data["redis_error"].lower()
     assert "hunter2" not in body
     assert sum(t["counts"]["done"] for t in data["types"]) == 150
+
+
+def request(base: str, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
+    """Send `method path` with `body` to the dashboard at `base`; status and body."""
+    host, port = base.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        conn.request(method, path, body=body, headers={"Content-Type": "application/json"})
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def test_it_never_writes_and_runs_on_read_only_grants(
+    env: Env, spawn: Callable[..., Process], private_redis: RedisServer
+) -> None:
+    """The dashboard is read-only: a role with CONNECT and SELECT only (README's grants) and a
+    Redis user allowed read commands only serve the whole page, and every writing method is
+    refused on every path, leaving the table and Redis as they were."""
+    conn = env.connect()
+    seed(conn)
+    admin = redis.Redis.from_url(private_redis.url)
+    env.cleanups.append(admin.close)
+    admin.rpush("rq:queue:photo-process", "job-a", "job-b")
+    admin.sadd("rq:queues", "rq:queue:photo-process")
+    admin.acl_setuser(
+        "dashboard",
+        enabled=True,
+        passwords=["+dash-redis-pw"],
+        keys=["*"],
+        commands=["-@all", "+@read", "+@connection"],
+    )
+    redis_url = f"redis://dashboard:dash-redis-pw@127.0.0.1:{private_redis.port}/0"
+    with throwaway_role(env) as role:
+        database, grantee = sql.Identifier(env.database_name), sql.Identifier(role)
+        for grant in (
+            "REVOKE CONNECT ON DATABASE {database} FROM PUBLIC",
+            "GRANT CONNECT ON DATABASE {database} TO {grantee}",
+            "GRANT SELECT ON ALL TABLES IN SCHEMA public TO {grantee}",
+        ):
+            conn.execute(sql.SQL(grant).format(database=database, grantee=grantee))
+        before = (table_dump(conn), redis_dump(admin))
+        _, base = start_dashboard(
+            spawn,
+            "--cache-seconds",
+            "0",
+            database_url=as_role(env.database_url, role),
+            extra_env={"REDIS_URL": redis_url},
+        )
+        status, body, _ = get(base + "/api/overview")
+        assert status == 200, body
+        data = json.loads(body)
+        assert data["redis_error"] is None, data["redis_error"]
+        assert {q["name"]: q["waiting"] for q in data["queues"]}["photo-process"] == 2
+        shown = {(t["type"], s): n for t in data["types"] for s, n in t["counts"].items() if n}
+        assert shown == table_counts(conn)
+        assert get(base + "/")[0] == 200
+        for method in ("POST", "PUT", "PATCH", "DELETE"):
+            for path in ("/", "/api/overview", "/api/pause", "/nothing"):
+                code, answer = request(base, method, path, b'{"type": "photo.process"}')
+                assert code in (405, 501), (method, path, code, answer)
+                assert b"photo.process" not in answer, (method, path)
+        assert get(base + "/api/overview")[0] == 200  # still serving
+        assert (table_dump(conn), redis_dump(admin)) == before
+
+
+def table_dump(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
+    """Every row of every table of the schema, in order."""
+    dump: list[tuple[Any, ...]] = []
+    for (table,) in conn.execute(
+        "SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY 1"
+    ).fetchall():
+        rows = conn.execute(
+            sql.SQL("SELECT * FROM {} ORDER BY 1, 2").format(sql.Identifier(table))
+        ).fetchall()
+        dump.append((table, *sorted(map(repr, rows))))
+    return dump
+
+
+def redis_dump(client: redis.Redis) -> dict[bytes, bytes | None]:
+    """Every key of the Redis database, with its serialized value."""
+    return {key: client.dump(key) for key in client.scan_iter()}
 
 
 def test_bad_input_is_one_line_and_exit_2(env: Env) -> None:
@@ -518,6 +652,28 @@ def test_foreign_host_headers_are_refused(env: Env, spawn: Callable[..., Process
     ]
 
 
+def test_it_binds_loopback_unless_told_otherwise(env: Env, spawn: Callable[..., Process]) -> None:
+    """The kernel's view of its listening socket: 127.0.0.1 by default (connecting to
+    127.0.0.1 cannot tell that from a wildcard bind), the --host address otherwise (another
+    loopback address here: the reader tells them apart)."""
+    proc, base = start_dashboard(spawn)
+    port = int(base.rsplit(":", 1)[1])
+    assert listening_addresses(proc.proc.pid) == {("127.0.0.1", port)}
+    other_port = free_port()
+    other = spawn(
+        "-m",
+        "reactor",
+        "dashboard",
+        "--host",
+        "127.0.0.2",
+        "--port",
+        str(other_port),
+        name="dashboard-127.0.0.2",
+    )
+    other.wait_for_line("dashboard_serving")
+    assert listening_addresses(other.proc.pid) == {("127.0.0.2", other_port)}
+
+
 def test_concurrent_requests_share_one_postgres_connection(
     env: Env, spawn: Callable[..., Process]
 ) -> None:
@@ -634,8 +790,16 @@ def test_idle_sockets_beyond_the_limit_are_closed_at_once(
     finally:
         for sock in sockets:
             sock.close()
-    # The slots come back as the clients leave.
-    wait_for(lambda: get(base + "/api/overview")[0] == 200, timeout=30, what="a free slot")
+
+    # The slots come back as the clients leave (until the server has seen them go, a new
+    # client may still be turned away: closed at once, as the test above shows).
+    def answered() -> bool:
+        try:
+            return get(base + "/api/overview")[0] == 200
+        except OSError:  # RemoteDisconnected: a slot not free yet
+            return False
+
+    wait_for(answered, timeout=30, what="a free slot")
 
 
 @pytest.fixture(autouse=True)

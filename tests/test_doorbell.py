@@ -151,7 +151,8 @@ def test_lock_outcomes_of_the_listener_session(env: Env) -> None:
     insert_one(writer, "in-flight")
     started = time.monotonic()
     assert first.lock_doorbell() is ArmOutcome.BUSY
-    assert time.monotonic() - started < 1.0, "an arm attempt must give up quickly"
+    # Without its lock timeout the arm would wait for the writer, who commits only below.
+    assert time.monotonic() - started < 5.0, "an arm attempt must give up quickly"
     assert doorbell_locks(admin) == [(writer.info.backend_pid, "ShareLock", True)]
     writer.commit()
     assert first.lock_doorbell() is ArmOutcome.ARMED
@@ -176,8 +177,9 @@ def test_an_idle_reactor_arms_and_each_isolated_insert_rings_it(
         committed = time.monotonic()
         wait_for(lambda i=i: is_active(admin, f"iso{i}"), interval=0.0005, what=f"iso{i}")  # type: ignore[misc]
         delays.append(time.monotonic() - committed)
-    # Margin for a loaded 2-core machine, still far below the 1 h sweep (the only slow path).
-    assert max(delays) < 1.0, f"dispatch delays (s): {sorted(delays)}"
+    # A margin no loaded 2-core machine reaches, still far below the 1 h sweep (the only
+    # other path); the latency itself is measured in bench/.
+    assert max(delays) < 5.0, f"dispatch delays (s): {sorted(delays)}"
 
 
 def test_a_writer_that_skipped_notify_is_dispatched_when_its_commit_lets_the_reactor_arm(
@@ -211,8 +213,8 @@ def test_a_writer_that_skipped_notify_is_dispatched_when_its_commit_lets_the_rea
         )
         writer.commit()
         committed = time.monotonic()
-        wait_for(lambda i=i: is_active(admin, f"slow{i}"), timeout=5, what=f"slow{i}")  # type: ignore[misc]
-        assert time.monotonic() - committed < 1.0
+        wait_for(lambda i=i: is_active(admin, f"slow{i}"), timeout=30, what=f"slow{i}")  # type: ignore[misc]
+        assert time.monotonic() - committed < 5.0  # the drain after arming, not the 1 h sweep
         caught += 1
         if caught == 5:
             break
@@ -267,7 +269,8 @@ def test_a_second_reactor_takes_over_when_the_armed_one_dies(
     committed = time.monotonic()
     wait_for(lambda: is_active(admin, "orphan"), timeout=10, interval=0.005, what="takeover")
     delay = time.monotonic() - committed
-    assert delay < RECHECK_SECONDS + 1.5, f"took {delay:.3f}s"
+    # The survivor's recheck, not the 1 h sweep (margin for a loaded machine).
+    assert delay < RECHECK_SECONDS + 5.0, f"took {delay:.3f}s"
     wait_for(lambda: armed_by(admin) in listener_pids(admin), what="second reactor armed")
 
 
@@ -280,8 +283,9 @@ def test_poll_only_dispatches_every_poll_interval_without_listener_or_lock(
     for i in range(3):
         insert_one(writer, f"p{i}")
         committed = time.monotonic()
-        wait_for(lambda i=i: is_active(admin, f"p{i}"), timeout=5, what=f"p{i}")  # type: ignore[misc]
-        assert time.monotonic() - committed < 0.2 + 0.4
+        wait_for(lambda i=i: is_active(admin, f"p{i}"), timeout=30, what=f"p{i}")  # type: ignore[misc]
+        # A poll, not the 1 h sweep (the poll's own timing is measured in bench/).
+        assert time.monotonic() - committed < 0.2 + 5.0
     assert doorbell_locks(admin) == []
 
 
@@ -515,7 +519,8 @@ def test_mixed_writers_lose_nothing_without_the_sweep(
 
     texts = [scrape(port) for port in ports]
     total = {
-        name: sum(metric(t, name) for t in texts)
+        # An outcome a reactor never had has no series there.
+        name: sum(metric(t, name, 0) for t in texts)
         for name in (
             "reactor_sweeps_total",
             "reactor_polls_total",

@@ -539,7 +539,9 @@ def test_notify_flood_costs_bounded_cpu_and_rows_still_flow(
     )
     assert rate > 1000, f"the flood was too thin to test anything: {rate:.0f}/s"
     assert cpu < 0.25, f"reactor CPU {cpu:.3f} s per s under {rate:.0f} NOTIFY/s"
-    assert max(delays) < 0.5, delays
+    # Rows flow during the flood: a starved reactor would hold them until it ends (up to 7 s
+    # here); the margin is for a loaded machine, the latency under a flood is bench's.
+    assert max(delays) < 3.0, delays
     assert reactor.proc.poll() is None
 
 
@@ -575,7 +577,7 @@ def test_a_session_holding_a_doorbell_key_does_not_keep_the_reactor_spinning(
     conn.execute("INSERT INTO photo_jobs (photo_id, type) VALUES ('wake', 'photo.process')")
     assert taken.wait(20), "the reactor never released the doorbell after a routed NOTIFY"
     wait_for(
-        lambda: metric(scrape(port), 'reactor_doorbell_arm_attempts_total{outcome="busy"}') >= 3,
+        lambda: metric(scrape(port), 'reactor_doorbell_arm_attempts_total{outcome="busy"}', 0) >= 3,
         timeout=20,
         what="failed arms",
     )
@@ -593,6 +595,7 @@ def test_a_session_holding_a_doorbell_key_does_not_keep_the_reactor_spinning(
     conn.execute("INSERT INTO photo_jobs (photo_id, type) VALUES ('late', 'photo.process')")
     committed = time.monotonic()
     wanted = job_id("photo.process", "late", 1).encode()
-    wait_for(lambda: wanted in client.lrange("rq:queue:photo-process", 0, -1), timeout=5)
-    assert time.monotonic() - committed < 0.5
+    wait_for(lambda: wanted in client.lrange("rq:queue:photo-process", 0, -1), timeout=30)
+    # By a poll, well before the 30 s sweep (the only other path).
+    assert time.monotonic() - committed < 5.0
     holder.execute("ROLLBACK")

@@ -94,7 +94,8 @@ def test_the_first_turn_drains_every_type_and_an_armed_reactor_drains_a_row_in_o
 
     first = reactor.turn()
     assert (first.work, first.drained, first.claimed) == (Work.DRAIN, ("photo.process",), 1)
-    assert first.waited < 1.0 and first.arm is None and not first.released
+    # No wait: a turn that waited would wait for a reason to work, the hour's sweep.
+    assert first.waited < 10.0 and first.arm is None and not first.released
     assert state_of(conn, "before") == ("active", 1)
 
     # Quiet polls, then the doorbell arms, and that turn drains every type once more.
@@ -109,6 +110,7 @@ def test_the_first_turn_drains_every_type_and_an_armed_reactor_drains_a_row_in_o
         turn = reactor.turn()
         assert turn.notifications == 1
         assert (turn.work, turn.drained, turn.claimed) == (Work.HINTS, ("photo.process",), 1)
+        assert turn.named == 0, "claimed, not merely named"
         assert turn.released, "rows are coming: the keys go back after the drain"
         assert state_of(conn, "after") == ("active", 1)
         assert job_id("photo.process", "after", 1) in queued(env)
@@ -183,7 +185,8 @@ def test_a_notified_row_is_enqueued_before_it_is_claimed(
     # Another session holds the row: the claim skips it, so what the turn did first shows.
     locker.execute("SELECT FROM photo_jobs WHERE photo_id = 'locked' FOR UPDATE")
     turn = reactor.turn()
-    assert (turn.notifications, turn.work, turn.claimed) == (1, Work.HINTS, 1)
+    # Its job enqueued, the row itself not claimed (locked): named, not claimed.
+    assert (turn.notifications, turn.work, turn.claimed, turn.named) == (1, Work.HINTS, 0, 1)
     locker.rollback()
     expected = job_id("photo.process", "locked", 1)
     assert queued(env) == [expected]
@@ -236,7 +239,7 @@ def test_rows_named_while_the_claim_waits_are_enqueued_at_once_and_claimed_toget
     writing.join()
     assert not errors, errors
     assert time.monotonic() - started < WATCHDOG_SECONDS / 2, "the type's notification ended it"
-    assert (turn.notifications, turn.work, turn.claimed) == (3, Work.HINTS, 11)
+    assert (turn.notifications, turn.work, turn.claimed, turn.named) == (3, Work.HINTS, 11, 0)
     states = conn.execute("SELECT DISTINCT state, attempts FROM photo_jobs").fetchall()
     assert states == [("active", 1)]
     assert len(queued(env)) == 11
@@ -357,7 +360,7 @@ def test_jobs_of_rows_named_by_a_stray_notification_are_withdrawn(
     conn.execute("SELECT pg_notify('photo_jobs', 'photo.process finished')")
     conn.execute("SELECT pg_notify('photo_jobs', 'photo.process ' || repeat('x', 256))")
     turn = reactor.turn()
-    assert (turn.notifications, turn.claimed) == (2, 0)
+    assert (turn.notifications, turn.claimed, turn.named) == (2, 0, 0)
     assert state_of(conn, "finished") == ("done", 1)
     assert queued(env) == []
     assert not env.redis().exists("rq:job:" + job_id("photo.process", "finished", 1))

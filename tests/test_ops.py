@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -9,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
+import pytest
 import yaml
 from click import Context
 
@@ -21,6 +23,7 @@ from tests.support.paths import ROOT
 from tests.support.processes import Process, start_reactor
 from tests.support.rows import insert_rows, states
 from tests.support.servers import RedisServer, free_port
+from tests.support.sockets import listening_addresses
 from tests.support.waiting import wait_for
 
 
@@ -46,7 +49,8 @@ def test_metrics_and_health_over_http(env: Env, spawn: Callable[..., Process]) -
 
     def moved() -> str | None:
         _, text = get(base + "/metrics")
-        done = metric(text, 'reactor_dispatched_total{type="photo.process"}') == 7
+        # The type's series appears with its first dispatch.
+        done = metric(text, 'reactor_dispatched_total{type="photo.process"}', 0) == 7
         return text if done else None
 
     text = wait_for(moved, what="dispatched counter")
@@ -59,6 +63,12 @@ def test_metrics_and_health_over_http(env: Env, spawn: Callable[..., Process]) -
     assert metric(text, "reactor_claim_seconds_count") >= 1
     assert metric(text, "reactor_enqueue_seconds_count") >= 1
     assert metric(text, "reactor_listener_connected") == 1
+    # A series the reactor does not expose is an error, not a 0 (a renamed metric would
+    # otherwise pass every `== 0` and `<` assert).
+    for absent in ('reactor_dispatched_total{type="photo.thumb"}', "reactor_no_such_total"):
+        with pytest.raises(AssertionError, match="no series"):
+            metric(text, absent)
+    assert metric(text, 'reactor_dispatched_total{type="photo.thumb"}', 0) == 0
 
     # Take the listener away and keep it away (no new connections to this database).
     admin = psycopg.connect(env.pg_server_url, autocommit=True)
@@ -83,6 +93,90 @@ def test_metrics_and_health_over_http(env: Env, spawn: Callable[..., Process]) -
     finally:
         admin.execute(f'ALTER DATABASE "{env.database_name}" ALLOW_CONNECTIONS true')
     wait_for(lambda: get(base + "/healthz")[0] == 200, timeout=20, what="200 after reconnect")
+
+
+def test_healthz_is_503_from_the_third_failed_drain_and_200_once_redis_answers(
+    env: Env, spawn: Callable[..., Process], private_redis: RedisServer
+) -> None:
+    """A hung Redis (SIGSTOP) makes every drain fail after --redis-timeout (3 s): the gap
+    between two failures in which /healthz is read. Two failed retries are still healthy,
+    the third is not, and the first drain that Redis takes makes it healthy again."""
+    port = free_port()
+    reactor = start_reactor(
+        spawn, "--metrics-port", str(port), "--redis-timeout", "3", REDIS_URL=private_redis.url
+    )
+    base = f"http://127.0.0.1:{port}"
+    conn = env.connect()
+    assert get(base + "/healthz") == (200, "ok\n")
+    private_redis.freeze()
+    try:
+        insert_rows(conn, 20)  # more than a notification names: a drain of the type
+        reactor.wait_for_line("drain_retry attempt=2", timeout=60)
+        # The third try is waiting out its 3 s on the hung Redis.
+        assert get(base + "/healthz") == (200, "ok\n"), reactor.output()
+        reactor.wait_for_line("drain_retry attempt=3", timeout=60)
+        status, body = get(base + "/healthz")
+        assert status == 503, body
+        assert body.startswith("unhealthy: 3 failed drains or sweeps in a row: drain: "), body
+    finally:
+        private_redis.thaw()
+    wait_for(lambda: states(conn) == {"active": 20}, timeout=30, what="the rows dispatched")
+    wait_for(lambda: get(base + "/healthz") == (200, "ok\n"), timeout=30, what="200 again")
+
+
+def test_healthz_is_503_while_the_loop_stalls_and_200_once_it_turns(
+    env: Env, spawn: Callable[..., Process], private_redis: RedisServer
+) -> None:
+    """A stall: the loop has not turned for max(2 x sweep interval, sweep interval + 10 s)
+    (11 s here) with no failure to report, as when a claim waits on a hung Redis whose
+    --redis-timeout (120 s) is longer than that."""
+    port = free_port()
+    reactor = start_reactor(
+        spawn,
+        "--metrics-port",
+        str(port),
+        "--sweep-interval",
+        "1",
+        "--redis-timeout",
+        "120",
+        REDIS_URL=private_redis.url,
+    )
+    base = f"http://127.0.0.1:{port}"
+    conn = env.connect()
+    private_redis.freeze()
+    try:
+        insert_rows(conn, 20)
+
+        def stalled() -> str:
+            status, body = get(base + "/healthz")
+            return body if status == 503 else ""
+
+        body = wait_for(stalled, timeout=60, interval=0.2, what="/healthz 503")
+        assert re.fullmatch(r"unhealthy: main loop stalled for \d+s\n", body), body
+        assert "_retry" not in reactor.output(), "a stall, not failed drains"
+    finally:
+        private_redis.thaw()
+    wait_for(lambda: states(conn) == {"active": 20}, timeout=30, what="the rows dispatched")
+    wait_for(lambda: get(base + "/healthz") == (200, "ok\n"), timeout=30, what="200 again")
+
+
+def test_metrics_bind_loopback_unless_told_otherwise(
+    env: Env, spawn: Callable[..., Process]
+) -> None:
+    """What the kernel says the reactor listens on: 127.0.0.1 by default (a connection to
+    127.0.0.1 would also reach a server bound to every address), the address given with
+    --metrics-host otherwise (another loopback address here: the reader tells them apart)."""
+    port, other_port = free_port(), free_port()
+    default = start_reactor(spawn, "--metrics-port", str(port))
+    assert wait_for(lambda: listening_addresses(default.proc.pid), what="the metrics socket") == {
+        ("127.0.0.1", port)
+    }
+    told = start_reactor(
+        spawn, "--metrics-port", str(other_port), "--metrics-host", "127.0.0.2", name="told"
+    )
+    assert wait_for(lambda: listening_addresses(told.proc.pid), what="the metrics socket") == {
+        ("127.0.0.2", other_port)
+    }
 
 
 def test_no_password_in_any_output(env: Env, spawn: Callable[..., Process]) -> None:

@@ -26,13 +26,14 @@ from reactor.dispatcher.drain import Dispatcher
 from reactor.dispatcher.loop import Reactor
 from reactor.errors import DatabaseError
 from reactor.jobs import JobRef, job_id
+from reactor.pg.db import LATEST_SCHEMA_VERSION
 from reactor.routes import parse_routes
 from reactor.rq.enqueue import SCRIPT_MAX_JOBS, Enqueuer, EnqueueResult
 from reactor.rq.redis_url import connect_redis
 from reactor.rq.state import RqState
 from reactor.settings import ReactorSettings
 from reactor.worker import lifecycle
-from tests.support.cli import run_cli
+from tests.support.cli import one_line, run_cli
 from tests.support.doorbell import listener_pids
 from tests.support.env import Env
 from tests.support.notifications import Notifications
@@ -63,8 +64,9 @@ def test_committed_insert_is_queued_at_once(env: Env, spawn: Callable[..., Proce
             what=wanted,
         )
         delays.append(time.monotonic() - committed)
-    # Margin for a loaded 2-core machine, still far below the 30 s sweep (the only slow path).
-    assert max(delays) < 1.0, f"dispatch delays (s): {sorted(delays)}"
+    # A margin no loaded 2-core machine reaches, still far below the 30 s sweep (the only
+    # other path); the latency itself is measured in bench/.
+    assert max(delays) < 5.0, f"dispatch delays (s): {sorted(delays)}"
     # The job is pushed just before the claim commits: wait for the last COMMIT.
     wait_for(lambda: states(conn) == {"active": 20}, timeout=5, what="claims committed")
 
@@ -235,8 +237,10 @@ def test_no_listen_polls_within_one_poll_interval(env: Env, spawn: Callable[...,
     assert next(iter(listener_pids(admin)), None) is None
     insert_rows(admin, 5)
     started = time.monotonic()
-    wait_for(lambda: states(admin) == {"active": 5}, timeout=5, what="poll dispatch")
-    assert time.monotonic() - started < 1.1 + 0.5
+    wait_for(lambda: states(admin) == {"active": 5}, timeout=30, what="poll dispatch")
+    # By a poll: the only other path is the sweep, ten minutes away (how close a poll comes to
+    # its interval is measured in bench/).
+    assert time.monotonic() - started < 1.0 + 10
 
 
 def test_future_retry_is_dispatched_on_time_without_a_notification(
@@ -428,6 +432,64 @@ def test_sigterm_during_a_large_drain_exits_cleanly(
     assert counts.get("active", 0) + counts.get("pending", 0) == 50_000
 
 
+def voluntary_switches(pid: int) -> int:
+    """How often process `pid` (one thread) went to sleep so far."""
+    with open(f"/proc/{pid}/status") as status:
+        (line,) = [x for x in status if x.startswith("voluntary_ctxt_switches:")]
+    return int(line.split()[1])
+
+
+@pytest.mark.parametrize("first", [signal.SIGTERM, signal.SIGINT], ids=["TERM", "INT"])
+def test_a_second_signal_exits_at_once_while_the_first_waits_for_the_batch(
+    env: Env, spawn: Callable[..., Process], private_redis: RedisServer, first: signal.Signals
+) -> None:
+    """The first SIGTERM/SIGINT lets the batch in hand finish; a second one exits at once. The
+    batch here waits on a hung Redis for up to a minute (--redis-timeout 60): only the second
+    signal can end the process well within that."""
+    conn = env.connect()
+    reactor = start_reactor(
+        spawn, "--redis-timeout", "60", "--sweep-interval", "3600", REDIS_URL=private_redis.url
+    )
+    private_redis.freeze()
+    try:
+        # More rows than a notification names: claimed first, then enqueued into the hung Redis.
+        insert_rows(conn, 20)
+        wait_for(
+            lambda: (
+                conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND application_name LIKE 'photo-reactor work%%'"
+                    " AND state LIKE 'idle in transaction%%'"
+                ).fetchone()
+                == (1,)
+            ),
+            timeout=20,
+            what="a claim waiting on Redis",
+        )
+        # Two signals of one kind sent back to back coalesce into one (the kernel keeps one
+        # pending, Python runs one handler): wait until the first was handled, which shows as
+        # the process going back to sleep in its wait on Redis (a new voluntary switch).
+        switches = voluntary_switches(reactor.proc.pid)
+        reactor.proc.send_signal(first)
+        wait_for(
+            lambda: voluntary_switches(reactor.proc.pid) > switches,
+            timeout=10,
+            what="the first signal handled",
+        )
+        assert reactor.proc.poll() is None, reactor.output()
+        sent = time.monotonic()
+        reactor.proc.send_signal(signal.SIGTERM if first == signal.SIGINT else first)
+        code = reactor.exit_code(timeout=20)
+        waited = time.monotonic() - sent
+    finally:
+        private_redis.thaw()
+    assert code == 1, reactor.output()
+    assert waited < 20 < 60, waited  # not the Redis timeout's minute
+    reactor.wait_for_line("second signal, exiting at once", timeout=5)
+    # The claim died with the process: its rows are pending again, for the next reactor.
+    wait_for(lambda: states(conn) == {"pending": 20}, timeout=30, what="the claim rolled back")
+
+
 def assert_one_line_exit_2(
     result: subprocess.CompletedProcess[str], *needles: str, secret: str = ""
 ) -> None:
@@ -461,6 +523,26 @@ def test_startup_errors_exit_2_with_one_line(env: Env, empty_database: str) -> N
     assert_one_line_exit_2(bad_url, secret="hunter2")
     bad_route = run_cli(env, "run", "--route", "nope")
     assert_one_line_exit_2(bad_route, "bad route")
+
+
+def test_a_schema_newer_than_the_release_is_refused_with_one_line(env: Env) -> None:
+    """A database migrated by a later release: the reactor refuses it (its statements may no
+    longer fit the table) with one line naming both versions, exit 2, and touches nothing."""
+    conn = env.connect()
+    newer = LATEST_SCHEMA_VERSION + 1
+    conn.execute(
+        "INSERT INTO reactor_migrations (version, name) VALUES (%s, 'from_a_later_release')",
+        [newer],
+    )
+    conn.execute("INSERT INTO photo_jobs (photo_id, type) VALUES ('waiting', 'photo.process')")
+    result = run_cli(env, "run", timeout=60)
+    line = one_line(result, 2)
+    assert (
+        f"database schema version {newer} of '{env.database_name}' on 127.0.0.1:" in line
+        and f"is newer than this release ({LATEST_SCHEMA_VERSION}): upgrade photo-reactor" in line
+    ), line
+    assert conn.execute("SELECT state, attempts FROM photo_jobs").fetchall() == [("pending", 0)]
+    assert conn.execute("SELECT count(*) FROM reactor_routes").fetchone() == (0,)
 
 
 def test_wrong_passwords_exit_2_without_showing_them(env: Env) -> None:

@@ -238,7 +238,7 @@ def test_a_hostile_row_stops_neither_rescue_nor_dispatch(
     # Rows submitted right after a sweep are dispatched at once (a failed sweep used to pause
     # the loop for up to 10 s).
     slowest = max(submit_after(port, "reactor_sweeps_total", conn, str(i)) for i in range(4))
-    assert slowest < 1.0, f"a submit took {slowest:.2f} s\n{reactor.output()}"
+    assert slowest < 4.0, f"a submit took {slowest:.2f} s\n{reactor.output()}"
     assert health(port)[0] == 200, health(port)
     assert "sweep_failed" not in reactor.output()
     assert "connection_lost" not in reactor.output()
@@ -297,7 +297,8 @@ def test_a_failing_sweep_does_not_pause_dispatch(env: Env, spawn: Callable[..., 
     slowest = max(
         submit_after(port, "reactor_sweep_failures_total", conn, str(i)) for i in range(6)
     )
-    assert slowest < 1.0, f"a submit took {slowest:.2f} s\n{reactor.output()}"
+    # Far below the pause of up to 10 s the bug made, with room for a loaded machine.
+    assert slowest < 4.0, f"a submit took {slowest:.2f} s\n{reactor.output()}"
     # Logged a few times a minute, not at every sweep; /healthz says the sweeps fail.
     wait_for(lambda: health(port)[0] == 503, timeout=10, what="/healthz 503")
     assert "failed sweeps in a row" in health(port)[1]
@@ -325,7 +326,7 @@ def test_a_hung_redis_holds_no_claim_beyond_the_redis_timeout(
 ) -> None:
     conn = env.connect()
     reactor = start_reactor(
-        spawn, "--sweep-interval", "2", REDIS_URL=private_redis.url, REACTOR_REDIS_TIMEOUT="1"
+        spawn, "--sweep-interval", "2", REDIS_URL=private_redis.url, REACTOR_REDIS_TIMEOUT="2"
     )
     private_redis.freeze()
     try:
@@ -345,9 +346,9 @@ def test_a_hung_redis_holds_no_claim_beyond_the_redis_timeout(
         wait_for(retried_three_times, timeout=60, interval=0.05, what="three drain retries")
     finally:
         private_redis.thaw()
-    # Each claim waits at most the Redis timeout (1 s) before it rolls back: never the 3 s
-    # after which Postgres would end the session.
-    assert longest < 2.5, f"a claim stayed open {longest:.1f} s\n{reactor.output()}"
+    # Each claim waits at most the Redis timeout (2 s) before it rolls back: never the 6 s
+    # after which Postgres would end the session (a margin for a loaded machine between).
+    assert longest < 5.0, f"a claim stayed open {longest:.1f} s\n{reactor.output()}"
     assert seen == {("pending", 20)}
     wait_for(lambda: states(conn) == {"active": 20}, timeout=30, what="20 rows active")
     client = redis.Redis.from_url(private_redis.url)

@@ -117,6 +117,55 @@ def test_connections_never_prepare_by_default(env: Env) -> None:
         conn.close()
 
 
+#: A statement-level trigger runs inside the claim's own session, so it can read that
+#: session's pg_prepared_statements (a view of the current session only) and note it.
+NOTE_PREPARED = """
+CREATE TABLE prepared_seen (app text NOT NULL, prepared int NOT NULL);
+CREATE FUNCTION note_prepared() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO prepared_seen (app, prepared)
+    SELECT current_setting('application_name'), count(*)
+      FROM pg_prepared_statements WHERE NOT from_sql;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER note_prepared AFTER UPDATE ON photo_jobs
+    FOR EACH STATEMENT EXECUTE FUNCTION note_prepared();
+"""
+
+
+@pytest.mark.parametrize(
+    ("args", "prepared"),
+    [
+        (("--prepared-statements", "--doorbell", "poll-only", "--poll-interval", "0.05"), True),
+        (("--doorbell", "poll-only", "--poll-interval", "0.05"), False),
+        ((), True),
+        (("--no-prepared-statements",), False),
+    ],
+    ids=["flag-on-polling", "default-polling", "default-listening", "flag-off-listening"],
+)
+def test_run_prepares_its_claims_as_the_flag_says(
+    env: Env, spawn: Callable[..., Process], args: tuple[str, ...], prepared: bool
+) -> None:
+    """`reactor run --prepared-statements` dispatches rows with its claims prepared on the
+    server; --no-prepared-statements, or a polling reactor by default, prepares none."""
+    conn = env.connect()
+    conn.execute(NOTE_PREPARED)
+    start_reactor(spawn, *args)
+    # Claims enough (psycopg prepares a statement at its fifth run on a connection).
+    for batch in range(8):
+        insert_rows(conn, 10, prefix=f"b{batch}-")
+        wait_for(
+            lambda: states(conn) == {"active": 10 * (batch + 1)},  # noqa: B023
+            timeout=20,
+            what=f"batch {batch} dispatched",
+        )
+    seen = conn.execute(
+        "SELECT count(*), max(prepared) FROM prepared_seen WHERE app LIKE 'photo-reactor work%%'"
+    ).fetchone()
+    assert seen is not None and seen[0] >= 8, seen
+    assert (seen[1] > 0) is prepared, seen
+
+
 # -- multi-host URLs and read-only servers ------------------------------------------------
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import psycopg
 import pytest
+import redis
 from psycopg import sql
 from rq import Queue
 from rq import Worker as RqWorker
@@ -976,7 +977,8 @@ def test_a_notified_row_left_unclaimed_by_the_reactor_is_taken_over_by_its_job(
         submit(conn, "p1")
         locker.execute("SELECT FROM photo_jobs WHERE photo_id = 'p1' FOR UPDATE")
         turn = reactor.turn()
-        assert (turn.work, turn.claimed) == (Work.HINTS, 1)
+        # The job enqueued, the row not claimed: the turn says so.
+        assert (turn.work, turn.claimed, turn.named) == (Work.HINTS, 0, 1)
         assert row_of(conn, "p1")[:2] == ("pending", 0)
         worker = start_worker(spawn, env, burst=True, extra_args=("--worker-class", worker_class))
         locker.rollback()
@@ -1020,6 +1022,100 @@ def test_reactor_worker_says_at_once_that_redis_is_unreachable_and_waits_for_it(
     finally:
         worker.kill_all()
         server.close()
+
+
+@pytest.mark.parametrize(
+    "outage", [pytest.param(3.0, id="3s"), pytest.param(60.0, id="60s", marks=pytest.mark.slow)]
+)
+def test_reactor_worker_rides_out_a_redis_restart(
+    env: Env,
+    conn: psycopg.Connection[Any],
+    spawn: Callable[..., Process],
+    private_redis: RedisServer,
+    kind: str,
+    outage: float,
+) -> None:
+    """Redis stopped (its data gone), started again on the same port: the worker keeps
+    running, and rows committed after the restart are done, the outage shorter or longer than
+    the worker's Redis retries (about 40 s)."""
+    simple = ("--simple",) if kind == "simple" else ()
+    redis_env = {"REDIS_URL": private_redis.url}
+    start_reactor(spawn, "--route", route("ok"), **redis_env)
+    worker = spawn(
+        "-m",
+        "reactor",
+        "worker",
+        "--route",
+        route("ok"),
+        *simple,
+        name="worker",
+        extra_env=redis_env,
+    )
+    submit(conn, "before")
+    wait_for(lambda: row_of(conn, "before")[0] == "done", timeout=30, what="served before")
+    private_redis.stop()
+    # The outage itself: a duration, not a synchronisation.
+    time.sleep(outage)
+    assert worker.proc.poll() is None, worker.output()
+    private_redis.start()
+    for i in range(3):
+        submit(conn, f"after-{i}")
+    wait_for(
+        lambda: [row_of(conn, f"after-{i}")[0] for i in range(3)] == ["done"] * 3,
+        timeout=60,
+        what="rows committed after the restart done",
+    )
+    assert worker.proc.poll() is None, worker.output()
+    assert [r[2] for r in runs(conn, "after-0")] == ["ok"]
+
+
+def test_reactor_worker_rides_out_a_redis_refusing_writes_mid_job(
+    env: Env,
+    conn: psycopg.Connection[Any],
+    spawn: Callable[..., Process],
+    private_redis: RedisServer,
+    kind: str,
+) -> None:
+    """Redis full (maxmemory reached, noeviction) while a job runs: RQ's bookkeeping after the
+    job and its teardown are refused (an error no retry helps). The worker starts RQ's loop
+    again, once Redis takes writes it serves new rows, and it never exits."""
+    simple = ("--simple",) if kind == "simple" else ()
+    redis_env = {"REDIS_URL": private_redis.url}
+    start_reactor(spawn, "--route", route("gated"), **redis_env)
+    worker = spawn(
+        "-m",
+        "reactor",
+        "worker",
+        "--route",
+        route("gated"),
+        *simple,
+        name="worker",
+        extra_env=redis_env,
+    )
+    client = redis.Redis.from_url(private_redis.url)
+    env.cleanups.append(client.close)
+    submit(conn, "held")
+    wait_for(lambda: runs(conn, "held") == [("held", 1, "started")], timeout=30, what="started")
+    client.config_set("maxmemory", 1)
+    try:
+        conn.execute("INSERT INTO gates (name) VALUES ('held:1')")
+
+        def refused() -> bool:
+            return worker.proc.poll() is not None or "worker_restarting" in worker.output()
+
+        wait_for(refused, timeout=60, what="RQ's loop refused by Redis")
+        assert worker.proc.poll() is None, worker.output()
+    finally:
+        client.config_set("maxmemory", 0)
+    for i in range(3):
+        conn.execute("INSERT INTO gates (name) VALUES (%s)", [f"after-{i}:1"])
+        submit(conn, f"after-{i}")
+    wait_for(
+        lambda: [row_of(conn, f"after-{i}")[0] for i in range(3)] == ["done"] * 3,
+        timeout=60,
+        what="rows served once Redis takes writes",
+    )
+    assert worker.proc.poll() is None, worker.output()
 
 
 def test_reactor_worker_refused_by_redis_exits_2_in_one_line(

@@ -108,11 +108,31 @@ def worker_command(**options: Any) -> None:
     instance.check_startup()
     # RQ sets its loggers to INFO unless told a level: its lines follow --log-level too.
     level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
+    failed = False
     while True:
         try:
+            if failed:
+                # The failed loop's teardown may not have recorded the worker's death: RQ's
+                # start would then take this worker for a live one of the same name.
+                instance.register_death()  # type: ignore[no-untyped-call]
+                failed = False
             instance.work(burst=options["burst"], max_jobs=options["max_jobs"], logging_level=level)
         except redis.RedisError as exc:
-            raise click.ClickException(f"Redis: {redact(str(exc))}") from None
+            refused = isinstance(
+                exc, (redis.AuthenticationError, redis.exceptions.NoPermissionError)
+            )
+            if refused or options["burst"] or options["max_jobs"] or instance.stop_requested:
+                raise click.ClickException(f"Redis: {redact(str(exc))}") from None
+            # Redis failed RQ's start or teardown too (down past the retries, refusing writes
+            # when full): like a quit of its loop, ridden out by a long-running worker.
+            failed = True
+            logger.warning(
+                "worker_restarting in=%.0fs (Redis failed RQ's work loop: %s)",
+                WORKER_RESTART_SECONDS,
+                redact(str(exc)),
+            )
+            time.sleep(WORKER_RESTART_SECONDS)
+            continue
         if options["burst"] or options["max_jobs"] or instance.stop_requested:
             return
         # RQ's work loop quits on any error it does not expect (a Redis error that outlived

@@ -73,10 +73,15 @@ class Quarantine:
 class BatchResult:
     """One transaction of the dispatcher."""
 
+    #: Rows this transaction claimed (made `active`, or failed with their attempts spent).
     claimed: int = 0
     enqueued: int = 0
     already_enqueued: int = 0
     failed: int = 0
+    #: Rows named by notifications whose jobs were enqueued and are theirs, but that this
+    #: claim did not take (locked, not due, paused, taken over by their job's fenced start,
+    #: or the claim was skipped): dispatched, not claimed here.
+    named: int = 0
 
     def __add__(self, other: BatchResult) -> BatchResult:
         return BatchResult(
@@ -84,6 +89,7 @@ class BatchResult:
             self.enqueued + other.enqueued,
             self.already_enqueued + other.already_enqueued,
             self.failed + other.failed,
+            self.named + other.named,
         )
 
 
@@ -97,6 +103,8 @@ class DrainResult:
     already_enqueued: int = 0
     batches: int = 0
     more: bool = False
+    #: See `BatchResult.named`.
+    named: int = 0
 
     def add(self, batch: BatchResult) -> DrainResult:
         return DrainResult(
@@ -105,6 +113,7 @@ class DrainResult:
             self.already_enqueued + batch.already_enqueued,
             self.batches + 1,
             self.more,
+            self.named + batch.named,
         )
 
 

@@ -133,6 +133,9 @@ class Turn:
     drained: tuple[str, ...] = ()
     #: Rows claimed (by the sweep's drain too).
     claimed: int = 0
+    #: Rows named by notifications whose jobs this turn enqueued but did not claim
+    #: (`BatchResult.named`).
+    named: int = 0
     #: The sweep round's result (SWEEP only).
     sweep: SweepResult | None = None
     #: The doorbell keys were given back after the drain.
@@ -336,7 +339,7 @@ class Reactor:
                 stopped=self._should_stop,
             )
             notifications += more_notifications
-            if not result.claimed:
+            if not result.claimed and not result.named:
                 self._wakeups.found_nothing()
         elif bell.should_poll():
             self.metrics.polls.inc()
@@ -345,9 +348,10 @@ class Reactor:
         else:
             return Turn(waited=waited, notifications=len(payloads), arm=arm)
 
-        # 4. Tell the doorbell.
+        # 4. Tell the doorbell the rows dispatched: claimed, or named rows whose jobs are theirs.
+        named = result.named if isinstance(result, DrainResult) else 0
         released = (
-            bell.drained(result.claimed, started=now, every_type=work is not Work.HINTS)
+            bell.drained(result.claimed + named, started=now, every_type=work is not Work.HINTS)
             is Action.RELEASE
         )
         if released:
@@ -362,6 +366,7 @@ class Reactor:
             work=work,
             drained=drained,
             claimed=result.claimed,
+            named=named,
             sweep=sweep,
             released=released,
         )

@@ -171,7 +171,7 @@ class NamedRows:
         """`_claim` (below); the rows it counts pay their jobs back to the budget, so names of
         absent rows spend it for good."""
         batch, dropped = self._claim(written, already_enqueued)
-        self._budget.refund(batch.claimed)
+        self._budget.refund(batch.claimed + batch.named)
         return batch, dropped
 
     def _claim(
@@ -181,10 +181,10 @@ class NamedRows:
         the jobs that no row can use: a notification names whatever its sender wrote (anyone
         who can connect may NOTIFY), so a named row may not exist, or be in a later life.
 
-        Returns the batch, whose `claimed` counts the named rows whose jobs these are (claimed
-        here, taken over by their job's fenced start, run already, or waiting for a resume or
-        their due time, when a claim of token 1 will find the job), and the types to drain now
-        (see below).
+        Returns the batch, whose `claimed` counts the rows this claim took, and `named` the
+        other named rows whose jobs these are (taken over by their job's fenced start, run
+        already, locked by another session, or waiting for a resume or their due time, when a
+        claim of token 1 will find the job), and the types to drain now (see below).
 
         A job may have run already, and its row been inserted anew (deleted first), before
         this claim: the claim would then make the new row `active` with an ended job. So the
@@ -204,7 +204,7 @@ class NamedRows:
         if named is None:
             # The claim was skipped: the jobs stay, for their fenced starts to judge.
             skipped = BatchResult(
-                claimed=len(written), enqueued=len(written), already_enqueued=already_enqueued
+                enqueued=len(written), already_enqueued=already_enqueued, named=len(written)
             )
             return skipped, set()
         rows, dropped = named
@@ -233,9 +233,10 @@ class NamedRows:
                 already_enqueued,
             )
         batch = BatchResult(
-            claimed=ours,
+            claimed=claimed_here,
             enqueued=len(written) - withdrawn_absent - withdrawn_ran,
             already_enqueued=already_enqueued,
+            named=ours - claimed_here,
         )
         return batch, dropped
 

@@ -6,10 +6,20 @@ import re
 import urllib.request
 
 
-def metric(text: str, name: str) -> float:
-    """One sample of a Prometheus text exposition (0 if absent)."""
-    match = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.M)
-    return float(match.group(1)) if match else 0.0
+def metric(text: str, name: str, default: float | None = None) -> float:
+    """One sample of a Prometheus text exposition: `name` with its labels as exposed
+    (`reactor_pruned_total{state="done"}`).
+
+    A series that is not in the text fails the test (a renamed metric or a misspelt name must
+    not read as 0), unless `default` is given: a labelled series appears only with its first
+    sample, so a test that reads one which may not exist yet says what absence means.
+    """
+    match = re.search(rf"^{re.escape(name)} ([0-9.e+-]+|[+-]Inf|NaN)$", text, re.M)
+    if match:
+        return float(match.group(1))
+    if default is not None:
+        return default
+    raise AssertionError(f"no series {name} in the metrics:\n{text[-3000:]}")
 
 
 def scrape(port: int) -> str:
