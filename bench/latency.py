@@ -1,8 +1,9 @@
 """Dispatch latency: COMMIT of a single-row insert -> its job in the RQ queue.
 
 Low load: the real `reactor run` process does the work; the benchmark inserts one row every
-10 ms (autocommit: `execute` returns after COMMIT) and BLPOPs the queue, so it sees the job the
-instant it is pushed. Beside it, the floor: a bare NOTIFY -> LISTEN round trip on the same
+5 ms (autocommit: `execute` returns after COMMIT; the next insert starts 5 ms after the one
+before, or once its job arrived if that took longer) and BLPOPs the queue, so it sees the job
+the instant it is pushed. Beside it, the floor: a bare NOTIFY -> LISTEN round trip on the same
 database, measured the same way.
 
 Saturating load: pgbench runs single-row inserting transactions from 16 clients as fast as
@@ -45,6 +46,7 @@ def _dispatch_round(url: str, inserts: int, pause: float, tag: str) -> list[floa
     delays = []
     with psycopg.connect(url, autocommit=True) as conn:
         for i in range(inserts):
+            begun = time.perf_counter()
             conn.execute(
                 "INSERT INTO photo_jobs (photo_id, type) VALUES (%s, 'photo.process')",
                 [f"{tag}-{i}"],
@@ -54,8 +56,8 @@ def _dispatch_round(url: str, inserts: int, pause: float, tag: str) -> list[floa
             if popped is None:
                 raise RuntimeError("job never arrived")
             delays.append(time.perf_counter() - committed)
-            if pause:
-                time.sleep(pause)
+            # Paced from the insert's start: one insert per `pause` (the job's delay included).
+            time.sleep(max(0.0, pause - (time.perf_counter() - begun)))
     client.close()
     return delays
 
@@ -68,20 +70,20 @@ def _notify_round(url: str, count: int, pause: float) -> list[float]:
     ):
         listener.execute("LISTEN bench_floor")
         for _ in range(count):
+            begun = time.perf_counter()
             sender.execute("NOTIFY bench_floor")
             committed = time.perf_counter()
             for _note in listener.notifies(timeout=10, stop_after=1):
                 break
             delays.append(time.perf_counter() - committed)
-            if pause:
-                time.sleep(pause)
+            time.sleep(max(0.0, pause - (time.perf_counter() - begun)))
     return delays
 
 
 def run(quick: bool) -> dict[str, Any]:
     inserts = 300 if quick else 1000
     reps = 3 if quick else 5
-    pause = 0.010  # one insert every 10 ms: low load
+    pause = 0.005  # one insert every 5 ms: low load
     result: dict[str, Any] = {"inserts_per_run": inserts, "runs": reps}
     ours: list[list[float]] = []
     plain: list[list[float]] = []

@@ -6,7 +6,7 @@ one connection (each claim rolled back, so both see the same table: pending rows
 history), at batch sizes 1 and 500.
 
 Retention: dispatch latency (COMMIT of a single-row insert -> its job in the RQ queue, one
-insert every 10 ms, as in the latency benchmark) of a `reactor run` without retention and of
+insert every 10 ms, paced as in the latency benchmark) of a `reactor run` without retention and of
 one with `--prune-done-after 7d` while it is deleting a large history of old `done` rows,
 alternating the two; the rows it deleted during the measurement are counted, to show the
 pruning was running all along.

@@ -50,6 +50,14 @@ def assert_no_secret(text: str, where: str) -> None:
         ('missing "=" after "s3cret" in connection info string', None),
         ('invalid connection option "cret"', 'invalid connection option "***"'),
         ("no password here: passwords are masked", "no password here: passwords are masked"),
+        # Any case the patterns' IGNORECASE matches gets past the quick check before them.
+        ("PaSsWoRd=s3cret x", "PaSsWoRd=*** x"),
+        ("pa\u017f\u017fword=s3cret x", "pa\u017f\u017fword=*** x"),
+        ("HTTPS://u:s3cret@host/x", "HTTPS://u:***@host/x"),
+        (
+            "Worker w1: photo-process: photo_2eprocess-t2-1",
+            "Worker w1: photo-process: photo_2eprocess-t2-1",
+        ),
     ],
 )
 def test_redact_forms(text: str, expected: str | None) -> None:

@@ -551,8 +551,8 @@ def test_the_fenced_start_stamps_only_a_row_whose_claim_is_old(
     env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], kind: str
 ) -> None:
     """A row claimed a moment ago is started without a write (the claim just stamped it); a
-    row whose job waited in the queue for longer than a quarter heartbeat interval is stamped
-    at start, so the sweep cannot take it for a dead worker's before its first heartbeat."""
+    row whose job waited in the queue for longer than a heartbeat interval is stamped at
+    start, so the sweep cannot take it for a dead worker's before its first heartbeat."""
     submit(conn, "fresh")
     submit(conn, "old")
     sweep(env, "gated")  # both active at attempt 1, their jobs queued in this order
@@ -580,6 +580,47 @@ def test_the_fenced_start_stamps_only_a_row_whose_claim_is_old(
     old_xmin, old_age = version("old")
     assert old_xmin != old_before[0] and old_age < 60, (old_before, old_xmin, old_age)
     conn.execute("INSERT INTO gates VALUES ('old:1')")
+    wait_for(lambda: states(conn) == {"done": 2}, timeout=30, what="both done")
+
+
+def test_a_row_only_read_at_start_has_its_first_beat_an_interval_after_its_claim(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], kind: str
+) -> None:
+    """A row whose job waited in the queue for less than a heartbeat interval is not written
+    at start, and its first heartbeat is due an interval after the claim's stamp, not after
+    the start: the row's stamp is never more than 1.25 intervals old while the attempt runs."""
+    interval, waited = 8.0, 6.0
+    submit(conn, "blocker")
+    submit(conn, "waited")
+    sweep(env, "gated")  # both active at attempt 1, their jobs queued in this order
+    start_ours(spawn, env, kind, handler="gated", REACTOR_HEARTBEAT_SECONDS=str(interval))
+    wait_for(lambda: runs(conn, "blocker") == [("blocker", 1, "started")], timeout=30, what="1st")
+    with conn.transaction():  # while the worker is busy: the second job has waited so long
+        conn.execute("SET LOCAL session_replication_role = replica")  # keep our updated_at
+        conn.execute(
+            "UPDATE photo_jobs SET updated_at = now() - make_interval(secs => %s)"
+            " WHERE photo_id = 'waited'",
+            [waited],
+        )
+
+    def version() -> tuple[str, float]:
+        row = conn.execute(
+            "SELECT xmin::text, extract(epoch FROM updated_at)::float8"
+            " FROM photo_jobs WHERE photo_id = 'waited'"
+        ).fetchone()
+        assert row is not None
+        return str(row[0]), float(row[1])
+
+    claimed_xmin, claimed_at = version()
+    conn.execute("INSERT INTO gates VALUES ('blocker:1')")
+    wait_for(lambda: runs(conn, "waited") == [("waited", 1, "started")], timeout=30, what="2nd")
+    assert version()[0] == claimed_xmin, "a row claimed less than an interval ago was written"
+    wait_for(lambda: version()[0] != claimed_xmin, timeout=30, what="the first heartbeat")
+    beaten_at = version()[1]
+    # Due an interval after the claim's stamp, seen within a quarter interval (the thread's
+    # tick), with a second of slack; beating an interval after the start would take 14 s.
+    assert beaten_at - claimed_at <= interval * 1.25 + 1.0, beaten_at - claimed_at
+    conn.execute("INSERT INTO gates VALUES ('waited:1')")
     wait_for(lambda: states(conn) == {"done": 2}, timeout=30, what="both done")
 
 

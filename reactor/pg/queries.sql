@@ -593,9 +593,10 @@ UPDATE photo_jobs
 -- earlier life matches no row here and changes nothing.
 
 -- name: ATTEMPT_START
--- The fenced start, in one round trip; returns the row's (attempts, max_attempts) when the
--- attempt may run. A row `active` at this token whose `updated_at` is younger than `fresh`
--- seconds (the claim stamped it a moment ago) is only read: no write, no new row version.
+-- The fenced start, in one round trip; returns the row's (attempts, max_attempts, seconds
+-- since the row's last write: 0 when this statement stamped it) when the attempt may run. A
+-- row `active` at this token whose `updated_at` is younger than `fresh` seconds (the claim
+-- stamped it not long ago) is only read: no write, no new row version.
 -- Otherwise the row is stamped if it is `active` at this token, or `pending` at the token
 -- before: the claim that enqueued this job commits after the enqueue (a notified row's claim
 -- is even made after it), so a claim in flight is waited for (the row lock) and its row then
@@ -606,7 +607,7 @@ UPDATE photo_jobs
 -- crash is harmless (the row keeps the claim's state, or stays pending and is dispatched
 -- again; the durable outcome write is fenced either way).
 WITH fresh AS (
-     SELECT attempts, max_attempts
+     SELECT attempts, max_attempts, extract(epoch FROM now() - updated_at)::float8 AS written_ago
        FROM photo_jobs
       WHERE photo_id = %(photo_id)s AND type = %(type)s
         AND state = 'active' AND prior_attempts + attempts = %(token)s
@@ -623,9 +624,9 @@ stamped AS (
               AND coalesce(next_retry_at, created_at) <= now()
               AND NOT EXISTS (SELECT FROM reactor_paused_types AS x WHERE x.type = %(type)s)))
      RETURNING attempts, max_attempts)
-SELECT attempts, max_attempts FROM fresh
+SELECT attempts, max_attempts, written_ago FROM fresh
  UNION ALL
-SELECT attempts, max_attempts FROM stamped
+SELECT attempts, max_attempts, 0::float8 FROM stamped
 
 -- name: ATTEMPT_RECHECK
 -- The row's state and token once no transaction is moving it (FOR SHARE waits for one),

@@ -94,6 +94,9 @@ ROUTES_WAIT_POLL_SECONDS = 1.0
 ROUTES_WAIT_LOG_SECONDS = 60.0
 #: The queue RQ's CLI listens on when given none.
 RQ_DEFAULT_QUEUE = "default"
+#: A row written this recently (in heartbeat intervals) is only read at start: the heartbeat
+#: thread schedules the first beat from that write (`lifecycle.SCHEDULED_FRESHNESS`).
+_FRESHNESS = lifecycle.SCHEDULED_FRESHNESS
 
 
 class _RedactingFilter(logging.Filter):
@@ -312,7 +315,7 @@ class _Lifecycle(KeyRenewal, BaseWorker):
     def _warm_up_inflight(self) -> None:
         """Prepare and plan the overlapped statements on a row that does not exist, so the
         first job pays for neither (they change nothing)."""
-        params = lifecycle.attempt_params(self.settings, warm_up_ref())
+        params = self._attempt_params(warm_up_ref())
         for statement in (START, DONE):
             if self._inflight.send(statement, params):
                 self._inflight.receive()
@@ -325,11 +328,11 @@ class _Lifecycle(KeyRenewal, BaseWorker):
         try:
             if answer is None:
                 # Not sent, or no answer: the fenced start on the store (retried).
-                started = lifecycle.start(self._store, self.settings, ref)
+                started = lifecycle.start(self._store, self.settings, ref, _FRESHNESS)
             elif answer.first is None:
-                started = lifecycle.recheck(self._store, self.settings, ref)
+                started = lifecycle.recheck(self._store, self.settings, ref, _FRESHNESS)
             else:
-                started = lifecycle.Started(int(answer.first[0] or 0), int(answer.first[1] or 0))
+                started = lifecycle.Started.of(answer.first)
         except DatabaseError as exc:
             logger.error("attempt_unstarted %s error=%s", lifecycle.describe(ref), exc)
             return Handoff(ref, "unstarted", failure=exc), None
@@ -362,7 +365,7 @@ class _Lifecycle(KeyRenewal, BaseWorker):
         if outcome.kind == "ok":
             # In flight here can only be the `done` sent when the handler returned.
             if not self._inflight.in_flight:
-                self._inflight.send(DONE, lifecycle.attempt_params(self.settings, ref))
+                self._inflight.send(DONE, self._attempt_params(ref))
             written = self._inflight.receive()  # None too if it could not be sent
             if written is not None:
                 lifecycle.note_done(ref, written.rows)
@@ -383,12 +386,22 @@ class _Lifecycle(KeyRenewal, BaseWorker):
         except Exception:
             logger.exception("outcome_lost %s", lifecycle.describe(ref))
 
+    def _attempt_params(self, ref: JobRef) -> dict[str, Any]:
+        return lifecycle.attempt_params(self.settings, ref, _FRESHNESS)
+
+    def _beat_for(self, ref: JobRef) -> None:
+        """Heartbeat the running attempt, the first beat an interval after the row's last
+        write: a row the start only read may have waited in the queue since its claim."""
+        started = self._started
+        written_ago = 0.0 if started is None else started.written_ago
+        self._heartbeat.beat_for(ref, self._renew_rq_heartbeats, written_ago)
+
     def _send_done(self, ref: JobRef, outcome: lifecycle.Outcome) -> None:
         """In-process, the moment the handler returned: send the `done` write, so that it runs
         while RQ records the job's success in Redis."""
         if outcome.kind == "ok":
             self._heartbeat.pause()  # no beat may share the connection with it
-            self._inflight.send(DONE, lifecycle.attempt_params(self.settings, ref))
+            self._inflight.send(DONE, self._attempt_params(ref))
 
     def _begin(self, job: Job) -> Handoff | None:
         """Send the fenced start of a `perform` job and return its handoff, still `starting`;
@@ -404,7 +417,7 @@ class _Lifecycle(KeyRenewal, BaseWorker):
             handler = str(job.kwargs["handler"])
         except Exception:
             return None  # not ours to judge: RQ runs (and fails) it as it is
-        self._inflight.send(START, lifecycle.attempt_params(self.settings, ref))
+        self._inflight.send(START, self._attempt_params(ref))
         handoff = Handoff(ref, "starting")
 
         def settle() -> None:
@@ -412,7 +425,7 @@ class _Lifecycle(KeyRenewal, BaseWorker):
             handoff.action = settled.action
             handoff.handler, handoff.failure = settled.handler, settled.failure
             if settled.action == "run" and not self.forks:
-                self._heartbeat.beat_for(ref, self._renew_rq_heartbeats)
+                self._beat_for(ref)
                 handoff.on_report = lambda outcome: self._send_done(ref, outcome)
 
         handoff.settle = settle
@@ -452,7 +465,7 @@ class _Lifecycle(KeyRenewal, BaseWorker):
         if self._report_fds is not None:
             with contextlib.suppress(OSError):
                 os.close(self._report_fds[1])
-            self._heartbeat.beat_for(ref, self._renew_rq_heartbeats)
+            self._beat_for(ref)
 
     def _collect(self, handoff: Handoff) -> lifecycle.Outcome:
         outcome = handoff.outcome

@@ -18,9 +18,10 @@ writes an outcome; `attempts` still counts per life for `max_attempts` and the b
    the row is read again once no transaction is moving it (the sweep's rescue, from `active` at
    the token before, also commits after its enqueue): `active` at this token, it starts;
    else the attempt was superseded or the row is finished, and the handler must not run. A row
-   the claim stamped less than a quarter heartbeat interval ago is only read; any other is
-   stamped (`updated_at`), so the sweep cannot take a job that waited long in the queue for a
-   dead worker's before its first heartbeat.
+   the claim stamped less than a quarter heartbeat interval ago (a whole interval for the
+   worker classes, whose first beat is due an interval after that stamp) is only read; any
+   other is stamped (`updated_at`), so the sweep cannot take a job that waited long in the
+   queue for a dead worker's before its first heartbeat.
 2. `Heartbeat` — a thread that touches `updated_at` every `heartbeat_seconds` while the
    handler runs, so the sweep does not rescue a live attempt (the worker classes' `Heartbeater`
    also renews the worker's RQ key at each beat, which tells the sweep the worker lives).
@@ -76,10 +77,14 @@ logger = logging.getLogger(__name__)
 #: Warnings about jobs whose row is missing: a few a minute at most.
 _missing_log = LogThrottle(burst=5, interval_seconds=60.0)
 
-#: A quarter of the heartbeat interval: how often the heartbeat thread looks whether a beat is
-#: due, and how recently the claim must have stamped a row for the start to only read it.
-#: Together they bound a running attempt's stamp to 1.5 intervals old before its first beat.
+#: A quarter of the heartbeat interval: how often the worker classes' heartbeat thread looks
+#: whether a beat is due, and how recently the claim must have stamped a row for the start of
+#: a plain `rq worker`'s job to only read it (its heartbeat comes an interval after the start).
 HEARTBEAT_SLACK = 0.25
+#: How recently (in intervals) the row must have been written for the worker classes' start to
+#: only read it: their first beat is due an interval after that write, not after the start, so
+#: either way a running attempt's stamp is at most 1 + HEARTBEAT_SLACK intervals old.
+SCHEDULED_FRESHNESS = 1.0
 
 
 @dataclass(frozen=True)
@@ -93,10 +98,17 @@ class Outcome:
 
 @dataclass(frozen=True)
 class Started:
-    """An attempt that may run: its number in the row's current life, and the life's limit."""
+    """An attempt that may run: its number in the row's current life, the life's limit, and
+    how long ago the row was last written (0 if the start stamped it)."""
 
     attempt: int
     max_attempts: int
+    written_ago: float = 0.0
+
+    @classmethod
+    def of(cls, row: tuple[Any, ...]) -> Started:
+        """From ATTEMPT_START's row (as values, or as the text an `InFlight` result holds)."""
+        return cls(int(row[0] or 0), int(row[1] or 0), max(0.0, float(row[2] or 0.0)))
 
     @property
     def last(self) -> bool:
@@ -226,27 +238,35 @@ def warm_up(store: Store) -> None:
         raise
 
 
-def attempt_params(settings: WorkerSettings, ref: JobRef) -> dict[str, Any]:
-    """The parameters of this attempt's statements (with the start's `fresh` bound)."""
-    return {**_params(ref), "fresh": settings.heartbeat_seconds * HEARTBEAT_SLACK}
+def attempt_params(
+    settings: WorkerSettings, ref: JobRef, freshness: float = HEARTBEAT_SLACK
+) -> dict[str, Any]:
+    """The parameters of this attempt's statements (with the start's `fresh` bound:
+    `freshness` heartbeat intervals)."""
+    return {**_params(ref), "fresh": settings.heartbeat_seconds * freshness}
 
 
-def start(store: Store, settings: WorkerSettings, ref: JobRef) -> Started | None:
+def start(
+    store: Store, settings: WorkerSettings, ref: JobRef, freshness: float = HEARTBEAT_SLACK
+) -> Started | None:
     """The fenced start; the attempt, or None when it must not run.
 
-    A row `active` at this attempt that the claim stamped less than `HEARTBEAT_SLACK`
-    heartbeat intervals ago is only read: no write, no WAL, no new row version.
+    A row `active` at this attempt that the claim stamped less than `freshness` heartbeat
+    intervals ago is only read: no write, no WAL, no new row version. The caller's first
+    heartbeat must then come within an interval of that stamp (`Started.written_ago`).
 
     Raises:
         DatabaseError: Postgres stayed unreachable (the row is left to the stale rescue).
     """
-    _, row = store.execute(queries.ATTEMPT_START, attempt_params(settings, ref))
+    _, row = store.execute(queries.ATTEMPT_START, attempt_params(settings, ref, freshness))
     if row is not None:
-        return Started(int(row[0]), int(row[1]))
-    return recheck(store, settings, ref)
+        return Started.of(row)
+    return recheck(store, settings, ref, freshness)
 
 
-def recheck(store: Store, settings: WorkerSettings, ref: JobRef) -> Started | None:
+def recheck(
+    store: Store, settings: WorkerSettings, ref: JobRef, freshness: float = HEARTBEAT_SLACK
+) -> Started | None:
     """After `ATTEMPT_START` found the row at no token it may run: the attempt if the row is
     `active` at this token once no transaction is moving it (the sweep's rescue that enqueued
     this job had not committed yet), else None, logged with the row's state.
@@ -272,9 +292,9 @@ def recheck(store: Store, settings: WorkerSettings, ref: JobRef) -> Started | No
         if tuple(current) != ("active", ref.token):
             why = f"row is {current[0]} at token {current[1]}"
         else:
-            _, row = store.execute(queries.ATTEMPT_START, attempt_params(settings, ref))
+            _, row = store.execute(queries.ATTEMPT_START, attempt_params(settings, ref, freshness))
             if row is not None:
-                return Started(int(row[0]), int(row[1]))
+                return Started.of(row)
             why = "row moved on again"
     except DatabaseError as exc:
         logger.warning("attempt_skipped %s (row state unknown: %s)", describe(ref), error_text(exc))
@@ -364,8 +384,9 @@ class Heartbeater:
     `beat_for(ref)` starts beating for an attempt, `pause()` stops it; `pause` returns only
     when no beat is in flight, so the owner may fork or write the outcome on the same
     connection right after. Neither wakes the thread: it looks every `HEARTBEAT_SLACK`
-    interval whether a beat is due, so the first beat comes 1 to 1.25 intervals after a start,
-    and a job costs two uncontended locks, not a thread wake-up. (A thread per job cost a
+    interval whether a beat is due, so the first beat comes 1 to 1.25 intervals after the
+    row's last write (`written_ago` before the start: a start that only read the row), and a
+    job costs two uncontended locks, not a thread wake-up. (A thread per job cost a
     thread start and a join per job, several milliseconds on a loaded machine.) With no attempt
     set the thread never queries, so it is never inside a query when the worker forks.
     """
@@ -389,14 +410,17 @@ class Heartbeater:
                 )
                 self._thread.start()
 
-    def beat_for(self, ref: JobRef, renew: Callable[[], None] | None = None) -> None:
-        """Beat for `ref` from now on; `renew` (if given) is called after each beat, whether
-        the beat's write succeeded or not (the worker classes renew their RQ key with it)."""
+    def beat_for(
+        self, ref: JobRef, renew: Callable[[], None] | None = None, written_ago: float = 0.0
+    ) -> None:
+        """Beat for `ref` from now on, the first beat due an interval after the row's last
+        write (`written_ago` seconds ago); `renew` (if given) is called after each beat,
+        whether the beat's write succeeded or not (the worker classes renew their RQ key)."""
         self.start()
         with self._lock:
             self._ref = ref
             self._renew = renew
-            self._due = time.monotonic() + self._interval
+            self._due = time.monotonic() + self._interval - max(0.0, written_ago)
 
     def pause(self) -> None:
         with self._lock:
