@@ -76,7 +76,8 @@ def worker_command(**options: Any) -> None:
 
     from reactor.rq.redis_url import connect_redis  # noqa: PLC0415
     from reactor.settings import WorkerSettings  # noqa: PLC0415
-    from reactor.worker.classes import RQ_DEFAULT_QUEUE, SimpleWorker, Worker  # noqa: PLC0415
+    from reactor.worker.classes import SimpleWorker, Worker  # noqa: PLC0415
+    from reactor.worker.startup import RQ_DEFAULT_QUEUE  # noqa: PLC0415
 
     if options["quiet"]:
         logging.getLogger().setLevel(logging.WARNING)

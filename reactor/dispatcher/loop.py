@@ -148,8 +148,7 @@ class Reactor:
     def __init__(self, settings: ReactorSettings, *, stopper: Stopper | None = None) -> None:
         self.settings = settings
         self.stopper = stopper or Stopper()
-        #: The routes this reactor dispatches with: the ones it was given, else (filled in by
-        #: `start()`) the ones recorded in the database. Every part shares this mapping.
+        #: Given, else recorded (filled in by `start()`); every part shares this mapping.
         self.routes: dict[str, Route] = dict(settings.routes)
         self._types = tuple(self.routes)
         # No retry inside redis-py: a failed batch is rolled back and the drain retried by

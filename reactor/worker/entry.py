@@ -38,7 +38,7 @@ from reactor.redact import redact
 from reactor.routes import given_routes
 from reactor.settings import WorkerSettings
 from reactor.worker.lifecycle import (
-    Heartbeat,
+    Heartbeater,
     Outcome,
     Store,
     backoff_seconds,
@@ -227,6 +227,20 @@ def _reraise(exc: Exception) -> NoReturn:
     raise HandlerError(error_text(exc)).with_traceback(exc.__traceback__) from None
 
 
+_heartbeater: Heartbeater | None = None
+_heartbeater_pid = 0
+
+
+def _process_heartbeater(settings: WorkerSettings, store: Store) -> Heartbeater:
+    # One heartbeat thread per process, on the process's store (threads do not survive a
+    # fork: a horse starts its own).
+    global _heartbeater, _heartbeater_pid
+    if _heartbeater is None or _heartbeater_pid != os.getpid():
+        _heartbeater = Heartbeater(store, settings.heartbeat_seconds)
+        _heartbeater_pid = os.getpid()
+    return _heartbeater
+
+
 _own: OwnRoutes | None = None
 _own_pid = 0
 
@@ -260,8 +274,12 @@ def _run_lifecycle(ref: JobRef, handler: str) -> str:
             logger.error("handler_refused %s %s", describe(ref), exc)
             raise
         func = load_handler(handler)
-        with Heartbeat(store, ref, settings.heartbeat_seconds):
+        beats = _process_heartbeater(settings, store)
+        beats.beat_for(ref, written_ago=started.written_ago)
+        try:
             func(ref.photo_id)
+        finally:
+            beats.pause()  # returns once no beat is in flight: the outcome write comes next
     except PermanentError as exc:
         finish(store, settings, ref, started, Outcome("permanent", error_text(exc)))
         _reraise(exc)

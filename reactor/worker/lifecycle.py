@@ -22,9 +22,10 @@ writes an outcome; `attempts` still counts per life for `max_attempts` and the b
    worker classes, whose first beat is due an interval after that stamp) is only read; any
    other is stamped (`updated_at`), so the sweep cannot take a job that waited long in the
    queue for a dead worker's before its first heartbeat.
-2. `Heartbeat` — a thread that touches `updated_at` every `heartbeat_seconds` while the
-   handler runs, so the sweep does not rescue a live attempt (the worker classes' `Heartbeater`
-   also renews the worker's RQ key at each beat, which tells the sweep the worker lives).
+2. `Heartbeater` — one thread per process that touches `updated_at` every
+   `heartbeat_seconds` while a handler runs, so the sweep does not rescue a live attempt (for
+   the worker classes it also renews the worker's RQ key at each beat, which tells the sweep
+   the worker lives).
 3. `finish` — the outcome, fenced by the token (`state = 'active' AND prior_attempts +
    attempts = N`):
    ok → `done`; permanent → `failed`; error → `pending` after a backoff while attempts remain,
@@ -57,7 +58,6 @@ from reactor.validate import MAX_ERROR_CHARS
 
 __all__ = [
     "HEARTBEAT_SLACK",
-    "Heartbeat",
     "Heartbeater",
     "Outcome",
     "Started",
@@ -335,47 +335,6 @@ def finish(
         changed = store.execute(queries.ATTEMPT_FAILED, params)[0]
         logger.warning("attempts_exhausted %s changed=%d", describe(ref), changed)
     return changed > 0
-
-
-class Heartbeat:
-    """Touches the row's `updated_at` every `interval` seconds, from a thread, until stopped.
-
-    Each beat is one try (the next beat is the retry), so stopping never waits for a backoff.
-    """
-
-    def __init__(self, store: Store, ref: JobRef, interval: float) -> None:
-        self._store = store
-        self._ref = ref
-        self._interval = interval
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="reactor-heartbeat", daemon=True)
-        self.superseded = False
-
-    def start(self) -> Heartbeat:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-
-    def __enter__(self) -> Heartbeat:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def _run(self) -> None:
-        beat: Callable[[str, dict[str, Any]], tuple[int, Any]] = self._store.execute_once
-        while not self._stop.wait(self._interval):
-            try:
-                if beat(queries.ATTEMPT_HEARTBEAT, _params(self._ref))[0] == 0:
-                    self.superseded = True
-                    logger.warning("heartbeat_superseded %s", describe(self._ref))
-                    return
-            except Exception as exc:  # a statement error too: the next beat is the retry
-                logger.warning("heartbeat_failed %s error=%s", describe(self._ref), error_text(exc))
 
 
 class Heartbeater:
