@@ -44,21 +44,13 @@ SUITES: dict[str, tuple[str, Callable[[bool], dict[str, Any]]]] = {
 def _commit() -> str:
     """The checkout's commit, `+dirty` when it has uncommitted changes (figures are quoted
     with the commit they were measured on)."""
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
+        return done.stdout.strip()
+
     try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            check=False,
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
+        head, dirty = git("rev-parse", "--short", "HEAD"), git("status", "--porcelain", "-uno")
     except OSError:
         return "unknown"
     return (head or "unknown") + ("+dirty" if dirty else "")

@@ -1065,6 +1065,25 @@ def test_reactor_worker_says_at_once_that_redis_is_unreachable_and_waits_for_it(
         server.close()
 
 
+def _reactor_and_reactor_worker(
+    spawn: Callable[..., Process], served: str, kind: str, redis_url: str
+) -> Process:
+    """A reactor and a `reactor worker` (`kind`: fork or simple) of route `served`, both on
+    the Redis at `redis_url`; the worker."""
+    start_reactor(spawn, "--route", served, REDIS_URL=redis_url)
+    simple = ("--simple",) if kind == "simple" else ()
+    return spawn(
+        "-m",
+        "reactor",
+        "worker",
+        "--route",
+        served,
+        *simple,
+        name="worker",
+        extra_env={"REDIS_URL": redis_url},
+    )
+
+
 @pytest.mark.parametrize(
     "outage", [pytest.param(3.0, id="3s"), pytest.param(60.0, id="60s", marks=pytest.mark.slow)]
 )
@@ -1079,19 +1098,7 @@ def test_reactor_worker_rides_out_a_redis_restart(
     """Redis stopped (its data gone), started again on the same port: the worker keeps
     running, and rows committed after the restart are done, the outage shorter or longer than
     the worker's Redis retries (about 40 s)."""
-    simple = ("--simple",) if kind == "simple" else ()
-    redis_env = {"REDIS_URL": private_redis.url}
-    start_reactor(spawn, "--route", route("ok"), **redis_env)
-    worker = spawn(
-        "-m",
-        "reactor",
-        "worker",
-        "--route",
-        route("ok"),
-        *simple,
-        name="worker",
-        extra_env=redis_env,
-    )
+    worker = _reactor_and_reactor_worker(spawn, route("ok"), kind, private_redis.url)
     submit(conn, "before")
     wait_for(lambda: row_of(conn, "before")[0] == "done", timeout=30, what="served before")
     private_redis.stop()
@@ -1120,19 +1127,7 @@ def test_reactor_worker_rides_out_a_redis_refusing_writes_mid_job(
     """Redis full (maxmemory reached, noeviction) while a job runs: RQ's bookkeeping after the
     job and its teardown are refused (an error no retry helps). The worker starts RQ's loop
     again, once Redis takes writes it serves new rows, and it never exits."""
-    simple = ("--simple",) if kind == "simple" else ()
-    redis_env = {"REDIS_URL": private_redis.url}
-    start_reactor(spawn, "--route", route("gated"), **redis_env)
-    worker = spawn(
-        "-m",
-        "reactor",
-        "worker",
-        "--route",
-        route("gated"),
-        *simple,
-        name="worker",
-        extra_env=redis_env,
-    )
+    worker = _reactor_and_reactor_worker(spawn, route("gated"), kind, private_redis.url)
     client = redis.Redis.from_url(private_redis.url)
     env.cleanups.append(client.close)
     submit(conn, "held")
