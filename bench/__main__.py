@@ -42,15 +42,16 @@ SUITES: dict[str, tuple[str, Callable[[bool], dict[str, Any]]]] = {
 
 
 def _commit() -> str:
-    """The checkout's commit, `+dirty` when it has uncommitted changes (figures are quoted
-    with the commit they were measured on)."""
+    """The checkout's commit, `+dirty` when it has uncommitted changes outside bench/results
+    (which this command writes itself; figures are quoted with the commit they ran on)."""
 
     def git(*args: str) -> str:
         done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
         return done.stdout.strip()
 
     try:
-        head, dirty = git("rev-parse", "--short", "HEAD"), git("status", "--porcelain", "-uno")
+        head = git("rev-parse", "--short", "HEAD")
+        dirty = git("status", "--porcelain", "-uno", "--", ".", ":!bench/results")
     except OSError:
         return "unknown"
     return (head or "unknown") + ("+dirty" if dirty else "")
