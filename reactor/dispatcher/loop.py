@@ -305,9 +305,8 @@ class Reactor:
         notifications = len(payloads)
         waited = time.monotonic() - waiting
         hinted, notified = self._wakeups.parse(payloads, self._started().named.room())
-        held = bool(self._wakeups.held)
         types = self._wakeups.to_drain(hinted)
-        if types or notified or (payloads and not held):
+        if types or notified or (payloads and not self._wakeups.held):
             bell.rung(routed=bool(types or notified))
         if self.stopper.requested:
             return Turn(waited=waited, notifications=len(payloads), arm=arm)
