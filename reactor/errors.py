@@ -15,7 +15,6 @@ __all__ = [
     "LockBusyError",
     "MigrationError",
     "PermanentError",
-    "PermissionDeniedError",
     "ReactorError",
     "SchemaError",
     "StatementError",
@@ -55,10 +54,6 @@ class StatementError(DatabaseError):
 
 class LockBusyError(StatementError):
     """A lock the statement asked for without waiting (`lock_timeout`, `NOWAIT`) is held."""
-
-
-class PermissionDeniedError(StatementError):
-    """The role may not run the statement (a missing GRANT)."""
 
 
 class EnqueueError(ReactorError):

@@ -67,11 +67,7 @@ class Parts:
         """
         routes = liveness.routes
         try:
-            conn = db.connect(
-                settings.database_url,
-                purpose="work",
-                idle_in_transaction_seconds=sessions.idle_in_transaction_seconds,
-            )
+            conn = sessions.open_work()  # no route is registered yet: nothing to hold again
             try:
                 db.check_schema(conn)
                 liveness.register(conn)  # fills `routes` in, when none was given

@@ -124,7 +124,11 @@ class Sweeper:
         self._unrouted_log = LogThrottle(burst=1, interval_seconds=UNROUTED_SUMMARY_SECONDS)
         self._refused = 0  # rows whose re-dispatch failed alone, this sweep
         self._refused_log = LogThrottle(burst=10, interval_seconds=60.0)
-        self.metrics = self._metrics = metrics or Metrics()
+        self.metrics = metrics or Metrics()
+        #: Failed sweeps are logged a few times a minute at most (`guarded_round`).
+        self.failed_log = LogThrottle(
+            burst=SWEEP_FAILED_LOG_BURST, interval_seconds=SWEEP_FAILED_LOG_SECONDS
+        )
 
     def replace_connection(self, conn: Connection) -> None:
         """Read on `conn` from now on (after a reconnect; the old one is the caller's to close)."""
@@ -155,7 +159,7 @@ class Sweeper:
             failures += exc.rows
             logger.warning("sweep_enqueue_failed step=rescue error=%s", exc)
         unrouted = self._unrouted_types()
-        metrics = self._metrics
+        metrics = self.metrics
         metrics.sweeps.inc()
         metrics.rescued.labels("stale").inc(rescued)
         metrics.rescued.labels("lost").inc(lost)
@@ -357,11 +361,11 @@ class Sweeper:
         for job_type, state, count in backlog:
             label = job_type if job_type in self._routes else OTHER_TYPES_LABEL
             counts[label, state] += count
-        self._metrics.backlog.clear()
+        self.metrics.backlog.clear()
         for (label, state), count in counts.items():
-            self._metrics.backlog.labels(label, state).set(count)
+            self.metrics.backlog.labels(label, state).set(count)
         for job_type, age in ages:
-            self._metrics.oldest_due_age.labels(job_type).set(age)
+            self.metrics.oldest_due_age.labels(job_type).set(age)
 
     def _unrouted_types(self) -> list[str]:
         conn = self._conn
@@ -383,11 +387,6 @@ class Sweeper:
                 len(new) - len(named),
             )
         return unrouted[:MAX_UNROUTED_REPORTED]
-
-
-_sweep_failed_log = LogThrottle(
-    burst=SWEEP_FAILED_LOG_BURST, interval_seconds=SWEEP_FAILED_LOG_SECONDS
-)
 
 
 def guarded_round(
@@ -412,8 +411,10 @@ def guarded_round(
     except StatementError as exc:
         health.sweep_failed(str(exc))
         sweeper.metrics.sweep_failures.inc()
-        if _sweep_failed_log.allow():
-            logger.error("sweep_failed error=%s suppressed=%d", exc, _sweep_failed_log.suppressed())
+        if sweeper.failed_log.allow():
+            logger.error(
+                "sweep_failed error=%s suppressed=%d", exc, sweeper.failed_log.suppressed()
+            )
         return None
     health.sweep_succeeded()
     return result

@@ -39,7 +39,6 @@ from reactor.errors import (
     ConfigError,
     DatabaseError,
     LockBusyError,
-    PermissionDeniedError,
     SchemaError,
     StatementError,
 )
@@ -176,12 +175,11 @@ def translating(what: str, conn: Connection | None = None) -> Iterator[None]:
 
     Raises:
         DatabaseError: the connection is lost (reconnect).
-        StatementError: a statement failed on a healthy connection.
+        StatementError: a statement failed on a healthy connection (`LockBusyError`: a lock
+            asked for without waiting long, `lock_timeout` or `NOWAIT`, is held).
     """
     try:
         yield
-    except psycopg.errors.InsufficientPrivilege as exc:
-        raise PermissionDeniedError(f"{what}: {describe_error(exc)}") from exc
     except psycopg.errors.LockNotAvailable as exc:
         raise LockBusyError(f"{what}: {describe_error(exc)}") from exc
     except psycopg.Error as exc:
