@@ -69,6 +69,9 @@ def test_committed_insert_is_queued_at_once(env: Env, spawn: Callable[..., Proce
     assert max(delays) < 5.0, f"dispatch delays (s): {sorted(delays)}"
     # The job is pushed just before the claim commits: wait for the last COMMIT.
     wait_for(lambda: states(conn) == {"active": 20}, timeout=5, what="claims committed")
+    # What README says tools find in job.meta.
+    meta = Job.fetch(job_id("photo.process", "p19", 1), connection=client).meta
+    assert meta == {"type": "photo.process", "photo_id": "p19", "token": 1}
 
 
 def test_redis_outage_keeps_rows_pending_then_delivers_each_once(
