@@ -1,4 +1,4 @@
-"""The RQ entry point every dispatched job runs: `perform(type, photo_id, attempt, handler=...)`.
+"""The RQ entry point every dispatched job runs: `perform(job_type, photo_id, token, *, handler)`.
 
 It runs one attempt of one row under the fenced lifecycle of `reactor.worker.lifecycle`, in one of
 two ways:
