@@ -1,4 +1,5 @@
-"""photo-reactor: turn committed `photo_jobs` rows into RQ jobs, fast and exactly once per attempt.
+"""photo-reactor: turn committed `photo_jobs` rows into RQ jobs, fast, losing none: delivery is
+at least once, with fenced outcomes (a handler may run again; only the current attempt counts).
 
 Public API: `submit`, `submit_many`, `submit_async` and `submit_many_async` (producer side) and
 the `InvalidJobError` they raise for a bad type or photo id, `PermanentError` (raised by

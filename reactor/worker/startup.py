@@ -90,11 +90,12 @@ class StartupChecks(BaseWorker):
     def check_startup(self) -> None:
         """Connect, check the schema, import the served routes' handlers (once).
 
-        A handler that cannot be imported is logged in one line; the worker still serves the
-        other types.
+        A handler outside the allow-list is logged in one line (`handler_refused`) and its jobs
+        are refused; one that cannot be imported stops the start (`bootstrap` exits 2).
 
         Raises:
-            ConfigError: bad settings, Postgres unreachable, or the database not migrated.
+            ConfigError: bad settings, Postgres unreachable, the database not migrated, an
+                invalid recorded route, or a served handler that cannot be imported.
         """
         if self._checked:
             return
