@@ -224,7 +224,8 @@ def test_migrate_refuses_a_ledger_planted_by_the_database_owner(
         result = run_cli(env, "migrate", extra_env={"DATABASE_URL": url})
         assert result.returncode != 0
         assert result.stderr.count("\n") == 1, result.stderr
-        assert "refusing to migrate: public.reactor_migrations is owned by role" in result.stderr
+        owned = f"is owned by role {attacker}, not by {superuser} (the role running the migrations)"
+        assert f"refusing to migrate: public.reactor_migrations {owned}" in result.stderr
         assert not _is_superuser(env, attacker)
         # psql runs sql/0001 by hand: refused by the file itself.
         psql = subprocess.run(
@@ -245,7 +246,7 @@ def test_migrate_refuses_a_ledger_planted_by_the_database_owner(
             timeout=60,
         )
         assert psql.returncode != 0
-        assert "refusing to migrate: public.reactor_migrations is owned by role" in psql.stderr
+        assert f"refusing to migrate: public.reactor_migrations {owned}" in psql.stderr
         assert not _is_superuser(env, attacker)
         # The same trap in a schema named after the superuser: never looked at.
         with psycopg.connect(as_role(url, attacker), autocommit=True) as conn:
@@ -263,6 +264,33 @@ def test_migrate_refuses_a_ledger_planted_by_the_database_owner(
             assert conn.execute("SELECT count(*) FROM public.reactor_migrations").fetchone() == (
                 LATEST_SCHEMA_VERSION,
             )
+
+
+def test_migrate_names_the_owner_of_a_planted_migration_function(
+    env: Env, make_empty_database: Callable[[], str]
+) -> None:
+    with throwaway_role(env) as attacker:
+        url = make_empty_database()
+        dbname = urlsplit(url).path.lstrip("/")
+        with psycopg.connect(env.pg_server_url, autocommit=True) as admin:
+            admin.execute(
+                sql.SQL("ALTER DATABASE {} OWNER TO {}").format(
+                    sql.Identifier(dbname), sql.Identifier(attacker)
+                )
+            )
+            superuser = str(admin.execute("SELECT current_user").fetchone()[0])  # type: ignore[index]
+        with psycopg.connect(as_role(url, attacker), autocommit=True) as conn:
+            conn.execute(
+                "CREATE FUNCTION public.reactor_migration_begin(integer, text) RETURNS void"
+                " LANGUAGE sql AS ''"
+            )
+        result = run_cli(env, "migrate", extra_env={"DATABASE_URL": url})
+        assert result.returncode != 0
+        assert result.stderr.count("\n") == 1, result.stderr
+        assert (
+            "refusing to migrate: public.reactor_migrations has a function reactor_migration_begin"
+            f" owned by role {attacker}, not by {superuser};"
+        ) in result.stderr
 
 
 # -- 4. the reactor never unpickles what it finds in Redis ------------------------------------

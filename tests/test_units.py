@@ -10,6 +10,7 @@ import pytest
 from reactor.errors import ConfigError
 from reactor.jobs import MAX_ENCODED_PART, job_id, parse_job_id
 from reactor.ops.admin import parse_duration
+from reactor.pg import queries
 from reactor.redact import redact
 from reactor.routes import (
     Route,
@@ -83,6 +84,17 @@ def test_job_ids_are_injective_on_random_inputs() -> None:
 def test_parse_job_id_rejects_foreign_ids() -> None:
     with pytest.raises(ValueError, match="not a photo-reactor job id"):
         parse_job_id("some-random-uuid-here")
+
+
+def test_a_statement_without_parameters_holds_no_doubled_percent_sign() -> None:
+    # psycopg reads `%%` as `%` only when it is given parameters: a statement sent without
+    # them (LEDGER_PROBLEM) would pass `%%I` on to format(), and its message named no role.
+    doubled = [
+        name
+        for name in queries.__all__
+        if "%(" not in (text := getattr(queries, name)) and "%%" in text
+    ]
+    assert doubled == []
 
 
 def test_route_parsing() -> None:

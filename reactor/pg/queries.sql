@@ -1,7 +1,8 @@
 -- Every SQL statement photo-reactor runs at runtime, by name. `reactor.pg.queries` loads this
 -- file once at import: each block starts at its `-- name: NAME` line, and the comment lines
 -- right after it (what the statement does and guarantees) are not sent to the server.
--- Values are always bound parameters (%(name)s; a literal percent sign is written %%).
+-- Values are always bound parameters (%(name)s; a literal percent sign is written %%, except
+-- in a statement that takes no parameters, which psycopg sends as it is: there it is %).
 
 -- name: CLAIM_DUE
 -- Claim up to `limit` due pending rows of one type: a new attempt each, now `active`, returned
@@ -375,7 +376,7 @@ SELECT a.pid, substr(a.application_name, 15), host(a.client_addr), a.backend_sta
 -- makes, owned by the role running the migrations). Migrations insert into that table with
 -- the migrating role's rights, often a superuser's: a table someone else made could run their
 -- code then (a trigger, a rule, a default, an index expression, a policy). sql/0001 runs the
--- same checks before it creates anything.
+-- same checks before it creates anything. It takes no parameters: its `%I` reach format().
 WITH t AS (SELECT c.oid, c.relkind, c.relowner, c.relrowsecurity
              FROM pg_catalog.pg_class AS c
             WHERE c.oid = pg_catalog.to_regclass('public.reactor_migrations')),
@@ -387,11 +388,11 @@ SELECT CASE
   WHEN (SELECT relkind FROM t) <> 'r' THEN 'is not a plain table'
   WHEN (SELECT relowner FROM t) <> (SELECT oid FROM pg_catalog.pg_roles
                                      WHERE rolname = current_user)
-    THEN pg_catalog.format('is owned by role %%I, not by %%I (the role running the migrations)',
+    THEN pg_catalog.format('is owned by role %I, not by %I (the role running the migrations)',
                            (SELECT relowner FROM t)::regrole, current_user)
   WHEN (SELECT proowner FROM f) <> (SELECT oid FROM pg_catalog.pg_roles
                                      WHERE rolname = current_user)
-    THEN pg_catalog.format('has a function reactor_migration_begin owned by role %%I, not by %%I',
+    THEN pg_catalog.format('has a function reactor_migration_begin owned by role %I, not by %I',
                            (SELECT proowner FROM f)::regrole, current_user)
   WHEN NOT EXISTS (SELECT 1 FROM t) THEN NULL
   WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_trigger WHERE tgrelid = (SELECT oid FROM t))
