@@ -1,0 +1,55 @@
+"""`scripts/test` as a developer runs it: pytest options alone keep the default run (the tests
+not marked slow, on two processes); a test path, node id, `-m` or `-k` selects instead.
+
+Sub-runs of the real script; they only collect tests, or run one pure test, so no server starts.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from tests.support.paths import ROOT
+
+UNIT_TEST = "tests/test_units.py::test_route_parsing"
+
+
+def scripts_test(*args: str) -> str:
+    # Never the caller's named servers; the virtual environment stays the caller's.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REACTOR_TEST_")}
+    result = subprocess.run(
+        [str(ROOT / "scripts" / "test"), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def collected(*args: str) -> set[str]:
+    out = scripts_test("--co", "-q", "-p", "no:cacheprovider", *args)
+    return {line for line in out.splitlines() if "::" in line}
+
+
+def test_pytest_options_alone_keep_the_default_selection() -> None:
+    slow = collected("-m", "slow")
+    default = collected("-x")
+    assert slow and default
+    assert not default & slow
+    # A node id is pytest's selection, slow or not.
+    one_slow = min(slow)
+    assert collected(one_slow) == {one_slow}
+
+
+def test_pytest_options_alone_keep_the_two_processes(tmp_path: Path) -> None:
+    # `--lf` with a cache that names one failed test: an option, which runs just that test.
+    cache = tmp_path / "v" / "cache"
+    cache.mkdir(parents=True)
+    (cache / "lastfailed").write_text(f'{{"{UNIT_TEST}": true}}')
+    out = scripts_test("--lf", "-o", f"cache_dir={tmp_path}")
+    assert "2 workers [1 item]" in out, out
+    assert "1 passed" in out, out
