@@ -40,8 +40,6 @@ ROUTES_WAIT_POLL_SECONDS = 1.0
 ROUTES_WAIT_LOG_SECONDS = 60.0
 #: The queue RQ's CLI listens on when given none.
 RQ_DEFAULT_QUEUE = "default"
-#: The queue RQ's CLI listens on when given none.
-RQ_DEFAULT_QUEUE = "default"
 
 
 class _RedactingFilter(logging.Filter):
