@@ -28,7 +28,8 @@ import redis
 from psycopg import sql
 from rq import Worker
 
-from reactor.ops.dashboard import DATABASE_CONNECTIONS, MAX_CLIENTS
+from reactor.http_server import MAX_CLIENTS
+from reactor.ops.dashboard import DATABASE_CONNECTIONS
 from reactor.pg.migrate import migrate
 from tests.support.cli import run_cli
 from tests.support.doorbell import armed_by
@@ -762,44 +763,43 @@ def test_an_idle_client_is_dropped_after_the_timeout(
     assert get(base + "/api/overview")[0] == 200
 
 
-def test_idle_sockets_beyond_the_limit_are_closed_at_once(
+def test_a_client_beyond_the_limit_closes_the_oldest_idle_one(
     env: Env, spawn: Callable[..., Process]
 ) -> None:
     proc, base = start_dashboard(spawn, extra_env={"REACTOR_DASHBOARD_CLIENT_TIMEOUT": "120"})
     port = int(base.rsplit(":", 1)[1])
     idle_threads = threads_of(proc)
     extra = 10
+    # Accepted in the order they connect (the listen queue is first in, first out).
     sockets = [socket.create_connection(("127.0.0.1", port)) for _ in range(MAX_CLIENTS + extra)]
     try:
         for sock in sockets:
             sock.settimeout(0)
 
-        def closed() -> int:
-            count = 0
-            for sock in sockets:
+        def closed() -> list[int]:
+            found = []
+            for i, sock in enumerate(sockets):
                 try:
-                    count += sock.recv(1) == b""
+                    if sock.recv(1) == b"":
+                        found.append(i)
                 except BlockingIOError:  # open, nothing to read
                     continue
                 except ConnectionResetError:
-                    count += 1
-            return count
+                    found.append(i)
+            return found
 
-        wait_for(lambda: closed() == extra, timeout=30, what="the sockets beyond the limit closed")
-        assert threads_of(proc) <= idle_threads + MAX_CLIENTS
+        wait_for(lambda: len(closed()) == extra, timeout=30, what="the oldest sockets closed")
+        assert closed() == list(range(extra))
+        wait_for(
+            lambda: threads_of(proc) <= idle_threads + MAX_CLIENTS,
+            timeout=30,
+            what="the closed clients' threads gone",
+        )
+        # Every place is held by an idle client, and a new one is still served.
+        assert get(base + "/api/overview")[0] == 200
     finally:
         for sock in sockets:
             sock.close()
-
-    # The slots come back as the clients leave (until the server has seen them go, a new
-    # client may still be turned away: closed at once, as the test above shows).
-    def answered() -> bool:
-        try:
-            return get(base + "/api/overview")[0] == 200
-        except OSError:  # RemoteDisconnected: a slot not free yet
-            return False
-
-    wait_for(answered, timeout=30, what="a free slot")
 
 
 @pytest.fixture(autouse=True)

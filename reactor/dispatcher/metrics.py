@@ -10,9 +10,7 @@ only), the loop has turned recently and drains succeed, 503 with the reason othe
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import socket
 import sys
 import threading
 import time
@@ -23,12 +21,12 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
 
+from reactor.http_server import BoundedHTTPServer
 from reactor.throttle import LogThrottle
 
 __all__ = [
     "CLIENT_TIMEOUT_SECONDS",
     "DEFAULT_HOST",
-    "MAX_CLIENTS",
     "HealthCheck",
     "Metrics",
     "serve",
@@ -40,8 +38,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_HOST = "127.0.0.1"
 #: A client that sends nothing (or reads nothing) for this long is disconnected.
 CLIENT_TIMEOUT_SECONDS = 5.0
-#: Connections held at once; a new one beyond this closes the oldest.
-MAX_CLIENTS = 32
 _client_errors = LogThrottle(burst=5, interval_seconds=60.0)
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -203,34 +199,9 @@ class HealthCheck:
         return None
 
 
-class _MetricsServer(ThreadingHTTPServer):
-    """A threaded HTTP server that holds at most `MAX_CLIENTS` connections: a new connection
-    beyond that closes the oldest one (idle clients are the oldest), so a crowd of idle or slow
-    clients cannot take every thread or file descriptor, and a fresh probe is still served."""
-
-    daemon_threads = True
-    # Room for a burst of connections while the accept loop starts their threads.
-    request_queue_size = 128
-
-    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
-        super().__init__(address, handler)
-        self._clients: dict[socket.socket, None] = {}  # in arrival order
-        self._clients_lock = threading.Lock()
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        with self._clients_lock:
-            while len(self._clients) >= MAX_CLIENTS:
-                oldest = next(iter(self._clients))
-                del self._clients[oldest]
-                with contextlib.suppress(OSError):
-                    oldest.shutdown(socket.SHUT_RDWR)  # its thread's read returns, it exits
-            self._clients[request] = None
-        super().process_request(request, client_address)
-
-    def shutdown_request(self, request: Any) -> None:
-        with self._clients_lock:
-            self._clients.pop(request, None)
-        super().shutdown_request(request)
+class _MetricsServer(BoundedHTTPServer):
+    """The bounded HTTP server (`reactor.http_server`: a fresh probe is served however many
+    idle clients hold connections), logging client errors."""
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # One record through the logging set-up, not a traceback on stderr.

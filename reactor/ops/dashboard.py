@@ -15,9 +15,9 @@ What it guarantees on a shared host and a big table:
 - It holds one Postgres connection (reopened after a failure); one read runs at a time and its
   result (or error) serves every request for `cache_seconds`, so any number of concurrent
   requests cost one backend and at most one read per interval.
-- At most `MAX_CLIENTS` connections are served at once (more are closed at once), and a client
-  that sends nothing for `client_timeout` seconds is dropped: idle sockets cannot pile up
-  threads.
+- At most `MAX_CLIENTS` connections are served at once (a new one closes the oldest:
+  `reactor.http_server`), and a client that sends nothing for `client_timeout` seconds is
+  dropped: idle sockets cannot pile up threads.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup
 
 from reactor.errors import ConfigError, DatabaseError, ReactorError
+from reactor.http_server import BoundedHTTPServer
 from reactor.ops.charts import per_minute_chart
 from reactor.ops.hosts import allowed_hosts, host_of
 from reactor.ops.overview import Overview, read_overview
@@ -51,7 +52,6 @@ __all__ = [
     "DEFAULT_CACHE_SECONDS",
     "DEFAULT_CLIENT_TIMEOUT_SECONDS",
     "DEFAULT_REFRESH_SECONDS",
-    "MAX_CLIENTS",
     "Dashboard",
     "serve_dashboard",
 ]
@@ -65,8 +65,6 @@ DEFAULT_CACHE_SECONDS = 2.0
 DONE_COUNTS_SECONDS = 30.0
 #: A client silent for this long is dropped.
 DEFAULT_CLIENT_TIMEOUT_SECONDS = 5.0
-#: Connections served at once; a connection beyond them is closed at once.
-MAX_CLIENTS = 32
 #: Postgres connections the dashboard holds, however many requests come.
 DATABASE_CONNECTIONS = 1
 #: How long a request waits for the read in progress before it answers 503.
@@ -307,34 +305,6 @@ def _charts(found: Overview) -> list[Markup]:
     ]
 
 
-class _BoundedServer(ThreadingHTTPServer):
-    """A thread per connection, at most `MAX_CLIENTS` of them: a connection beyond is closed
-    at once (an idle client cannot hold a thread past its handler's socket timeout)."""
-
-    daemon_threads = True
-    request_queue_size = MAX_CLIENTS  # connections the kernel holds until they are accepted
-
-    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
-        self._slots = threading.BoundedSemaphore(MAX_CLIENTS)
-        super().__init__(address, handler)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._slots.release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
-
-
 def serve_dashboard(
     dashboard: Dashboard,
     host: str,
@@ -380,7 +350,7 @@ def serve_dashboard(
             pass
 
     try:
-        server = _BoundedServer((host, port), Handler)
+        server = BoundedHTTPServer((host, port), Handler)
     except (OSError, OverflowError) as exc:
         raise ConfigError(f"cannot serve the dashboard on {host}:{port}: {exc}") from None
     threading.Thread(target=server.serve_forever, name="reactor-dashboard", daemon=True).start()
