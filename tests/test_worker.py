@@ -6,7 +6,6 @@ or by one sweep round.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import signal
@@ -75,26 +74,6 @@ def test_success_marks_done_and_runs_the_handler_once(
     assert runs(conn) == [("p1", 1, "ok")]
 
 
-def test_retries_follow_the_backoff_then_succeed(
-    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
-) -> None:
-    start_reactor(spawn, "--route", route("flaky_twice"), "--sweep-interval", "60")
-    start_worker(spawn, env, REACTOR_RETRY_BASE_SECONDS="0.5")
-    submit(conn, "p1")
-    wait_for(lambda: row_of(conn, "p1")[0] == "done", timeout=30, interval=0.05, what="done")
-    assert row_of(conn, "p1") == ("done", 3, None, None)
-    assert [(a, o) for _, a, o in runs(conn)] == [(1, "error"), (2, "error"), (3, "ok")]
-    times = [
-        r[0] for r in conn.execute("SELECT at FROM handler_runs WHERE photo_id = 'p1' ORDER BY at")
-    ]
-    gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(times)]
-    # backoff after attempt n: uniformly in [step/2, step], step = 0.5 * 2**(n-1);
-    # the upper bound allows for dispatch and worker start-up on a busy machine.
-    for n, gap in enumerate(gaps, start=1):
-        step = 0.5 * 2 ** (n - 1)
-        assert step / 2 <= gap <= step + 1.5, gaps
-
-
 def test_spent_attempts_and_permanent_errors_fail_the_row(
     env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
 ) -> None:
@@ -108,29 +87,6 @@ def test_spent_attempts_and_permanent_errors_fail_the_row(
     assert len(runs(conn, "p1")) == 3
 
 
-def test_permanent_error_fails_after_one_attempt(
-    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
-) -> None:
-    submit(conn, "p1")
-    sweep(env, "permanent")
-    burst(spawn, env)
-    state, attempts, error, _ = row_of(conn, "p1")
-    assert (state, attempts, error) == ("failed", 1, "PermanentError: this photo is corrupt")
-    assert len(runs(conn, "p1")) == 1
-
-
-def test_job_timeout_is_a_failed_attempt(
-    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
-) -> None:
-    submit(conn, "p1")
-    sweep(env, "sleeps", "--job-timeout", "1")
-    burst(spawn, env, REACTOR_TEST_WORK_SECONDS="30")
-    state, attempts, error, next_retry_at = row_of(conn, "p1")
-    assert (state, attempts) == ("pending", 1)
-    assert error.startswith("JobTimeoutException") and next_retry_at is not None
-    assert runs(conn, "p1") == [("p1", 1, "started")]
-
-
 def test_missing_handler_is_a_retried_failure_not_a_stuck_row(
     env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
 ) -> None:
@@ -140,38 +96,6 @@ def test_missing_handler_is_a_retried_failure_not_a_stuck_row(
     state, attempts, error, next_retry_at = row_of(conn, "p1")
     assert (state, attempts) == ("pending", 1)
     assert "no_such_handler" in error and next_retry_at is not None
-
-
-def test_superseded_attempt_changes_nothing(
-    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
-) -> None:
-    submit(conn, "p1")
-    sweep(env, "gated")
-    first = start_worker(spawn, env, REACTOR_HEARTBEAT_SECONDS="3600")
-    wait_for(
-        lambda: runs(conn, "p1") == [("p1", 1, "started")], timeout=20, what="attempt 1 running"
-    )
-    # attempt 1 sends no heartbeat for an hour: one sweep with stale_after 0.2 s rescues it
-    wait_for(
-        lambda: sweep(env, "gated", "--stale-after", "0.2")["rescued"] == 1,
-        timeout=10,
-        interval=0.1,
-        what="rescue of attempt 1",
-    )
-    assert row_of(conn, "p1")[:2] == ("active", 2)
-    second = start_worker(spawn, env)
-    wait_for(lambda: ("p1", 2, "started") in runs(conn, "p1"), timeout=20, what="attempt 2 runs")
-    # The superseded attempt finishes first, while attempt 2 still runs: it changes nothing.
-    conn.execute("INSERT INTO gates VALUES ('p1:1')")
-    first.wait_for_line("completion_superseded")
-    assert ("p1", 1, "ok") in runs(conn, "p1")
-    assert row_of(conn, "p1")[:2] == ("active", 2)
-    conn.execute("INSERT INTO gates VALUES ('p1:2')")
-    wait_for(lambda: row_of(conn, "p1")[0] == "done", timeout=20, what="attempt 2 done")
-    assert row_of(conn, "p1")[:2] == ("done", 2)
-    done = conn.execute("SELECT attempts FROM transitions WHERE new_state = 'done'").fetchall()
-    assert done == [(2,)]
-    second.stop()
 
 
 def start_fast_rescue_reactor(spawn: Callable[..., Process], handler: str) -> Process:

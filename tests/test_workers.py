@@ -1,7 +1,7 @@
 """The worker classes `reactor.Worker` (fork) and `reactor.SimpleWorker` (in-process).
 
-Every lifecycle guarantee runs against both, in real `rq worker -w ...` and `reactor worker`
-processes: the worker process does the fenced start, heartbeats and writes the outcome; the
+Every lifecycle guarantee runs against both (the outcomes and the fence against a plain `rq
+worker` too), in real `rq worker -w ...` and `reactor worker` processes: the worker process does the fenced start, heartbeats and writes the outcome; the
 job only runs the handler. Faults are real: SIGKILL of the horse or the worker,
 pg_terminate_backend of the worker's connection, RQ's job timeout.
 """
@@ -40,6 +40,8 @@ from tests.support.servers import RedisServer, free_port
 from tests.support.waiting import wait_for
 
 CLASSES = {"fork": "reactor.Worker", "simple": "reactor.SimpleWorker"}
+#: The worker classes and a plain `rq worker`, which runs the lifecycle inside the job.
+ALL_KINDS = pytest.mark.parametrize("kind", ["rq", *sorted(CLASSES)])
 
 
 @pytest.fixture(params=sorted(CLASSES))
@@ -67,12 +69,12 @@ def start_ours(
     handler: str | None = None,
     **extra_env: str,
 ) -> Process:
-    """`rq worker -w reactor.Worker|SimpleWorker photo-process` (routes from REACTOR_ROUTES)."""
+    """`rq worker -w reactor.Worker|SimpleWorker photo-process`, or a plain `rq worker` for
+    kind "rq" (routes from REACTOR_ROUTES)."""
     if handler is not None:
         extra_env.setdefault("REACTOR_ROUTES", route(handler))
-    worker = start_worker(
-        spawn, env, burst=burst, extra_args=("--worker-class", CLASSES[kind]), **extra_env
-    )
+    worker_class = ("--worker-class", CLASSES[kind]) if kind in CLASSES else ()  # "rq": plain
+    worker = start_worker(spawn, env, burst=burst, extra_args=worker_class, **extra_env)
     if not burst:
         # Ready before rows come: a job that waited in the queue for longer than a test's
         # stale_after would be rescued before it ran.
@@ -142,6 +144,7 @@ def test_success_marks_done_with_the_handler_run_once(
     assert "worker_ready" in worker.output()
 
 
+@ALL_KINDS
 def test_retries_follow_the_backoff_then_succeed(
     env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], kind: str
 ) -> None:
@@ -179,6 +182,7 @@ def test_spent_attempts_fail_the_row(
     assert len(runs(conn, "p1")) == 3
 
 
+@ALL_KINDS
 def test_permanent_error_fails_after_one_attempt(
     env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], kind: str
 ) -> None:
@@ -190,6 +194,7 @@ def test_permanent_error_fails_after_one_attempt(
     assert len(runs(conn, "p1")) == 1
 
 
+@ALL_KINDS
 def test_job_timeout_is_a_failed_attempt(
     env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], kind: str
 ) -> None:
@@ -276,6 +281,7 @@ def test_plain_worker_masks_the_password_too(
 # -- fencing and liveness --------------------------------------------------------------------
 
 
+@ALL_KINDS
 def test_superseded_attempt_changes_nothing(
     env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], kind: str
 ) -> None:
