@@ -1,6 +1,7 @@
 """photo-reactor: turn committed `photo_jobs` rows into RQ jobs, fast and exactly once per attempt.
 
-Public API: `submit`, `submit_many`, `submit_async` and `submit_many_async` (producer side) and
+Public API: `submit`, `submit_many`, `submit_async`, `submit_many_async`, `cancel` and
+`cancel_async` (producer side) and
 the `InvalidJobError` they raise for a bad type or photo id, `PermanentError` (raised by
 handlers), and the RQ worker
 classes `Worker` and `SimpleWorker` (loaded on first use, so producers do not import RQ's
@@ -13,7 +14,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from reactor.errors import InvalidJobError, PermanentError
-from reactor.producer import submit, submit_async, submit_many, submit_many_async
+from reactor.producer import (
+    cancel,
+    cancel_async,
+    submit,
+    submit_async,
+    submit_many,
+    submit_many_async,
+)
 
 if TYPE_CHECKING:
     from reactor.worker.classes import SimpleWorker, Worker
@@ -24,6 +32,8 @@ __all__ = [
     "SimpleWorker",
     "Worker",
     "__version__",
+    "cancel",
+    "cancel_async",
     "submit",
     "submit_async",
     "submit_many",
