@@ -177,7 +177,10 @@ def test_prune_failed_rows_alone_and_neither_is_a_usage_error(env: Env) -> None:
     assert states(conn) == {"done": 1, "pending": 1}
     neither = run_cli(env, "prune")
     assert neither.returncode == 2
-    assert "give --done-older-than, --failed-older-than and/or --cancelled-older-than" in neither.stderr
+    assert (
+        "give --done-older-than, --failed-older-than and/or --cancelled-older-than"
+        in neither.stderr
+    )
     assert "Traceback" not in neither.stderr
 
 
