@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -317,14 +318,48 @@ def submit_command(
     show_envvar=True,
     help="Seconds a client may stay silent before the dashboard drops it.",
 )
+@click.option(
+    "--actions",
+    is_flag=True,
+    help="Offer requeue, cancel, pause and resume (page and POST /api/...), behind the "
+    "credentials of REACTOR_DASHBOARD_TOKEN / REACTOR_DASHBOARD_READ_TOKEN (bearer) or "
+    "REACTOR_DASHBOARD_USERS (basic auth); every request then needs one.",
+)
+@click.option(
+    "--hash-password",
+    is_flag=True,
+    help="Read a password (prompted, or one line of standard input) and print its hash for "
+    "REACTOR_DASHBOARD_USERS; serve nothing.",
+)
 def dashboard(**options: Any) -> None:
-    """Serve a read-only web page of the table, the reactors and RQ (and /api/overview)."""
+    """Serve a web page of the table, the reactors and RQ (and /api/overview); read-only
+    unless --actions."""
+    from reactor.ops.auth import hash_password, load_credentials  # noqa: PLC0415
+
+    if options["hash_password"]:
+        if sys.stdin.isatty():
+            password = click.prompt("password", hide_input=True, confirmation_prompt=True)
+        else:
+            password = sys.stdin.readline().rstrip("\n")
+        if not password:
+            raise ConfigError("give a password that is not empty")
+        click.echo(hash_password(password))
+        return
     try:
+        from reactor.ops.actions import Actions  # noqa: PLC0415
         from reactor.ops.dashboard import Dashboard, serve_dashboard  # noqa: PLC0415
     except ImportError as exc:
         raise ConfigError(
             f"reactor dashboard needs {exc.name}: pip install 'photo-reactor[dashboard]'"
         ) from None
+    actions = None
+    if options["actions"]:
+        actions = Actions(
+            options["database_url"],
+            options["redis_url"],
+            given_routes(options["routes"]),
+            load_credentials(os.environ),
+        )
     allowed = [
         parse_allowed_host(name)
         for given in options["allowed_hosts"]
@@ -347,9 +382,15 @@ def dashboard(**options: Any) -> None:
         options["port"],
         allowed=allowed,
         client_timeout=options["client_timeout"],
+        actions=actions,
     )
     bound_host, bound_port = server.server_address[:2]
-    logger.info("dashboard_serving url=http://%s:%d/", bound_host, bound_port)
+    logger.info(
+        "dashboard_serving url=http://%s:%d/ actions=%s",
+        bound_host,
+        bound_port,
+        "on" if actions is not None else "off",
+    )
     while not stopper.sleep(3600):
         pass
     server.shutdown()
