@@ -11,8 +11,8 @@ Who may act (`reactor.ops.auth`): every request needs a credential when actions 
 without one); a read-only credential may look but gets 403 on every action. Against forged
 requests from other sites:
 - an action is a POST, never a GET;
-- a POST whose `Origin` is not this dashboard's (`http://` + the request's Host, itself one of
-  the allowed hosts), or whose `Sec-Fetch-Site` says another site, is refused (403);
+- a POST whose `Origin` is not this dashboard's (`http://` or `https://` + the request's Host,
+  itself one of the allowed hosts), or whose `Sec-Fetch-Site` says another site, is refused (403);
 - a form carries the CSRF token of its session (an HMAC of the `reactor_session` cookie, which
   is HttpOnly and SameSite=Strict) and a bulk one (every failed or pending row of a type) first
   shows a confirmation page; the JSON API accepts only `application/json`, which no other
@@ -273,7 +273,8 @@ def _cookie(headers: Message) -> str | None:
 
 def _check_origin(headers: Message) -> None:
     origin = headers.get("Origin")
-    if origin is not None and origin != f"http://{headers.get('Host', '')}":
+    host = headers.get("Host", "")
+    if origin is not None and origin not in (f"http://{host}", f"https://{host}"):
         raise _RefusedError(403, f"403 forbidden: cross-origin request refused ({origin[:100]})")
     if headers.get("Sec-Fetch-Site", "same-origin") not in ("same-origin", "none"):
         raise _RefusedError(403, "403 forbidden: cross-origin request refused (Sec-Fetch-Site)")

@@ -80,7 +80,8 @@ class _Hash:
             if len(parts) != 6 or parts[0] != "scrypt":
                 raise ValueError
             n, r, p = (int(v) for v in parts[1:4])
-            if n < 2 or n & (n - 1) or not 1 <= r <= 64 or not 1 <= p <= 16 or n > 2**20:
+            # Bounded: a hash from the environment must not make each check take gigabytes.
+            if n < 2 or n & (n - 1) or not 1 <= r <= 16 or not 1 <= p <= 4 or n * r > 2**18:
                 raise ValueError
             return cls(n, r, p, _unb64(parts[4]), _unb64(parts[5]))
         except (ValueError, binascii.Error):
