@@ -189,14 +189,24 @@ def test_in_a_browser_log_in_requeue_a_failed_row_and_see_it_run(
         )
         assert status == 403
         assert state_of(conn, "p2") == "failed"
+
+        # A bulk action asks first: requeue every failed row of the type, confirmed.
+        alice.goto(base + "/")
+        alice.click_and_wait('form[data-k="requeue:photo.process:failed"] button')
+        assert "requeue every failed row of type photo.process?" in alice.text()
+        assert state_of(conn, "p2") == "failed"
+        alice.click_and_wait("#confirm")
+        assert "requeue photo.process: 1 row changed" in alice.text()
+        wait_for(lambda: state_of(conn, "p2") == "done", timeout=30, what="p2 run to done")
     finally:
         for opened in browsers:
             opened.close()
-    # One action was taken, and logged with who, what and how many rows; the refusals too.
+    # Two actions were taken, each logged with who, what and how many rows; the refusals too.
     logged = [line for line in dashboard.lines if "dashboard_action " in line]
-    assert len(logged) == 1, logged
-    assert "user=alice action=requeue type=photo.process photo_ids=1" in logged[0]
-    assert logged[0].endswith("rows=1")
+    assert len(logged) == 2, logged
+    assert "user=alice action=requeue type=photo.process photo_ids=1 bulk=-" in logged[0]
+    assert "user=alice action=requeue type=photo.process photo_ids=0 bulk=failed" in logged[1]
+    assert all(line.endswith("rows=1") for line in logged)
     refusals = [line for line in dashboard.lines if "dashboard_action_refused" in line]
     assert any("status=403" in line and "user=bob" in line for line in refusals), refusals
 
