@@ -1,7 +1,8 @@
 """photo-reactor: turn committed `photo_jobs` rows into RQ jobs, fast, losing none: delivery is
 at least once, with fenced outcomes (a handler may run again; only the current attempt counts).
 
-Public API: `submit`, `submit_many`, `submit_async` and `submit_many_async` (producer side) and
+Public API: `submit`, `submit_many`, `submit_async`, `submit_many_async`, `cancel` and
+`cancel_async` (producer side) and
 the `InvalidJobError` they raise for a bad type or photo id, `PermanentError` (raised by
 handlers), and the RQ worker
 classes `Worker` and `SimpleWorker` (loaded on first use, so producers do not import RQ's
@@ -14,7 +15,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from reactor.errors import InvalidJobError, PermanentError
-from reactor.producer import submit, submit_async, submit_many, submit_many_async
+from reactor.producer import (
+    cancel,
+    cancel_async,
+    submit,
+    submit_async,
+    submit_many,
+    submit_many_async,
+)
 
 if TYPE_CHECKING:
     from reactor.worker.classes import SimpleWorker, Worker
@@ -25,6 +33,8 @@ __all__ = [
     "SimpleWorker",
     "Worker",
     "__version__",
+    "cancel",
+    "cancel_async",
     "submit",
     "submit_async",
     "submit_many",

@@ -13,9 +13,11 @@ through its own public methods (`exec_driver_sql`, `connection()`, `cursor()`), 
 statement runs in that object's current transaction. Every id is validated before the database
 is touched (`InvalidJobError`); any other object gets a `TypeError` that says what is needed.
 
-Idempotent: a `pending` or `active` row is left as it is; a `done` or `failed` row is re-armed
-(a new life at attempts 0, due from now, its attempts added to `prior_attempts` so that the
-fencing token goes on growing).
+Idempotent: a `pending` or `active` row is left as it is; a `done`, `failed` or `cancelled`
+row is re-armed (a new life at attempts 0, due from now, its attempts added to
+`prior_attempts` so that the fencing token goes on growing). `cancel` and `cancel_async` move
+a pending or active row to `cancelled` in the caller's transaction, through the same
+connection kinds.
 """
 
 from __future__ import annotations
@@ -30,9 +32,19 @@ from reactor.errors import InvalidJobError
 from reactor.pg import queries
 from reactor.validate import check_job_type, check_photo_id
 
-__all__ = ["DEFAULT_JOB_TYPE", "submit", "submit_async", "submit_many", "submit_many_async"]
+__all__ = [
+    "DEFAULT_JOB_TYPE",
+    "cancel",
+    "cancel_async",
+    "submit",
+    "submit_async",
+    "submit_many",
+    "submit_many_async",
+]
 
 DEFAULT_JOB_TYPE = "photo.process"
+#: The `last_error` of a row cancelled by `cancel()` (`reactor cancel` names who).
+CANCELLED_BY_CALLER = "cancelled by reactor.cancel()"
 
 #: SQLAlchemy drivers whose parameter style (`%(name)s`) the statement is written in.
 _SQLALCHEMY_DRIVERS = frozenset({"psycopg", "psycopg2", "psycopg_async"})
@@ -131,16 +143,61 @@ async def submit_many_async(
     kind = _kind(conn)
     if not params["photo_ids"] and kind in ("psycopg async", "sqlalchemy async"):
         return 0
+    return await _run_async(conn, queries.SUBMIT_MANY, params)
+
+
+def cancel(
+    conn: Any,
+    photo_id: str,
+    type: str = DEFAULT_JOB_TYPE,  # noqa: A002 - the column's name
+) -> bool:
+    """Cancel the job of `photo_id` in the caller's current transaction: a `pending` or
+    `active` row becomes `cancelled` (terminal; `submit()` or `reactor requeue` re-arms it).
+
+    A running attempt is not interrupted (`reactor cancel` also asks its worker to stop it),
+    but its outcome is fenced off: the row stays `cancelled`, and a queued job never runs its
+    handler. A row that is already finished is left as it is.
+
+    Returns:
+        True when the row was cancelled; False when there is none, or it is done, failed or
+        cancelled already.
+
+    Raises:
+        InvalidJobError: a bad photo id or type (checked before the database).
+        TypeError: `conn` is not a connection this function can use (as for `submit`).
+        Exception: the driver's own error when the statement fails.
+    """
+    changed: int = _sync_runner(conn)(queries.CANCEL_PHOTOS, _cancel_params(photo_id, type))
+    return changed == 1
+
+
+async def cancel_async(
+    conn: Any,
+    photo_id: str,
+    type: str = DEFAULT_JOB_TYPE,  # noqa: A002 - the column's name
+) -> bool:
+    """`cancel` for the async connections `submit_async` takes.
+
+    Raises:
+        InvalidJobError, TypeError: see `cancel`.
+        Exception: the driver's own error when the statement fails.
+    """
+    return await _run_async(conn, queries.CANCEL_PHOTOS, _cancel_params(photo_id, type)) == 1
+
+
+async def _run_async(conn: Any, query: str, params: Mapping[str, Any]) -> int:
+    """Run `query` on an async connection, in its transaction; the row count."""
+    kind = _kind(conn)
     if kind == "psycopg async":
         async with conn.cursor() as cursor:
-            await cursor.execute(queries.SUBMIT_MANY, params)
+            await cursor.execute(query, params)
             return int(cursor.rowcount)
     if kind == "sqlalchemy async":
         if hasattr(conn, "registry"):  # an async_scoped_session: the session of this scope
             conn = conn()
         target = conn if hasattr(conn, "exec_driver_sql") else await conn.connection()
         _check_sqlalchemy_dialect(target.dialect, conn)
-        result = await target.exec_driver_sql(queries.SUBMIT_MANY, params)
+        result = await target.exec_driver_sql(query, params)
         return int(result.rowcount)
     raise _unusable(
         conn,
@@ -171,6 +228,12 @@ def _params(
     ):
         raise InvalidJobError(f"max_attempts must be an integer of 1 or more, got {max_attempts!r}")
     return {"photo_ids": ids, "type": job_type, "run_at": run_at, "max_attempts": max_attempts}
+
+
+def _cancel_params(photo_id: str, job_type: str) -> dict[str, Any]:
+    check_photo_id(photo_id)
+    check_job_type(job_type)
+    return {"photo_ids": [photo_id], "type": job_type, "reason": CANCELLED_BY_CALLER}
 
 
 # -- connections ---------------------------------------------------------------------------

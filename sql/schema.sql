@@ -222,7 +222,7 @@ CREATE TABLE public.photo_jobs (
     CONSTRAINT photo_jobs_next_retry_at_finite_check CHECK (isfinite(next_retry_at)),
     CONSTRAINT photo_jobs_photo_id_check CHECK ((photo_id <> ''::text)),
     CONSTRAINT photo_jobs_photo_id_length_check CHECK ((octet_length(photo_id) <= 255)),
-    CONSTRAINT photo_jobs_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'active'::text, 'done'::text, 'failed'::text]))),
+    CONSTRAINT photo_jobs_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'active'::text, 'done'::text, 'failed'::text, 'cancelled'::text]))),
     CONSTRAINT photo_jobs_type_check CHECK ((type ~ '^[A-Za-z0-9_.-]{1,128}$'::text)),
     CONSTRAINT photo_jobs_updated_at_finite_check CHECK (isfinite(updated_at))
 );
@@ -358,6 +358,13 @@ CREATE INDEX photo_jobs_active_updated_idx ON public.photo_jobs USING btree (upd
 
 
 --
+-- Name: photo_jobs_cancelled_updated_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX photo_jobs_cancelled_updated_idx ON public.photo_jobs USING btree (updated_at) WHERE (state = 'cancelled'::text);
+
+
+--
 -- Name: photo_jobs_finished_updated_idx; Type: INDEX; Schema: public; Owner: -
 --
 
@@ -420,4 +427,5 @@ INSERT INTO public.reactor_migrations (version, name) VALUES
     (10, 'notify_inserted_rows'),
     (11, 'fence_across_lives'),
     (12, 'refuse_nonfinite_timestamps'),
-    (13, 'route_liveness_by_backend');
+    (13, 'route_liveness_by_backend'),
+    (14, 'allow_cancelled_state');

@@ -131,10 +131,18 @@ def test_prune_durations_need_a_unit_and_a_dry_run_deletes_nothing(env: Env) -> 
         env, "prune", "--done-older-than", "7d", "--failed-older-than", "30d", "--dry-run"
     )
     assert dry.returncode == 0, dry.stderr
-    assert json.loads(dry.stdout) == {"would_delete_done": 1, "would_delete_failed": 1}
+    assert json.loads(dry.stdout) == {
+        "would_delete_done": 1,
+        "would_delete_failed": 1,
+        "would_delete_cancelled": 0,
+    }
     assert states(conn) == {"done": 2, "failed": 1}
     done = run_cli(env, "prune", "--done-older-than", "7d")
-    assert json.loads(done.stdout) == {"deleted_done": 1, "deleted_failed": 0}
+    assert json.loads(done.stdout) == {
+        "deleted_done": 1,
+        "deleted_failed": 0,
+        "deleted_cancelled": 0,
+    }
     assert states(conn) == {"done": 1, "failed": 1}
 
 
@@ -161,11 +169,18 @@ def test_prune_failed_rows_alone_and_neither_is_a_usage_error(env: Env) -> None:
     )
     result = run_cli(env, "prune", "--failed-older-than", "0s")
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout) == {"deleted_done": 0, "deleted_failed": 1}
+    assert json.loads(result.stdout) == {
+        "deleted_done": 0,
+        "deleted_failed": 1,
+        "deleted_cancelled": 0,
+    }
     assert states(conn) == {"done": 1, "pending": 1}
     neither = run_cli(env, "prune")
     assert neither.returncode == 2
-    assert "give --done-older-than, --failed-older-than, or both" in neither.stderr
+    assert (
+        "give --done-older-than, --failed-older-than and/or --cancelled-older-than"
+        in neither.stderr
+    )
     assert "Traceback" not in neither.stderr
 
 
@@ -235,7 +250,7 @@ def test_the_demo_route_is_only_used_where_named() -> None:
     ("args", "message"),
     [
         (["requeue"], "give PHOTO_IDs or --failed (one of them) (see `reactor requeue --help`)"),
-        (["prune"], "give --done-older-than, --failed-older-than, or both"),
+        (["prune"], "give --done-older-than, --failed-older-than and/or --cancelled-older-than"),
         (["status", "--log-level", "info"], "--log-level is a global option"),
         (["status", "--stale-after", "soon"], "Invalid value for '--stale-after'"),
         (["no-such-command"], "No such command 'no-such-command'"),

@@ -17,6 +17,7 @@ import psycopg
 import pytest
 from rq.job import Job
 
+import reactor
 from reactor import submit
 from reactor.jobs import job_id
 from reactor.pg.registry import routes_in_use
@@ -199,6 +200,12 @@ def test_workers_and_producers_work_with_readmes_grants_and_workers_cannot_write
             assert "worker_ready" in worker.output()
             found = owner.execute("SELECT state, attempts FROM photo_jobs").fetchone()
             assert found == ("done", 1), (round_, worker.output())
+        # The producer's grants also cancel a row, and re-arm a cancelled one.
+        with producer.transaction():
+            assert submit(producer, "p1")
+            assert reactor.cancel(producer, "p1")
+            assert submit(producer, "p1")
+        assert owner.execute("SELECT state FROM photo_jobs").fetchone() == ("pending",)
         # What a worker's role can do to routes, pauses and the ledger: read them.
         with psycopg.connect(worker_url, autocommit=True) as as_worker:
             assert routes_in_use(as_worker)["photo.process"].handler == "tests.handlers.noop"

@@ -261,7 +261,7 @@ def test_readers_tolerate_rows_written_before_the_constraints(
     status = run_cli(env, "status", "--json")
     assert status.returncode == 0, status.stderr
     counts = json.loads(status.stdout)["types"][0]["counts"]
-    assert counts == {"pending": 2, "active": 1, "done": 1, "failed": 1}
+    assert counts == {"pending": 2, "active": 1, "done": 1, "failed": 1, "cancelled": 0}
     sweep = run_cli(env, "sweep")
     assert sweep.returncode == 0, sweep.stderr
     assert json.loads(sweep.stdout)["rescued"] == 0

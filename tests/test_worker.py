@@ -232,7 +232,7 @@ def test_prune_deletes_old_finished_rows_in_batches(
     insert_rows(conn, 10, prefix="new", state="done")
     insert_rows(conn, 5, prefix="pend")
     result = env.cli_json("prune", "--done-older-than", "7d", "--failed-older-than", "30d")
-    assert result == {"deleted_done": 100_000, "deleted_failed": 10}
+    assert result == {"deleted_done": 100_000, "deleted_failed": 10, "deleted_cancelled": 0}
     assert states(conn) == {"done": 10, "pending": 5}
 
 

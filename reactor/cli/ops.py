@@ -1,10 +1,12 @@
-"""The operator commands of `reactor`: status, failures, pause, resume, requeue, prune, submit
-and dashboard. They read and write the table only through `reactor.ops` and never dispatch."""
+"""The operator commands of `reactor`: status, failures, pause, resume, requeue, cancel, prune,
+submit and dashboard. They read and write the table only through `reactor.ops` and never
+dispatch."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -22,6 +24,7 @@ from reactor.cli.options import (
 )
 from reactor.errors import ConfigError
 from reactor.ops import admin
+from reactor.ops.cancel import cancel_pending, cancel_photos
 from reactor.ops.failures import format_failures, read_failures
 from reactor.ops.hosts import parse_allowed_host
 from reactor.ops.pause import pause_types, resume_types, who
@@ -123,7 +126,7 @@ def requeue(
     all_failed: bool,
     job_type: str | None,
 ) -> None:
-    """Move done/failed rows back to pending (attempts 0): PHOTO_ID... or --failed.
+    """Move done/failed/cancelled rows back to pending (attempts 0): PHOTO_ID... or --failed.
     Photo ids with no row are reported (exit 1); the others are requeued."""
     if bool(photo_ids) == all_failed:
         raise click.UsageError("give PHOTO_IDs or --failed (one of them)")
@@ -143,27 +146,85 @@ def requeue(
 
 @click.command()
 @database_option
+@redis_option
+@click.argument("photo_ids", nargs=-1)
+@click.option("--pending", "all_pending", is_flag=True, help="Cancel every pending row of --type.")
+@click.option("--type", "job_type", default=None, help="Only rows of this type.")
+@click.pass_context
+def cancel(
+    ctx: click.Context,
+    *,
+    database_url: str,
+    redis_url: str,
+    photo_ids: tuple[str, ...],
+    all_pending: bool,
+    job_type: str | None,
+) -> None:
+    """Cancel pending/active rows (state `cancelled`): PHOTO_ID... or --pending --type T. The
+    started jobs of active rows are asked to stop; their outcomes never count. Photo ids with
+    no row are reported (exit 1)."""
+    from reactor.rq.redis_url import connect_redis  # noqa: PLC0415 - only this command's Redis
+
+    if bool(photo_ids) == all_pending:
+        raise click.UsageError("give PHOTO_IDs or --pending --type T (one of them)")
+    if all_pending and job_type is None:
+        raise click.UsageError("--pending needs --type")
+    for photo_id in photo_ids:
+        validate_job(photo_id, job_type or DEFAULT_JOB_TYPE)
+    missing: list[str] = []
+    with connect_migrated(database_url, "cancel") as conn:
+        if all_pending and job_type is not None:
+            result = cancel_pending(conn, job_type, who())
+        else:
+            missing = admin.missing_photo_ids(conn, photo_ids, job_type)
+            client = connect_redis(
+                redis_url,
+                socket_timeout=STATUS_REDIS_TIMEOUT_SECONDS,
+                socket_connect_timeout=STATUS_REDIS_TIMEOUT_SECONDS,
+            )
+            try:
+                result = cancel_photos(conn, client, photo_ids, job_type, who())
+            finally:
+                client.close()
+    click.echo(
+        json.dumps({"cancelled": result.cancelled, "stopped": result.stopped, "not_found": missing})
+    )
+    if missing:
+        kind = "" if job_type is None else f" of type {job_type}"
+        click.echo(f"reactor: error: no row{kind} for: {', '.join(missing)}", err=True)
+        ctx.exit(1)
+
+
+@click.command()
+@database_option
 @click.option("--done-older-than", callback=duration, metavar="DURATION", help="e.g. 7d, 12h.")
 @click.option("--failed-older-than", callback=duration, metavar="DURATION", help="e.g. 30d.")
+@click.option("--cancelled-older-than", callback=duration, metavar="DURATION", help="e.g. 7d.")
 @click.option("--dry-run", is_flag=True, help="Count the rows it would delete; delete nothing.")
 def prune(
     database_url: str,
     done_older_than: float | None,
     failed_older_than: float | None,
+    cancelled_older_than: float | None,
     dry_run: bool,
 ) -> None:
-    """Delete done and/or failed rows older than a duration, in batches (give one or both)."""
-    if done_older_than is None and failed_older_than is None:
-        raise click.UsageError("give --done-older-than, --failed-older-than, or both")
+    """Delete done, failed and/or cancelled rows older than a duration, in batches (give at
+    least one)."""
+    if done_older_than is None and failed_older_than is None and cancelled_older_than is None:
+        raise click.UsageError(
+            "give --done-older-than, --failed-older-than and/or --cancelled-older-than"
+        )
     with connect_migrated(database_url, "prune", read_write=not dry_run) as conn:
         result = admin.prune(
             conn,
             done_older_than=done_older_than,
             failed_older_than=failed_older_than,
+            cancelled_older_than=cancelled_older_than,
             dry_run=dry_run,
         )
     verb = "would_delete" if dry_run else "deleted"
-    click.echo(json.dumps({f"{verb}_done": result.done, f"{verb}_failed": result.failed}))
+    counts = {"done": result.done, "failed": result.failed, "cancelled": result.cancelled}
+    click.echo(json.dumps({f"{verb}_{state}": count for state, count in counts.items()}))
 
 
 def _with_stdin(photo_ids: tuple[str, ...]) -> Iterator[str]:
@@ -257,14 +318,48 @@ def submit_command(
     show_envvar=True,
     help="Seconds a client may stay silent before the dashboard drops it.",
 )
+@click.option(
+    "--actions",
+    is_flag=True,
+    help="Offer requeue, cancel, pause and resume (page and POST /api/...), behind the "
+    "credentials of REACTOR_DASHBOARD_TOKEN / REACTOR_DASHBOARD_READ_TOKEN (bearer) or "
+    "REACTOR_DASHBOARD_USERS (basic auth); every request then needs one.",
+)
+@click.option(
+    "--hash-password",
+    is_flag=True,
+    help="Read a password (prompted, or one line of standard input) and print its hash for "
+    "REACTOR_DASHBOARD_USERS; serve nothing.",
+)
 def dashboard(**options: Any) -> None:
-    """Serve a read-only web page of the table, the reactors and RQ (and /api/overview)."""
+    """Serve a web page of the table, the reactors and RQ (and /api/overview); read-only
+    unless --actions."""
+    from reactor.ops.auth import hash_password, load_credentials  # noqa: PLC0415
+
+    if options["hash_password"]:
+        if sys.stdin.isatty():
+            password = click.prompt("password", hide_input=True, confirmation_prompt=True)
+        else:
+            password = sys.stdin.readline().rstrip("\n")
+        if not password:
+            raise ConfigError("give a password that is not empty")
+        click.echo(hash_password(password))
+        return
     try:
+        from reactor.ops.actions import Actions  # noqa: PLC0415
         from reactor.ops.dashboard import Dashboard, serve_dashboard  # noqa: PLC0415
     except ImportError as exc:
         raise ConfigError(
             f"reactor dashboard needs {exc.name}: pip install 'photo-reactor[dashboard]'"
         ) from None
+    actions = None
+    if options["actions"]:
+        actions = Actions(
+            options["database_url"],
+            options["redis_url"],
+            given_routes(options["routes"]),
+            load_credentials(os.environ),
+        )
     allowed = [
         parse_allowed_host(name)
         for given in options["allowed_hosts"]
@@ -287,9 +382,15 @@ def dashboard(**options: Any) -> None:
         options["port"],
         allowed=allowed,
         client_timeout=options["client_timeout"],
+        actions=actions,
     )
     bound_host, bound_port = server.server_address[:2]
-    logger.info("dashboard_serving url=http://%s:%d/", bound_host, bound_port)
+    logger.info(
+        "dashboard_serving url=http://%s:%d/ actions=%s",
+        bound_host,
+        bound_port,
+        "on" if actions is not None else "off",
+    )
     while not stopper.sleep(3600):
         pass
     server.shutdown()
@@ -298,4 +399,14 @@ def dashboard(**options: Any) -> None:
 
 
 #: The commands this module adds to `reactor`.
-OPS_COMMANDS = (status, failures, pause, resume, requeue, prune, submit_command, dashboard)
+OPS_COMMANDS = (
+    status,
+    failures,
+    pause,
+    resume,
+    requeue,
+    cancel,
+    prune,
+    submit_command,
+    dashboard,
+)

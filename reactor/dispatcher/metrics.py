@@ -127,6 +127,12 @@ class Metrics:
             ["type", "state"],
             registry=r,
         )
+        self.cancelled_rows = Gauge(
+            "reactor_cancelled_rows",
+            "Rows cancelled and not pruned yet, by type (refreshed after every sweep).",
+            ["type"],
+            registry=r,
+        )
         self.oldest_due_age = Gauge(
             "reactor_oldest_due_age_seconds",
             "Age of the oldest due pending row, by type (0 if none; refreshed after every sweep).",

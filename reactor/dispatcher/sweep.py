@@ -345,12 +345,14 @@ class Sweeper:
         return total
 
     def refresh_backlog_metrics(self) -> None:
-        """Set the backlog and oldest-due gauges. Counting is O(pending + active rows), so the
-        loop does it after a sweep only when metrics are served, not as part of the sweep."""
+        """Set the backlog, oldest-due and cancelled-rows gauges. Counting is O(pending + active
+        + cancelled rows), so the loop does it after a sweep only when metrics are served, not
+        as part of the sweep."""
         conn = self._conn
         with translating("backlog query failed", conn), conn.transaction():
             backlog = conn.execute(queries.BACKLOG).fetchall()
             ages = conn.execute(queries.OLDEST_DUE_AGE, {"types": self._types}).fetchall()
+            cancelled_rows = conn.execute(queries.CANCELLED_COUNTS).fetchall()
         # Routed types by name, the rest summed under one label: series stay bounded whatever
         # types the table holds.
         counts: dict[tuple[str, str], int] = {
@@ -366,6 +368,11 @@ class Sweeper:
             self.metrics.backlog.labels(label, state).set(count)
         for job_type, age in ages:
             self.metrics.oldest_due_age.labels(job_type).set(age)
+        cancelled = dict.fromkeys((*self._types, OTHER_TYPES_LABEL), 0)
+        for job_type, count in cancelled_rows:
+            cancelled[job_type if job_type in self._routes else OTHER_TYPES_LABEL] += count
+        for label, count in cancelled.items():
+            self.metrics.cancelled_rows.labels(label).set(count)
 
     def _unrouted_types(self) -> list[str]:
         conn = self._conn

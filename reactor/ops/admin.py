@@ -70,7 +70,8 @@ def requeue_photos(
     *,
     batch_size: int = DEFAULT_ADMIN_BATCH,
 ) -> int:
-    """Move the `done`/`failed` rows of these photos back to `pending`; rows moved."""
+    """Move the `done`/`failed`/`cancelled` rows of these photos back to `pending`; rows
+    moved."""
     total = 0
     for start in range(0, len(photo_ids), batch_size):
         chunk = list(photo_ids[start : start + batch_size])
@@ -100,17 +101,21 @@ def prune(
     *,
     done_older_than: float | None,
     failed_older_than: float | None = None,
+    cancelled_older_than: float | None = None,
     batch_size: int = DEFAULT_ADMIN_BATCH,
     dry_run: bool = False,
 ) -> PruneResult:
-    """Delete `done` (and `failed`) rows last updated longer ago than the given seconds; with
-    `dry_run`, count them and delete nothing."""
+    """Delete `done` (and `failed`, `cancelled`) rows last updated longer ago than the given
+    seconds; with `dry_run`, count them and delete nothing."""
+    given = (("done", done_older_than), ("failed", failed_older_than))
     ages = [
         (state, age)
-        for state, age in (("done", done_older_than), ("failed", failed_older_than))
+        for state, age in (*given, ("cancelled", cancelled_older_than))
         if age is not None
     ]
     if dry_run:
         counts = {state: count_finished(conn, state, age) for state, age in ages}
-        return PruneResult(counts.get("done", 0), counts.get("failed", 0))
+        return PruneResult(
+            counts.get("done", 0), counts.get("failed", 0), cancelled=counts.get("cancelled", 0)
+        )
     return prune_finished(conn, ages, batch_size)

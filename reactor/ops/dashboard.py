@@ -6,7 +6,8 @@ carries everything it needs (inline CSS, server-side SVG charts: no script, no C
 works offline, and it is served with a Content-Security-Policy that forbids every script:
 even a row whose `last_error` or photo id holds markup is shown as text. When Postgres cannot
 be read, both endpoints answer 503 with the reason (one line, no password, no URL). The
-dashboard writes nothing, anywhere.
+dashboard writes nothing, anywhere, unless its actions are on (`reactor.ops.actions`: behind
+a credential, each on a connection of its own).
 
 What it guarantees on a shared host and a big table:
 - Only requests whose `Host` names it are served (loopback names, the address it is bound to
@@ -38,6 +39,7 @@ from markupsafe import Markup
 
 from reactor.errors import ConfigError, DatabaseError, ReactorError
 from reactor.http_server import BoundedHTTPServer
+from reactor.ops.actions import Actions, read_body
 from reactor.ops.charts import per_minute_chart
 from reactor.ops.hosts import allowed_hosts, host_of
 from reactor.ops.overview import Overview, read_overview
@@ -91,6 +93,7 @@ class Page:
     status: int
     body: bytes
     content_type: str
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -259,7 +262,8 @@ class Dashboard:
             return Page(503, _json(body), "application/json")
         return Page(200, _json(found.as_dict()), "application/json")
 
-    def html_page(self) -> Page:
+    def html_page(self, controls: Mapping[str, Any] | None = None) -> Page:
+        """The page; with `controls` (`reactor.ops.actions`), its action forms too."""
         found, error = self._read()
         template = self._templates.get_template("dashboard.html")
         if found is None:
@@ -272,6 +276,7 @@ class Dashboard:
             states=STATES,
             totals={s: sum(t.counts[s] for t in found.status.types) for s in STATES},
             charts=_charts(found),
+            controls=controls,
         )
         return Page(200, html.encode(), "text/html; charset=utf-8")
 
@@ -312,14 +317,17 @@ def serve_dashboard(
     *,
     allowed: Iterable[str] = (),
     client_timeout: float = DEFAULT_CLIENT_TIMEOUT_SECONDS,
+    actions: Actions | None = None,
 ) -> ThreadingHTTPServer:
     """Serve the dashboard on `host:port` from a daemon thread; returns the server. Requests
-    whose Host header is not among `allowed_hosts(host, allowed)` get 421.
+    whose Host header is not among `allowed_hosts(host, allowed)` get 421. With `actions`,
+    every request needs a credential and POSTs run actions (`reactor.ops.actions`).
 
     Raises:
         ConfigError: the address cannot be bound.
     """
     names = allowed_hosts(host, allowed)
+    csp = _CSP if actions is None else _CSP.replace("form-action 'none'", "form-action 'self'")
 
     class Handler(BaseHTTPRequestHandler):
         # The socket's timeout: a client that sends nothing (or too slowly) is dropped.
@@ -331,16 +339,37 @@ def serve_dashboard(
             if name is None or name not in names:
                 # A DNS-rebinding page sends its own name: never answer it with our data.
                 page = Page(421, _MISDIRECTED, "text/plain; charset=utf-8")
+            elif actions is not None and (refused := actions.refuse_read(self.headers)):
+                page = Page(refused.status, refused.body, refused.content_type, refused.headers)
+            elif path == "/" and actions is not None:
+                controls, cookie = actions.controls(self.headers)
+                page = replace(dashboard.html_page(controls), headers=cookie)
             elif path == "/":
                 page = dashboard.html_page()
             elif path == "/api/overview":
                 page = dashboard.json_page()
             else:
                 page = Page(404, b"not found\n", "text/plain; charset=utf-8")
+            self._send(page)
+
+        def do_POST(self) -> None:
+            name = host_of(self.headers.get("Host", ""))
+            if name is None or name not in names:
+                page = Page(421, _MISDIRECTED, "text/plain; charset=utf-8")
+            elif actions is None:
+                page = Page(405, b"read-only (reactor dashboard --actions)\n", "text/plain")
+            else:
+                r = actions.post(self.path, self.headers, read_body(self.rfile, self.headers))
+                page = Page(r.status, r.body, r.content_type, r.headers)
+            self._send(page)
+
+        def _send(self, page: Page) -> None:
             self.send_response(page.status)
             self.send_header("Content-Type", page.content_type)
             self.send_header("Content-Length", str(len(page.body)))
-            self.send_header("Content-Security-Policy", _CSP)
+            for header, value in page.headers:
+                self.send_header(header, value)
+            self.send_header("Content-Security-Policy", csp)
             self.send_header("X-Content-Type-Options", "nosniff")
             self.send_header("Cache-Control", "no-store")
             self.end_headers()

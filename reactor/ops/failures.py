@@ -1,7 +1,8 @@
 """`reactor failures`: why rows failed, without psql.
 
-The latest `failed` rows and the rows that failed at least once and are retried (`pending` or
-`active` with a `last_error`), newest first, with their attempt, `last_error` and when, and
+The latest `failed` and `cancelled` rows (a cancelled row's `last_error` says who cancelled
+it) and the rows that failed at least once and are retried (`pending` or `active` with a
+`last_error`), newest first, with their attempt, `last_error` and when, and
 how many more rows there are beyond the limit. The table for people shows each row on one
 line: its texts with control characters escaped (`reactor.ops.terminal`) and passwords masked
 (rows written by older releases or by hand were not), the error cut to fit around an

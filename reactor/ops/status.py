@@ -34,7 +34,7 @@ from reactor.settings import DEFAULT_GONE_AFTER_SECONDS
 __all__ = ["STATES", "Status", "TypeStatus", "format_status", "read_done_counts", "read_status"]
 
 #: The states of a row, in the order a row moves through them.
-STATES = ("pending", "active", "done", "failed")
+STATES = ("pending", "active", "done", "failed", "cancelled")
 #: Quiet active rows whose RQ worker `reactor status` looks up (the oldest first).
 MAX_WORKER_CHECKS = 10_000
 
@@ -193,7 +193,7 @@ def _workers_gone(client: redis.Redis, refs: list[JobRef]) -> dict[str, int]:
 
 def format_status(status: Status) -> str:
     """A table for people."""
-    header = f"{'type':<24} {'pending':>9} {'active':>9} {'done':>9} {'failed':>9}  details"
+    header = f"{'type':<24} " + " ".join(f"{s:>9}" for s in STATES) + "  details"
     lines = [header]
     for t in status.types:
         details = []
@@ -211,8 +211,9 @@ def format_status(status: Status) -> str:
             details.append("NO ROUTE")
         c = t.counts
         lines.append(
-            f"{t.type:<24} {c['pending']:>9} {c['active']:>9} {c['done']:>9} {c['failed']:>9}"
-            f"  {', '.join(details)}".rstrip()
+            f"{t.type:<24} "
+            + " ".join(f"{c[s]:>9}" for s in STATES)
+            + f"  {', '.join(details)}".rstrip()
         )
     if not status.types:
         lines.append("(no rows yet: `reactor submit PHOTO_ID`, or your producers' submit())")

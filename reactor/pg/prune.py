@@ -19,7 +19,7 @@ from reactor.pg.db import Connection, translating
 __all__ = ["PRUNED_STATES", "PruneResult", "count_finished", "prune_finished"]
 
 #: The states a prune deletes, each with its own age.
-PRUNED_STATES = ("done", "failed")
+PRUNED_STATES = ("done", "failed", "cancelled")
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,7 @@ class PruneResult:
     done: int = 0
     failed: int = 0
     batches: int = 0
+    cancelled: int = 0
 
 
 def prune_finished(
@@ -64,7 +65,7 @@ def prune_finished(
                 break
             if stop is not None:
                 stop.wait(pause_seconds)
-    return PruneResult(deleted["done"], deleted["failed"], batches)
+    return PruneResult(deleted["done"], deleted["failed"], batches, deleted["cancelled"])
 
 
 def count_finished(conn: Connection, state: str, age: float) -> int:

@@ -250,8 +250,8 @@ SELECT DISTINCT photo_id
    AND (%(type)s::text IS NULL OR type = %(type)s)
 
 -- name: FAILURES
--- The latest failed rows and rows that failed at least once and will be retried (or are being
--- retried), newest first, of one type or of all (`reactor failures`, the dashboard). Each
+-- The latest failed and cancelled rows and rows that failed at least once and will be retried
+-- (or are being retried), newest first, of one type or of all (`reactor failures`, the dashboard). Each
 -- branch is one walk of the state index, newest first, stopped at the limit. `last_error`
 -- comes whole, or cut to `error_chars` (the dashboard: a hostile row may hold a huge one).
 -- Times are clamped to what Python's datetime holds in any time zone (0001-01-02 to
@@ -268,6 +268,10 @@ SELECT f.type, f.photo_id, f.state, f.attempts, f.max_attempts,
           ORDER BY updated_at DESC LIMIT %(limit)s)
         UNION ALL
         (SELECT * FROM photo_jobs
+          WHERE state = 'cancelled' AND (%(type)s::text IS NULL OR type = %(type)s)
+          ORDER BY updated_at DESC LIMIT %(limit)s)
+        UNION ALL
+        (SELECT * FROM photo_jobs
           WHERE state IN ('pending', 'active') AND last_error IS NOT NULL
             AND (%(type)s::text IS NULL OR type = %(type)s)
           ORDER BY updated_at DESC LIMIT %(limit)s)) AS f
@@ -278,7 +282,8 @@ SELECT f.type, f.photo_id, f.state, f.attempts, f.max_attempts,
 -- `reactor failures`: how many rows `FAILURES` would list without its limit.
 SELECT count(*)
   FROM photo_jobs
- WHERE (state = 'failed' OR (state IN ('pending', 'active') AND last_error IS NOT NULL))
+ WHERE (state IN ('failed', 'cancelled')
+        OR (state IN ('pending', 'active') AND last_error IS NOT NULL))
    AND (%(type)s::text IS NULL OR type = %(type)s)
 
 -- name: PAUSE_TYPES
@@ -519,14 +524,16 @@ SELECT now()
 -- name: STATUS_COUNTS
 -- `reactor status`: rows by type and state (a scan of the table: an operator's query).
 -- `reactor status` and the dashboard: rows by type and state. Each state is its own arm, so
--- pending, active and failed rows are read through their indexes (partial ones for pending and
--- active, the finished-rows index for failed) and only `done` rows, usually nearly all of
--- the table, need a scan: see `DONE_COUNTS`.
+-- pending, active, failed and cancelled rows are read through their indexes (partial ones for
+-- pending, active and cancelled, the finished-rows index for failed) and only `done` rows,
+-- usually nearly all of the table, need a scan: see `DONE_COUNTS`.
 SELECT type, 'pending', count(*) FROM photo_jobs WHERE state = 'pending' GROUP BY type
 UNION ALL
 SELECT type, 'active', count(*) FROM photo_jobs WHERE state = 'active' GROUP BY type
 UNION ALL
 SELECT type, 'failed', count(*) FROM photo_jobs WHERE state = 'failed' GROUP BY type
+UNION ALL
+SELECT type, 'cancelled', count(*) FROM photo_jobs WHERE state = 'cancelled' GROUP BY type
 
 -- name: DONE_COUNTS
 -- `done` rows by type: a scan (no index holds type and state), in a statement of its own so
@@ -579,14 +586,47 @@ UPDATE photo_jobs
    AND state = 'failed'
 
 -- name: REQUEUE_PHOTOS
--- Move the done/failed rows of the given photos (of `type`, if not NULL) back to pending, as
--- REQUEUE_FAILED does.
+-- Move the done/failed/cancelled rows of the given photos (of `type`, if not NULL) back to
+-- pending, as REQUEUE_FAILED does.
 UPDATE photo_jobs
    SET state = 'pending', prior_attempts = prior_attempts + attempts, attempts = 0,
        next_retry_at = now(), last_error = NULL
  WHERE photo_id = ANY (%(photo_ids)s::text[])
    AND (%(type)s::text IS NULL OR type = %(type)s)
-   AND state IN ('done', 'failed')
+   AND state IN ('done', 'failed', 'cancelled')
+
+-- name: CANCEL_PHOTOS
+-- Cancel the pending/active rows of the given photos (of `type`, if not NULL): `cancelled`,
+-- a terminal state, with `reason` in last_error; returns each row cancelled with its token
+-- (an active row's running job is the one to stop). A row locked by a claim or an outcome in
+-- flight is waited for and checked again: one that has just become done stays done. Every
+-- outcome a worker writes is fenced on `state = 'active'`, and the fenced start takes over only
+-- a `pending` row, so a job of a cancelled row neither starts nor writes anything. The caller
+-- passes the ids sorted (two cancels lock their rows in the same order: no deadlock).
+UPDATE photo_jobs
+   SET state = 'cancelled', next_retry_at = NULL, last_error = %(reason)s
+ WHERE photo_id = ANY (%(photo_ids)s::text[])
+   AND (%(type)s::text IS NULL OR type = %(type)s)
+   AND state IN ('pending', 'active')
+RETURNING type, photo_id, prior_attempts + attempts
+
+-- name: CANCEL_PENDING
+-- Cancel up to `limit` pending rows of `type`, as CANCEL_PHOTOS does: one range of the pending
+-- index, rows a claim holds skipped (they are being dispatched: cancel them by id).
+UPDATE photo_jobs
+   SET state = 'cancelled', next_retry_at = NULL, last_error = %(reason)s
+ WHERE ctid = ANY (ARRAY(
+         SELECT ctid FROM photo_jobs
+          WHERE type = %(type)s AND state = 'pending'
+          ORDER BY coalesce(next_retry_at, created_at)
+          LIMIT %(limit)s
+            FOR UPDATE SKIP LOCKED))
+   AND state = 'pending'
+RETURNING type, photo_id, prior_attempts + attempts
+
+-- name: CANCELLED_COUNTS
+-- Cancelled rows by type (the metrics, after each sweep): one walk of the cancelled-rows index.
+SELECT type, count(*) FROM photo_jobs WHERE state = 'cancelled' GROUP BY type
 
 -- the worker side: one attempt's lifecycle, every transition fenced by the token ---------
 -- A job carries its row's token (`prior_attempts + attempts` when it was dispatched), which
@@ -668,7 +708,8 @@ UPDATE photo_jobs
 
 -- name: SUBMIT_MANY
 -- Insert the given photos' jobs of one type (`reactor.producer`), in the caller's transaction.
--- A pending/active row is left as it is (idempotent); a done/failed row is re-armed: a new life
+-- A pending/active row is left as it is (idempotent); a done/failed/cancelled row is re-armed:
+-- a new life
 -- at attempts 0, due from now (or `run_at`), its attempts added to prior_attempts so that the
 -- fencing token goes on growing. The row count is the rows inserted or re-armed. One statement
 -- for any number of ids: the triggers send one notification per type for all of them.
@@ -683,7 +724,7 @@ SELECT p.photo_id, %(type)s::text, %(run_at)s::timestamptz, coalesce(%(max_attem
        last_error = NULL,
        max_attempts = CASE WHEN %(max_attempts)s::int IS NULL THEN j.max_attempts
                            ELSE EXCLUDED.max_attempts END
- WHERE j.state IN ('done', 'failed')
+ WHERE j.state IN ('done', 'failed', 'cancelled')
 
 -- name: MAY_INSERT_ROWS
 -- Whether this role may insert into photo_jobs (workers may run as a role that cannot).

@@ -1,0 +1,349 @@
+"""The dashboard's actions (`reactor dashboard --actions`): requeue, cancel, pause and resume,
+from the page (forms) and from scripts (`POST /api/requeue|cancel|pause|resume`, JSON).
+
+Each action runs the CLI's own function (`reactor.ops.admin` requeue, `reactor.ops.cancel`,
+`reactor.ops.pause`) on a connection of its own, opened for the action and closed after it,
+one action at a time; so the role needs what those commands need, and the read-only
+connection of the page is never written on. Every action is logged (`dashboard_action`) with
+who, what and how many rows.
+
+Who may act (`reactor.ops.auth`): every request needs a credential when actions are on (401
+without one); a read-only credential may look but gets 403 on every action. Against forged
+requests from other sites:
+- an action is a POST, never a GET;
+- a POST whose `Origin` is not this dashboard's (`http://` or `https://` + the request's Host,
+  itself one of the allowed hosts), or whose `Sec-Fetch-Site` says another site, is refused (403);
+- a form carries the CSRF token of its session (an HMAC of the `reactor_session` cookie, which
+  is HttpOnly and SameSite=Strict) and a bulk one (every failed or pending row of a type) first
+  shows a confirmation page; the JSON API accepts only `application/json`, which no other
+  site's page can send here without a CORS preflight, which this server never grants.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import html
+import json
+import logging
+import secrets
+import threading
+import urllib.parse
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from email.message import Message
+from io import BufferedIOBase
+from typing import Any
+
+from reactor.errors import ConfigError, DatabaseError, EnqueueError, InvalidJobError
+from reactor.ops import admin
+from reactor.ops.auth import Credentials, User
+from reactor.ops.cancel import cancel_pending, cancel_photos
+from reactor.ops.pause import pause_types, resume_types
+from reactor.pg import db
+from reactor.pg.registry import routes_in_use
+from reactor.redact import redact
+from reactor.routes import Route
+from reactor.throttle import LogThrottle
+from reactor.validate import check_job_type, validate_job
+
+__all__ = ["ACTIONS", "Actions", "Reply"]
+
+logger = logging.getLogger(__name__)
+
+#: Refused actions logged: a few a second at most (anyone who can reach the port can try).
+_refused_log = LogThrottle(burst=20, interval_seconds=10.0)
+
+ACTIONS = ("requeue", "cancel", "pause", "resume")
+#: The most photo ids one action takes, and the largest body read.
+MAX_PHOTO_IDS = 10_000
+MAX_BODY_BYTES = 4 * 1024 * 1024
+COOKIE = "reactor_session"
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One response: status, body, content type and extra headers."""
+
+    status: int
+    body: bytes
+    content_type: str
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class _Request:
+    action: str
+    job_type: str
+    photo_ids: tuple[str, ...]
+    bulk_state: str | None  # "failed" (requeue) or "pending" (cancel): every such row
+
+
+class _RefusedError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _text(status: int, message: str, headers: tuple[tuple[str, str], ...] = ()) -> Reply:
+    return Reply(status, (message + "\n").encode(), "text/plain; charset=utf-8", headers)
+
+
+def _json_reply(status: int, data: Mapping[str, Any]) -> Reply:
+    return Reply(status, (json.dumps(data) + "\n").encode(), "application/json")
+
+
+def read_body(rfile: BufferedIOBase, headers: Message) -> bytes | None:
+    """The request's body (None: no Content-Length, or a body too large)."""
+    try:
+        length = int(headers.get("Content-Length", ""))
+    except ValueError:
+        return None
+    if not 0 <= length <= MAX_BODY_BYTES:
+        return None
+    return rfile.read(length)
+
+
+class Actions:
+    """Authentication, the checks against forged requests, and the actions themselves."""
+
+    def __init__(
+        self,
+        database_url: str,
+        redis_url: str,
+        routes: Mapping[str, Route],
+        credentials: Credentials,
+    ) -> None:
+        self._database_url = database_url
+        self._redis_url = redis_url
+        self._routes = routes
+        self._credentials = credentials
+        self._secret = secrets.token_bytes(32)  # CSRF tokens live as long as the process
+        self._acting = threading.Lock()
+
+    # -- who ------------------------------------------------------------------------------
+
+    def _unauthorized(self) -> Reply:
+        scheme = 'Basic realm="reactor dashboard", charset="UTF-8"'
+        if not self._credentials.basic:
+            scheme = 'Bearer realm="reactor dashboard"'
+        return _text(401, "401 unauthorized: log in", (("WWW-Authenticate", scheme),))
+
+    def user(self, headers: Message) -> User | None:
+        return self._credentials.identify(headers.get("Authorization"))
+
+    def refuse_read(self, headers: Message) -> Reply | None:
+        """401 for a GET without a valid credential, else None (any credential may look)."""
+        return None if self.user(headers) is not None else self._unauthorized()
+
+    def controls(self, headers: Message) -> tuple[dict[str, Any], tuple[tuple[str, str], ...]]:
+        """What the page needs to show its forms (the session's CSRF token, whether the user
+        may act), and the Set-Cookie header of a new session when the request had none."""
+        user = self.user(headers)
+        session = _cookie(headers)
+        extra: tuple[tuple[str, str], ...] = ()
+        if session is None:
+            session = secrets.token_urlsafe(24)
+            cookie = f"{COOKIE}={session}; Path=/; HttpOnly; SameSite=Strict"
+            extra = (("Set-Cookie", cookie),)
+        name = user.name if user is not None else ""
+        can_act = user is not None and user.can_act
+        return {"csrf": self._csrf(session, name), "can_act": can_act, "user": name}, extra
+
+    def _csrf(self, session: str, user: str) -> str:
+        return hmac.new(self._secret, f"{session}\0{user}".encode(), hashlib.sha256).hexdigest()
+
+    # -- POST -----------------------------------------------------------------------------
+
+    def post(self, path: str, headers: Message, body: bytes | None) -> Reply:
+        """Answer one POST: the action's result, or why it was refused."""
+        path = path.split("?", 1)[0]
+        api = path.startswith("/api/")
+        action = path.removeprefix("/api/" if api else "/actions/")
+        if not path.startswith(("/api/", "/actions/")) or action not in ACTIONS:
+            return _text(404, "not found")
+        user = self.user(headers)
+        if user is None:
+            return self._unauthorized()
+        try:
+            _check_origin(headers)
+            if not user.can_act:
+                raise _RefusedError(403, f"403 forbidden: {user.name} may only look")
+            if body is None:
+                raise _RefusedError(400, "a body with a Content-Length (at most 4 MiB) is needed")
+            if api:
+                request = _from_json(action, headers, body)
+            else:
+                fields = urllib.parse.parse_qs(body.decode("utf-8", "replace"))
+                session = _cookie(headers)
+                given = fields.get("csrf", [""])[0]
+                if session is None or not hmac.compare_digest(
+                    given, self._csrf(session, user.name)
+                ):
+                    raise _RefusedError(
+                        403, "403 forbidden: the form's CSRF token is not this session's"
+                    )
+                request = _from_form(action, fields)
+                if request.bulk_state and fields.get("confirm", [""])[0] != "yes":
+                    return _confirmation(request, given)
+            rows = self._run(request, user)
+        except _RefusedError as exc:
+            return _refusal(exc, api, user, path)
+        if api:
+            return _json_reply(200, {"action": action, "type": request.job_type, "rows": rows})
+        return _result(request, rows)
+
+    def _run(self, request: _Request, user: User) -> int:
+        by = f"dashboard:{user.name}"
+        try:
+            with self._acting, db.connect(self._database_url, purpose="dashboard") as conn:
+                db.check_schema(conn)
+                rows = _ACTS[request.action](self, conn, request, by)
+        except (ConfigError, InvalidJobError) as exc:
+            raise _RefusedError(400, str(exc)) from None
+        except (DatabaseError, EnqueueError) as exc:
+            raise _RefusedError(
+                503, redact(str(exc).splitlines()[0] if str(exc) else "failed")
+            ) from None
+        logger.info(
+            "dashboard_action user=%s action=%s type=%s photo_ids=%d bulk=%s rows=%d",
+            user.name,
+            request.action,
+            request.job_type,
+            len(request.photo_ids),
+            request.bulk_state or "-",
+            rows,
+        )
+        return rows
+
+    def _requeue(self, conn: db.Connection, r: _Request, by: str) -> int:
+        if r.bulk_state:
+            return admin.requeue_failed(conn, r.job_type)
+        return admin.requeue_photos(conn, r.photo_ids, r.job_type)
+
+    def _cancel(self, conn: db.Connection, r: _Request, by: str) -> int:
+        if r.bulk_state:
+            return cancel_pending(conn, r.job_type, by).cancelled
+        from reactor.rq.redis_url import connect_redis  # noqa: PLC0415 - only for this
+
+        client = connect_redis(self._redis_url, socket_timeout=5, socket_connect_timeout=5)
+        try:
+            return cancel_photos(conn, client, r.photo_ids, r.job_type, by).cancelled
+        finally:
+            client.close()
+
+    def _pause(self, conn: db.Connection, r: _Request, by: str) -> int:
+        return len(pause_types(conn, [r.job_type], self._known_routes(conn), by).changed)
+
+    def _resume(self, conn: db.Connection, r: _Request, by: str) -> int:
+        return len(resume_types(conn, [r.job_type], self._known_routes(conn)).changed)
+
+    def _known_routes(self, conn: db.Connection) -> Mapping[str, Route]:
+        return self._routes or dict(routes_in_use(conn))
+
+
+_ACTS: dict[str, Callable[[Actions, db.Connection, _Request, str], int]] = {
+    "requeue": Actions._requeue,
+    "cancel": Actions._cancel,
+    "pause": Actions._pause,
+    "resume": Actions._resume,
+}
+
+
+def _refusal(exc: _RefusedError, api: bool, user: User, path: str) -> Reply:
+    if _refused_log.allow():
+        logger.warning(
+            "dashboard_action_refused user=%s path=%s status=%d why=%s suppressed=%d",
+            user.name,
+            path,
+            exc.status,
+            exc,
+            _refused_log.suppressed(),
+        )
+    return _json_reply(exc.status, {"error": str(exc)}) if api else _text(exc.status, str(exc))
+
+
+def _cookie(headers: Message) -> str | None:
+    for part in (headers.get("Cookie") or "").split(";"):
+        name, _, value = part.strip().partition("=")
+        if name == COOKIE and 16 <= len(value) <= 64:
+            return value
+    return None
+
+
+def _check_origin(headers: Message) -> None:
+    origin = headers.get("Origin")
+    host = headers.get("Host", "")
+    if origin is not None and origin not in (f"http://{host}", f"https://{host}"):
+        raise _RefusedError(403, f"403 forbidden: cross-origin request refused ({origin[:100]})")
+    if headers.get("Sec-Fetch-Site", "same-origin") not in ("same-origin", "none"):
+        raise _RefusedError(403, "403 forbidden: cross-origin request refused (Sec-Fetch-Site)")
+
+
+def _request(action: str, job_type: Any, photo_ids: Any, state: Any) -> _Request:
+    if not isinstance(job_type, str):
+        raise _RefusedError(400, 'give "type"')
+    try:
+        check_job_type(job_type)
+        if action in ("pause", "resume"):
+            return _Request(action, job_type, (), None)
+        bulk = {"requeue": "failed", "cancel": "pending"}[action]
+        if state is not None:
+            if state != bulk or photo_ids:
+                raise _RefusedError(400, f'{action}: give "photo_ids" or "state": "{bulk}"')
+            return _Request(action, job_type, (), bulk)
+        if not isinstance(photo_ids, list) or not photo_ids or len(photo_ids) > MAX_PHOTO_IDS:
+            raise _RefusedError(
+                400, f'{action}: give "photo_ids" (1 to {MAX_PHOTO_IDS}) or "state"'
+            )
+        for photo_id in photo_ids:
+            if not isinstance(photo_id, str):
+                raise _RefusedError(400, "photo ids are strings")
+            validate_job(photo_id, job_type)
+    except (ConfigError, InvalidJobError) as exc:
+        raise _RefusedError(400, str(exc)) from None
+    return _Request(action, job_type, tuple(dict.fromkeys(photo_ids)), None)
+
+
+def _from_json(action: str, headers: Message, body: bytes) -> _Request:
+    if headers.get_content_type() != "application/json":
+        raise _RefusedError(415, "the API takes application/json")
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        raise _RefusedError(400, "the body is not JSON") from None
+    if not isinstance(data, dict):
+        raise _RefusedError(400, "the body is not a JSON object")
+    return _request(action, data.get("type"), data.get("photo_ids"), data.get("state"))
+
+
+def _from_form(action: str, fields: Mapping[str, list[str]]) -> _Request:
+    ids = [p for given in fields.get("photo_ids", []) for p in given.splitlines() if p.strip()]
+    state = fields.get("state", [None])[0]
+    return _request(action, fields.get("type", [None])[0], ids or None, state)
+
+
+_PAGE = (
+    '<!doctype html><html lang="en"><head><meta charset="utf-8">'
+    "<title>photo-reactor dashboard</title></head><body>{}</body></html>"
+)
+
+
+def _confirmation(r: _Request, csrf: str) -> Reply:
+    what = f"{r.action} every {r.bulk_state} row of type {r.job_type}"
+    fields = {"csrf": csrf, "type": r.job_type, "state": r.bulk_state or "", "confirm": "yes"}
+    hidden = "".join(
+        f'<input type="hidden" name="{k}" value="{html.escape(v)}">' for k, v in fields.items()
+    )
+    body = (
+        f'<p id="confirm-what">{html.escape(what)}?</p>'
+        f'<form method="post" action="/actions/{r.action}">{hidden}'
+        '<button id="confirm">yes, do it</button></form> <a href="/">no, back</a>'
+    )
+    return Reply(200, _PAGE.format(body).encode(), "text/html; charset=utf-8")
+
+
+def _result(r: _Request, rows: int) -> Reply:
+    text = f"{r.action} {r.job_type}: {rows} row{'' if rows == 1 else 's'} changed"
+    body = f'<p id="result">{html.escape(text)}</p><p><a id="back" href="/">back</a></p>'
+    return Reply(200, _PAGE.format(body).encode(), "text/html; charset=utf-8")

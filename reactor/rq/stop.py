@@ -1,0 +1,50 @@
+"""Asking RQ workers to stop the started jobs of cancelled rows (`reactor cancel`).
+
+A job is stopped with RQ's own stop-job command (`rq.command.send_command`, what
+`send_stop_job_command` sends), published to the worker the job names. The job's status and
+worker are read with plain `HGET`s, never by loading the job (its pickled fields are never
+decoded). A forking worker kills the work horse; a `SimpleWorker` has none to kill, so its
+handler runs to the end. Either way the attempt's outcome is fenced off by the row's state:
+stopping only saves the work. A job that is not started (queued) is left alone: its fenced
+start refuses it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import redis
+from rq.command import send_command
+from rq.job import Job
+
+from reactor.errors import EnqueueError
+from reactor.jobs import JobRef
+from reactor.redact import redact
+from reactor.rq.state import STARTED
+
+__all__ = ["stop_started"]
+
+
+def stop_started(client: redis.Redis, refs: Sequence[JobRef]) -> int:
+    """Send the stop-job command for each of these attempts' jobs that a worker has started;
+    how many were sent (a worker that finished the job meanwhile ignores it).
+
+    Raises:
+        EnqueueError: Redis failed (the rows stay cancelled; their outcomes are fenced off).
+    """
+    if not refs:
+        return 0
+    try:
+        with client.pipeline(transaction=False) as pipe:
+            for ref in refs:
+                pipe.hmget(Job.key_for(ref.job_id), "status", "worker_name")
+            found: list[list[bytes | None]] = pipe.execute()
+        sent = 0
+        for ref, (status, worker) in zip(refs, found, strict=True):
+            if status == STARTED and worker:
+                send_command(client, worker.decode(), "stop-job", job_id=ref.job_id)
+                sent += 1
+    except redis.RedisError as exc:
+        message = f"rows cancelled, but Redis failed stopping their jobs: {redact(str(exc))}"
+        raise EnqueueError(message, rows=len(refs)) from exc
+    return sent

@@ -1,0 +1,291 @@
+"""The dashboard's actions (`reactor dashboard --actions`): in a real browser (log in, requeue a
+failed row and see it run; refused without a credential, with a read-only one and from a
+foreign origin) and through the JSON API, with real Postgres, Redis, reactor and worker."""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from reactor.ops.auth import hash_password
+from tests.handlers import SCHEMA
+from tests.support.browser import Browser
+from tests.support.cli import run_cli
+from tests.support.env import Env
+from tests.support.processes import Process, start_reactor
+from tests.support.rows import states
+from tests.support.servers import free_port
+from tests.support.waiting import wait_for
+from tests.test_dashboard import chromium  # noqa: F401 - the fixture
+
+OK_ROUTE = "photo.process=tests.handlers.ok"
+TOKEN = "t0ken-for-scripts-0123456789"
+READ_TOKEN = "read-only-t0ken-0123456789"
+
+
+@pytest.fixture
+def conn(env: Env) -> psycopg.Connection[Any]:
+    connection = env.connect()
+    connection.execute(SCHEMA)
+    return connection
+
+
+def failed_rows(conn: psycopg.Connection[Any], *photo_ids: str) -> None:
+    for photo_id in photo_ids:
+        conn.execute(
+            "INSERT INTO photo_jobs (photo_id, type, state, attempts, last_error)"
+            " VALUES (%s, 'photo.process', 'failed', 1, 'RuntimeError: boom')",
+            [photo_id],
+        )
+
+
+def state_of(conn: psycopg.Connection[Any], photo_id: str) -> str:
+    row = conn.execute("SELECT state FROM photo_jobs WHERE photo_id = %s", [photo_id]).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def start_actions_dashboard(spawn: Callable[..., Process], **extra_env: str) -> tuple[Process, str]:
+    port = free_port()
+    proc = spawn(
+        "-m",
+        "reactor",
+        "dashboard",
+        "--actions",
+        "--port",
+        str(port),
+        "--cache-seconds",
+        "0",
+        "--route",
+        OK_ROUTE,
+        name="dashboard",
+        extra_env=extra_env,
+    )
+    proc.wait_for_line("dashboard_serving")
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def post(
+    url: str, data: dict[str, Any] | bytes, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], str]:
+    body = data if isinstance(data, bytes) else json.dumps(data).encode()
+    request = urllib.request.Request(url, body, method="POST", headers=headers or {})
+    if not isinstance(data, bytes):
+        request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, dict(response.headers), response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read().decode()
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+@pytest.fixture
+def foreign_site() -> Iterator[Callable[[str], str]]:
+    """A web server on another origin; `page(html)` serves `html` there and returns its URL."""
+    pages: dict[str, bytes] = {}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = pages.get(self.path, b"")
+            self.send_response(200 if body else 404)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    def page(html: str) -> str:
+        pages["/attack.html"] = html.encode()
+        return f"http://127.0.0.1:{server.server_address[1]}/attack.html"
+
+    yield page
+    server.shutdown()
+    server.server_close()
+
+
+def test_in_a_browser_log_in_requeue_a_failed_row_and_see_it_run(
+    env: Env,
+    conn: psycopg.Connection[Any],
+    spawn: Callable[..., Process],
+    chromium: str,  # noqa: F811 - the fixture
+    tmp_path: Path,
+    foreign_site: Callable[[str], str],
+) -> None:
+    failed_rows(conn, "p1", "p2")
+    start_reactor(spawn, "--route", OK_ROUTE)
+    worker = spawn("-m", "reactor", "worker", "--route", OK_ROUTE, "--simple", name="worker")
+    worker.wait_for_line("Listening on")
+    users = f"alice:{hash_password('alice-pw')},bob:{hash_password('bob-pw')}:read-only"
+    dashboard, base = start_actions_dashboard(spawn, REACTOR_DASHBOARD_USERS=users)
+    browsers: list[Browser] = []
+
+    def browser(name: str, login: tuple[str, str] | None) -> Browser:
+        opened = Browser(chromium, tmp_path / name, login)
+        browsers.append(opened)
+        return opened
+
+    try:
+        # No credential: the page itself is refused.
+        anonymous = browser("anonymous", None)
+        anonymous.goto(base + "/")
+        assert "401" in anonymous.text()
+
+        # alice logs in, sees p1's failure and requeues it: it runs, and is done.
+        alice = browser("alice", ("alice", "alice-pw"))
+        alice.goto(base + "/")
+        assert "actions on, as alice" in alice.text()
+        alice.click_and_wait('form[data-k="requeue:photo.process:p1"] button')
+        assert "requeue photo.process: 1 row changed" in alice.text()
+        wait_for(lambda: state_of(conn, "p1") == "done", timeout=30, what="p1 run to done")
+        ran = conn.execute("SELECT outcome FROM handler_runs WHERE photo_id = 'p1'").fetchall()
+        assert ran == [("ok",)]
+        alice.goto(base + "/")
+        assert not alice.evaluate(
+            "!!document.querySelector('[data-k=\"requeue:photo.process:p1\"]')"
+        )
+        csrf = alice.evaluate("document.querySelector('input[name=csrf]').value")
+
+        # A page of another origin posting alice's form, with her session's token: refused.
+        attack = foreign_site(
+            f'<form method="post" action="{base}/actions/requeue">'
+            f'<input type="hidden" name="csrf" value="{csrf}">'
+            '<input type="hidden" name="type" value="photo.process">'
+            '<input type="hidden" name="photo_ids" value="p2"><button>win</button></form>'
+        )
+        alice.goto(attack)
+        alice.click_and_wait("button")
+        assert "cross-origin request refused" in alice.text()
+        assert state_of(conn, "p2") == "failed"
+
+        # bob may look but not act: no forms, and a POST of his is refused.
+        bob = browser("bob", ("bob", "bob-pw"))
+        bob.call("Page.setBypassCSP", {"enabled": True}, session=True)  # lets `fetch` run
+        bob.goto(base + "/")
+        assert "read-only, as bob" in bob.text()
+        assert bob.evaluate("document.querySelectorAll('form.act').length") == 0
+        status = bob.evaluate(
+            "fetch('/actions/requeue', {method: 'POST', headers: {'Content-Type':"
+            " 'application/x-www-form-urlencoded'}, body: 'type=photo.process&photo_ids=p2'})"
+            ".then(r => r.status)"
+        )
+        assert status == 403
+        assert state_of(conn, "p2") == "failed"
+
+        # A bulk action asks first: requeue every failed row of the type, confirmed.
+        alice.goto(base + "/")
+        alice.click_and_wait('form[data-k="requeue:photo.process:failed"] button')
+        assert "requeue every failed row of type photo.process?" in alice.text()
+        assert state_of(conn, "p2") == "failed"
+        alice.click_and_wait("#confirm")
+        assert "requeue photo.process: 1 row changed" in alice.text()
+        wait_for(lambda: state_of(conn, "p2") == "done", timeout=30, what="p2 run to done")
+    finally:
+        for opened in browsers:
+            opened.close()
+    # Two actions were taken, each logged with who, what and how many rows; the refusals too.
+    logged = [line for line in dashboard.lines if "dashboard_action " in line]
+    assert len(logged) == 2, logged
+    assert "user=alice action=requeue type=photo.process photo_ids=1 bulk=-" in logged[0]
+    assert "user=alice action=requeue type=photo.process photo_ids=0 bulk=failed" in logged[1]
+    assert all(line.endswith("rows=1") for line in logged)
+    refusals = [line for line in dashboard.lines if "dashboard_action_refused" in line]
+    assert any("status=403" in line and "user=bob" in line for line in refusals), refusals
+
+
+def test_the_json_api_acts_only_with_a_credential_that_may(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
+) -> None:
+    failed_rows(conn, "f1", "f2", "f3")
+    conn.execute("INSERT INTO photo_jobs (photo_id, type) VALUES ('q1', 'photo.process')")
+    dashboard, base = start_actions_dashboard(
+        spawn, REACTOR_DASHBOARD_TOKEN=TOKEN, REACTOR_DASHBOARD_READ_TOKEN=READ_TOKEN
+    )
+    pause = {"type": "photo.process"}
+    # Without a credential (or a wrong one): 401, page and API alike.
+    for headers in ({}, bearer("wrong-token-0123456789")):
+        code, answer, _ = post(base + "/api/pause", pause, headers)
+        assert code == 401
+        assert answer["WWW-Authenticate"].startswith("Bearer")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(base + "/", timeout=30)
+    assert refused.value.code == 401
+    read = urllib.request.Request(base + "/api/overview", headers=bearer(READ_TOKEN))
+    with urllib.request.urlopen(read, timeout=30) as response:
+        assert response.status == 200
+    # A read-only credential: 403 on every action.
+    for path in ("/api/pause", "/api/requeue", "/api/cancel", "/api/resume"):
+        assert post(base + path, pause, bearer(READ_TOKEN))[0] == 403
+    # A browser's cross-origin POST, a body that is not JSON, a bad type: refused.
+    foreign = {**bearer(TOKEN), "Origin": "http://evil.example"}
+    assert post(base + "/api/pause", pause, foreign)[0] == 403
+    plain = {**bearer(TOKEN), "Content-Type": "text/plain"}
+    assert post(base + "/api/pause", json.dumps(pause).encode(), plain)[0] == 415
+    code, _, body = post(base + "/api/pause", {"type": "bad type!"}, bearer(TOKEN))
+    assert (code, "bad type" in body) == (400, True)
+    form = {**bearer(TOKEN), "Content-Type": "application/x-www-form-urlencoded"}
+    code, _, body = post(base + "/actions/pause", b"type=photo.process", form)
+    assert (code, "CSRF" in body) == (403, True)
+    assert conn.execute("SELECT count(*) FROM reactor_paused_types").fetchone() == (0,)
+
+    # The token may act: each action answers how many rows it changed.
+    def act(path: str, data: dict[str, Any]) -> Any:
+        code, _, body = post(base + path, data, bearer(TOKEN))
+        assert code == 200, body
+        return json.loads(body)["rows"]
+
+    assert act("/api/pause", pause) == 1
+    assert conn.execute("SELECT paused_by FROM reactor_paused_types").fetchone() == (
+        "dashboard:token",
+    )
+    assert act("/api/resume", pause) == 1
+    assert act("/api/requeue", {"type": "photo.process", "photo_ids": ["f1"]}) == 1
+    assert act("/api/requeue", {"type": "photo.process", "state": "failed"}) == 2
+    assert act("/api/cancel", {"type": "photo.process", "photo_ids": ["f1", "q1"]}) == 2
+    assert act("/api/cancel", {"type": "photo.process", "state": "pending"}) == 2
+    assert states(conn) == {"cancelled": 4}
+    dashboard.wait_for_line("dashboard_action user=token action=cancel")
+    logged = [line for line in dashboard.lines if "dashboard_action " in line]
+    assert len(logged) == 6
+    assert "bulk=pending rows=2" in logged[-1]
+
+
+def test_actions_need_a_credential_and_hash_password_makes_one(env: Env) -> None:
+    refused = run_cli(env, "dashboard", "--actions")
+    assert refused.returncode == 2
+    assert "--actions needs a credential" in refused.stderr
+    made = run_cli(env, "dashboard", "--hash-password", stdin="s3cret\n")
+    assert made.returncode == 0, made.stderr
+    hashed = made.stdout.strip()
+    assert hashed.startswith("scrypt$") and "s3cret" not in hashed
+    from reactor.ops.auth import Credentials, load_credentials
+
+    found: Credentials = load_credentials({"REACTOR_DASHBOARD_USERS": f"carol:{hashed}"})
+    good = base64.b64encode(b"carol:s3cret").decode()
+    bad = base64.b64encode(b"carol:wrong").decode()
+    user = found.identify(f"Basic {good}")
+    assert user is not None and (user.name, user.can_act) == ("carol", True)
+    assert found.identify(f"Basic {bad}") is None
+    broken = run_cli(
+        env, "dashboard", "--actions", extra_env={"REACTOR_DASHBOARD_USERS": "carol:nothash"}
+    )
+    assert broken.returncode == 2
+    assert "is not one `reactor dashboard --hash-password` prints" in broken.stderr
