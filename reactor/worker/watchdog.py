@@ -53,7 +53,8 @@ class SystemdNotify(BaseWorker):
 
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
         super().heartbeat(timeout, pipeline)
-        self.systemd.alive()
+        if self._ready_sent:  # RQ's start renews the key too, before READY
+            self.systemd.alive()
 
     def handle_warm_shutdown_request(self) -> None:
         self.systemd.stopping()
