@@ -12,6 +12,7 @@ import contextlib
 import os
 import select
 import signal
+from collections.abc import Callable
 from types import FrameType
 
 __all__ = ["Stopper"]
@@ -20,7 +21,9 @@ __all__ = ["Stopper"]
 class Stopper:
     """A stop flag with a file descriptor that becomes readable when it is set."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_request: Callable[[], None] | None = None) -> None:
+        #: Called once, at the first stop request (`reactor run` tells systemd it stops).
+        self._on_request = on_request
         self._read_fd, self._write_fd = os.pipe()
         os.set_blocking(self._read_fd, False)
         os.set_blocking(self._write_fd, False)
@@ -33,6 +36,8 @@ class Stopper:
 
     def request(self) -> None:
         """Ask for a warm stop."""
+        if not self.requested and self._on_request is not None:
+            self._on_request()
         self.requested = True
         with contextlib.suppress(BlockingIOError):  # the pipe already holds a wake-up byte
             os.write(self._write_fd, b"x")

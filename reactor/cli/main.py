@@ -34,6 +34,7 @@ from reactor.errors import ConfigError, DatabaseError
 from reactor.pg import db
 from reactor.pg.migrate import migrate as apply_migrations
 from reactor.redact import redact
+from reactor.sdnotify import Notifier
 from reactor.settings import (
     DEFAULT_PRUNE_BATCH_SIZE,
 )
@@ -134,10 +135,13 @@ def run(
         # LISTEN needs a session of its own on the server (no transaction pooler in between),
         # so preparing statements is safe, and it saves the claim's planning on every wake-up.
         db.prefer_prepared_statements()
-    stopper = Stopper()
+    notifier = Notifier.from_env()  # systemd's, under Type=notify
+    stopper = Stopper(on_request=notifier.stopping)
     stopper.install()
     reactor = Reactor(settings, stopper=stopper)
+    reactor.health.watchdog = notifier  # told of every turn of the loop
     reactor.start()
+    notifier.ready()
     reactor.run()
 
 

@@ -21,6 +21,7 @@ from reactor.errors import ConfigError
 from reactor.pg.registry import routes_in_use
 from reactor.redact import redact
 from reactor.routes import given_routes, parse_handler_prefixes
+from reactor.sdnotify import Notifier
 
 __all__ = ["worker_command"]
 
@@ -93,6 +94,7 @@ def worker_command(**options: Any) -> None:
     if options["handler_prefixes"]:
         prefixes = parse_handler_prefixes(options["handler_prefixes"])
         settings = replace(settings, handler_prefixes=prefixes)
+    _check_watchdog(Notifier.from_env(), settings.heartbeat_seconds)
     worker_class = SimpleWorker if options["simple"] else Worker
     # Rides out a Redis restart or a Sentinel failover (about 40 s of retries) instead of
     # exiting on the first connection error outside the blocking dequeue.
@@ -140,6 +142,15 @@ def worker_command(**options: Any) -> None:
         # the retries, a blocked read cut by a failover): a long-running worker starts it again.
         logger.warning("worker_restarting in=%.0fs (RQ's work loop quit)", WORKER_RESTART_SECONDS)
         time.sleep(WORKER_RESTART_SECONDS)
+
+
+def _check_watchdog(notifier: Notifier, heartbeat_seconds: float) -> None:
+    """During a job only the heartbeat renews the worker's key, and so tells the watchdog."""
+    if notifier.max_wait() < heartbeat_seconds:
+        raise ConfigError(
+            f"the systemd watchdog ({notifier.watchdog_seconds:g} s) must be at least two "
+            f"heartbeats (REACTOR_HEARTBEAT_SECONDS={heartbeat_seconds:g}): raise WatchdogSec"
+        )
 
 
 def _wait_for_redis(url: str) -> None:

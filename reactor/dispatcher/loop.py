@@ -373,6 +373,7 @@ class Reactor:
 
     def _wait(self, timeout: float) -> list[str]:
         self.health.turned()
+        timeout = min(timeout, self.health.watchdog.max_wait())  # so a live loop keeps telling
         self.metrics.last_loop.set(time.time())
         listener = self._sessions.listener
         if listener is None:

@@ -6,6 +6,8 @@ small threaded HTTP server (loopback by default; clients time out, connections a
 client errors are one log record each, rate-limited): `/metrics` in the Prometheus text
 format, `/healthz` answering 200 only while the listener is connected (or the reactor polls
 only), the loop has turned recently and drains succeed, 503 with the reason otherwise.
+`HealthCheck.turned()`, the loop's record of a turn, is also what systemd's watchdog hears
+(`HealthCheck.watchdog`, a `reactor.sdnotify.Notifier`: off unless `reactor run` sets it).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client.exposition import generate_latest
 
 from reactor.http_server import BoundedHTTPServer
+from reactor.sdnotify import Notifier
 from reactor.throttle import LogThrottle
 
 __all__ = [
@@ -167,9 +170,12 @@ class HealthCheck:
         self.last_sweep_error = ""
         #: Job types whose claims fail (set by the loop): (type, error) pairs.
         self.failing_types: Callable[[], list[tuple[str, str]]] = list
+        #: Told of every turn; the loop waits at most its `max_wait()` between turns.
+        self.watchdog = Notifier(None, None)
 
     def turned(self) -> None:
         self.last_turn = time.monotonic()
+        self.watchdog.alive()
 
     def failed(self, error: str) -> None:
         """A drain or a sweep failed (any cause)."""

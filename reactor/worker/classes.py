@@ -30,7 +30,8 @@ For a job of `reactor.worker.entry.perform`, the worker process, not the job:
   failed attempt with a `last_error` that says so.
 
 The classes also renew RQ's worker key in one round trip, and no more often than needed
-(`reactor.worker.worker_key`).
+(`reactor.worker.worker_key`), and speak systemd's notify protocol when
+`NOTIFY_SOCKET` is set (`reactor.worker.watchdog`).
 
 The horse never uses the worker's connection: it runs only the handler and leaves with
 `os._exit`, which sends nothing on inherited sockets. Jobs of other functions run as in RQ.
@@ -78,6 +79,7 @@ from reactor.worker.entry import (
 from reactor.worker.inflight import DONE, START, InFlight
 from reactor.worker.own_routes import HandlerRefusedError, OwnRoutes
 from reactor.worker.startup import StartupChecks
+from reactor.worker.watchdog import SystemdNotify
 from reactor.worker.worker_key import KeyRenewal
 
 __all__ = ["SimpleWorker", "Worker"]
@@ -103,7 +105,7 @@ def _describe_status(status: int | None) -> str:
     return "killed by the worker, or never started"
 
 
-class _Lifecycle(StartupChecks, KeyRenewal, BaseWorker):
+class _Lifecycle(SystemdNotify, StartupChecks, KeyRenewal, BaseWorker):
     """What both classes share: start checks, fenced start, heartbeat, outcome."""
 
     #: Whether jobs run in a forked work horse (a pipe carries the outcome back).
@@ -158,7 +160,7 @@ class _Lifecycle(StartupChecks, KeyRenewal, BaseWorker):
 
     def handle_warm_shutdown_request(self) -> None:
         self.stop_requested = True
-        super().handle_warm_shutdown_request()  # type: ignore[no-untyped-call]
+        super().handle_warm_shutdown_request()
 
     def teardown(self) -> None:
         super().teardown()  # type: ignore[no-untyped-call]
