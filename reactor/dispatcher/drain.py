@@ -2,15 +2,14 @@
 
 `Dispatcher.drain()` claims the due pending rows of the given types batch by batch; the sweep
 re-dispatches rows whose job is lost (`redispatch_lost`) or whose worker died
-(`redispatch_stale`) through the same unit. (Rows named by their notification are enqueued
-first and claimed after, on the same connection: `reactor.dispatcher.named`.) The work
+(`redispatch_stale`) through the same unit: it is the only way a job reaches Redis. The work
 connection is its owner's (`reactor.dispatcher.sessions` opens it, and hands in a new one
 with `replace_connection` after a reconnect); the dispatcher opens only the prefetch
 connection below, and closes it in `close()`.
 
 Guarantees:
 - A row is never `active` without its job in Redis: the enqueue happens inside the claiming
-  transaction, before COMMIT (or before the claim, for notified rows); if it fails, the
+  transaction, before COMMIT; if it fails (whatever it raises), the
   transaction rolls back and the rows stay as they were (`pending`, or `active` at the old
   attempt for a rescue).
 - No double dispatch of one attempt: rows are claimed with `FOR UPDATE SKIP LOCKED`, and if the
@@ -78,10 +77,6 @@ class BatchResult:
     enqueued: int = 0
     already_enqueued: int = 0
     failed: int = 0
-    #: Rows named by notifications whose jobs were enqueued and are theirs, but that this
-    #: claim did not take (locked, not due, paused, taken over by their job's fenced start,
-    #: or the claim was skipped): dispatched, not claimed here.
-    named: int = 0
 
     def __add__(self, other: BatchResult) -> BatchResult:
         return BatchResult(
@@ -89,7 +84,6 @@ class BatchResult:
             self.enqueued + other.enqueued,
             self.already_enqueued + other.already_enqueued,
             self.failed + other.failed,
-            self.named + other.named,
         )
 
 
@@ -103,8 +97,6 @@ class DrainResult:
     already_enqueued: int = 0
     batches: int = 0
     more: bool = False
-    #: See `BatchResult.named`.
-    named: int = 0
 
     def add(self, batch: BatchResult) -> DrainResult:
         return DrainResult(
@@ -113,7 +105,6 @@ class DrainResult:
             self.already_enqueued + batch.already_enqueued,
             self.batches + 1,
             self.more,
-            self.named + batch.named,
         )
 
 
@@ -139,11 +130,6 @@ class Dispatcher:
         self._prefetch = Prefetch(database_url, idle_in_transaction_seconds)
         #: Types whose claim failed with a statement error, and until when they are skipped.
         self.quarantined: dict[str, Quarantine] = {}
-
-    @property
-    def connection(self) -> Connection:
-        """The work connection (claims of named rows run on it too)."""
-        return self._conn
 
     def replace_connection(self, conn: Connection) -> None:
         """Work on `conn` from now on (after a reconnect; the old one is the caller's to close)."""

@@ -1,6 +1,6 @@
 """The LISTEN connection: a dedicated autocommit session that waits for wake-up hints.
 
-A notification is only a hint (its payload names a job type, or a row: sql/0010); the table is
+A notification is only a hint (its payload names a job type); the table is
 the truth, so the listener never needs to be exact: it reports the payloads, and the caller
 dispatches what they name.
 Notifications that psycopg buffered while the connection was busy are returned first. An idle

@@ -7,10 +7,8 @@
    next sweep (interval ± 10 % jitter), the earliest future `next_retry_at` of a routed type,
    the end of the short gap after a hinted drain found nothing, a stop request};
 3. does the first of: a sweep, if it is due; a drain of every type (at start, after a
-   reconnect or an arm, after a drain cut by its time slice, or a row became due); the
-   notified rows (their jobs enqueued at once, and those of rows named during the next few
-   ms, then the rows claimed) and a drain of the notified types; a poll (a drain of every
-   type, while the doorbell is not armed);
+   reconnect or an arm, after a drain cut by its time slice, or a row became due); a drain
+   of the notified types; a poll (a drain of every type, while the doorbell is not armed);
 4. tells the doorbell how many rows the drain claimed, and gives the keys back if it says so;
 and returns a `Turn`, which says what it did.
 
@@ -21,8 +19,8 @@ at once, catching up on whatever was committed while nobody listened; it then po
 the table is quiet and arms the doorbell again (a lost connection released it).
 
 The parts: `reactor.dispatcher.sessions` owns both Postgres sessions and reopens them;
-`reactor.dispatcher.wakeups` reads what the notifications ask; `reactor.dispatcher.named`
-enqueues named rows before claiming them; `reactor.dispatcher.drain` claims by type;
+`reactor.dispatcher.wakeups` reads what the notifications ask; `reactor.dispatcher.drain`
+claims by type, enqueues and commits (the only way a job reaches Redis);
 `reactor.dispatcher.sweep` rescues; `reactor.dispatcher.liveness` keeps the routes live. The
 `Reactor` makes them all and runs the turns. The loop's timer query (`queries.NEXT_DUE_IN`,
 when the next row becomes due) runs here, on the work connection: it serves only the wait.
@@ -61,7 +59,6 @@ from reactor.dispatcher.sessions import Sessions, backoff
 from reactor.dispatcher.sweep import SweepResult, guarded_round
 from reactor.dispatcher.wakeups import Wakeups
 from reactor.errors import DatabaseError, EnqueueError, StatementError
-from reactor.jobs import JobRef
 from reactor.pg import db, queries
 from reactor.routes import Route, format_route
 from reactor.rq.redis_url import connect_redis
@@ -111,7 +108,7 @@ class Work(str, enum.Enum):
     #: A drain of every type: at start, after a reconnect or an arm, after a drain cut by its
     #: time slice, or because a row became due.
     DRAIN = "drain"
-    #: The notified rows and a drain of the notified types.
+    #: A drain of the notified types.
     HINTS = "hints"
     #: A drain of every type because the doorbell is not armed.
     POLL = "poll"
@@ -133,9 +130,6 @@ class Turn:
     drained: tuple[str, ...] = ()
     #: Rows claimed (by the sweep's drain too).
     claimed: int = 0
-    #: Rows named by notifications whose jobs this turn enqueued but did not claim
-    #: (`BatchResult.named`).
-    named: int = 0
     #: The sweep round's result (SWEEP only).
     sweep: SweepResult | None = None
     #: The doorbell keys were given back after the drain.
@@ -304,10 +298,9 @@ class Reactor:
         payloads = self._wait(deadline - now)
         notifications = len(payloads)
         waited = time.monotonic() - waiting
-        hinted, notified = self._wakeups.parse(payloads, self._started().named.room())
-        types = self._wakeups.to_drain(hinted)
-        if types or notified or (payloads and not self._wakeups.held):
-            bell.rung(routed=bool(types or notified))
+        types = self._wakeups.to_drain(self._wakeups.parse(payloads))
+        if types or (payloads and not self._wakeups.held):
+            bell.rung(routed=bool(types))
         if self.stopper.requested:
             return Turn(waited=waited, notifications=len(payloads), arm=arm)
 
@@ -327,17 +320,10 @@ class Reactor:
         elif self._backlog or (self._next_due is not None and now >= self._next_due):
             work, drained = Work.DRAIN, self._types
             result = self._drain(drained)
-        elif types or notified:
-            work = Work.HINTS
-            result, more_notifications, drained = self._started().named.dispatch(
-                notified,
-                types,
-                listen=self._listen_for_names,
-                drain=self._drain,
-                stopped=self._should_stop,
-            )
-            notifications += more_notifications
-            if not result.claimed and not result.named:
+        elif types:
+            work, drained = Work.HINTS, tuple(types)
+            result = self._drain(drained)
+            if not result.claimed:
                 self._wakeups.found_nothing()
         elif bell.should_poll():
             self.metrics.polls.inc()
@@ -346,10 +332,9 @@ class Reactor:
         else:
             return Turn(waited=waited, notifications=len(payloads), arm=arm)
 
-        # 4. Tell the doorbell the rows dispatched: claimed, or named rows whose jobs are theirs.
-        named = result.named if isinstance(result, DrainResult) else 0
+        # 4. Tell the doorbell the rows dispatched.
         released = (
-            bell.drained(result.claimed + named, started=now, every_type=work is not Work.HINTS)
+            bell.drained(result.claimed, started=now, every_type=work is not Work.HINTS)
             is Action.RELEASE
         )
         if released:
@@ -364,7 +349,6 @@ class Reactor:
             work=work,
             drained=drained,
             claimed=result.claimed,
-            named=named,
             sweep=sweep,
             released=released,
         )
@@ -387,17 +371,6 @@ class Reactor:
         if payloads:
             self.metrics.notifications.inc(len(payloads))
         return payloads
-
-    def _listen_for_names(self, seconds: float, room: int) -> tuple[set[str], list[JobRef], int]:
-        """Listen up to `seconds` while named rows wait for their claim (`NamedRows.dispatch`):
-        the types to drain and the rows named meanwhile (at most `room`), and how many
-        notifications came."""
-        payloads = self._wait(seconds)
-        hinted, refs = self._wakeups.parse(payloads, self._started().named.room(room))
-        types = self._wakeups.to_drain(hinted)
-        if types or refs:
-            self._bell.rung(routed=True)
-        return types, refs, len(payloads)
 
     def _drain(self, types: Iterable[str]) -> DrainResult:
         """Drain `types` for up to one slice, retrying while Redis refuses."""

@@ -61,12 +61,6 @@ class Metrics:
             "Claimed attempts whose job was already alive in Redis (after a lost COMMIT).",
             registry=r,
         )
-        self.named_withdrawn = Counter(
-            "reactor_named_withdrawn",
-            "Jobs enqueued for rows named by notifications and withdrawn at their claim: no "
-            "such row, or not pending at token 0.",
-            registry=r,
-        )
         self.claim_seconds = Histogram(
             "reactor_claim_seconds",
             "Latency of one claim query.",

@@ -6,7 +6,7 @@ database, no route given nor recorded, a route that conflicts with a running rea
 Redis that refuses our credentials or scripting is a `ConfigError` (exit 2). A Redis that does
 not answer yet is not: rows stay pending and drains retry until it does. The work connection
 is opened first (it records the routes and holds their liveness lock), then the dispatcher,
-the named-row protocol and the sweeper are made on it, the listener connected, Redis checked,
+and the sweeper are made on it, the listener connected, Redis checked,
 and, when asked for, the metrics server and the retention thread started.
 """
 
@@ -22,7 +22,6 @@ from redis.sentinel import MasterNotFoundError
 from reactor.dispatcher.drain import Dispatcher
 from reactor.dispatcher.liveness import RouteLiveness
 from reactor.dispatcher.metrics import HealthCheck, Metrics, serve
-from reactor.dispatcher.named import NamedRows
 from reactor.dispatcher.retention import Pruner
 from reactor.dispatcher.sessions import Sessions
 from reactor.dispatcher.sweep import Sweeper
@@ -44,7 +43,6 @@ class Parts:
     """What a started reactor runs with."""
 
     dispatcher: Dispatcher
-    named: NamedRows
     sweeper: Sweeper
     http: ThreadingHTTPServer | None = None
     pruner: Pruner | None = None
@@ -97,7 +95,7 @@ class Parts:
                 gone_after_seconds=settings.gone_after_seconds,
                 metrics=metrics,
             )
-            parts = cls(dispatcher, NamedRows(dispatcher, enqueuer, routes, metrics), sweeper)
+            parts = cls(dispatcher, sweeper)
             sessions.on_new_work = parts.replace_connection
             sessions.on_drop = dispatcher.close
             dispatcher.warm_up()

@@ -22,11 +22,6 @@ changed). Statuses are read with `HGET` (`reactor.rq.state`), and an ended job i
 RQ's `Job.delete` on a job object made from its id: the reactor never unpickles anything from
 Redis (a job's fields are pickles, and whoever can write to Redis writes them).
 
-`enqueue_new` writes the jobs of rows not claimed yet (named by their notification) through
-the same script, and never replaces a job (the caller claims such rows, then enqueues them
-here the usual way). `withdraw` deletes such jobs again while they are still queued, when the
-claim found no row that could use them (a notification names whatever its sender wrote).
-
 This module only writes jobs; reading what RQ holds for the sweep is `reactor.rq.state`, and
 the Redis client comes from `reactor.rq.redis_url.connect_redis`.
 """
@@ -49,7 +44,7 @@ from reactor.errors import EnqueueError
 from reactor.jobs import ENTRY_POINT, JobRef, short_id
 from reactor.redact import redact
 from reactor.routes import Route
-from reactor.rq.state import ALIVE_STATUSES, QUEUED, job_statuses
+from reactor.rq.state import ALIVE_STATUSES, job_statuses
 from reactor.settings import FAILED_JOB_TTL_SECONDS, RESULT_TTL_SECONDS
 
 __all__ = ["SCRIPT_MAX_JOBS", "EnqueueResult", "Enqueuer"]
@@ -158,83 +153,6 @@ class Enqueuer:
         if not written:
             return self._enqueue_fresh(refs)
         return EnqueueResult(enqueued=len(refs), by_type=Counter(ref.type for ref in refs))
-
-    def enqueue_new(self, refs: Sequence[JobRef]) -> list[JobRef]:
-        """Enqueue the jobs of `refs` whose job does not exist at all, whatever its status:
-        the jobs of rows not claimed yet, which only the claim that follows (or the job's
-        own fenced start) makes theirs. A job that exists (written by another reactor that
-        heard the same notification, run already, or left from an earlier life of the row)
-        is not replaced: the caller claims such rows the careful way.
-
-        Returns:
-            The refs whose jobs this call wrote.
-
-        Raises:
-            EnqueueError: Redis failed; some jobs may have been written (a later claim of
-                their attempt finds them alive and does not enqueue them again).
-            KeyError: a ref's type has no route.
-        """
-        written: list[JobRef] = []
-        try:
-            for start in range(0, len(refs), SCRIPT_MAX_JOBS):
-                chunk = refs[start : start + SCRIPT_MAX_JOBS]
-                keys = [Job.key_for(ref.job_id) for ref in chunk]
-                if self._script_write(keys, self._by_queue(chunk)):
-                    written.extend(chunk)
-                elif len(chunk) > 1:
-                    # Some job exists (rare): one by one, so that the others still go out.
-                    for ref in chunk:
-                        if self._script_write([Job.key_for(ref.job_id)], self._by_queue([ref])):
-                            written.append(ref)
-        except redis.RedisError as exc:
-            raise EnqueueError(f"Redis enqueue failed: {redact(str(exc))}", rows=len(refs)) from exc
-        return written
-
-    def withdraw(self, refs: Sequence[JobRef]) -> int:
-        """Delete the jobs of `refs` that are still queued; how many were deleted. Under
-        WATCH of their keys; if one changes meanwhile (a worker takes it), each is tried again
-        on its own, so the others still go (a job taken is left: its fenced start refuses it).
-
-        Raises:
-            EnqueueError: Redis failed.
-        """
-        try:
-            deleted = self._withdraw_queued(refs)
-            if deleted is None:
-                deleted = sum(self._withdraw_queued([ref]) or 0 for ref in refs)
-        except redis.RedisError as exc:
-            error = f"Redis withdraw failed: {redact(str(exc))}"
-            raise EnqueueError(error, rows=len(refs)) from exc
-        return deleted
-
-    def _withdraw_queued(self, refs: Sequence[JobRef]) -> int | None:
-        """Delete those of `refs` whose jobs are queued, in one MULTI/EXEC under WATCH; how
-        many, or None when one of them changed between the read and the write (nothing
-        deleted)."""
-        if not refs:
-            return 0
-        with self._client.pipeline(transaction=True) as pipe:
-            try:
-                pipe.watch(*(Job.key_for(ref.job_id) for ref in refs))  # type: ignore[no-untyped-call]
-                statuses = job_statuses(self._client, refs)
-                queued = [r for r, status in zip(refs, statuses, strict=True) if status == QUEUED]
-                if not queued:
-                    return 0
-                pipe.multi()
-                for ref in queued:
-                    self._add_delete(pipe, ref)
-                pipe.execute()
-            except redis.WatchError:
-                return None
-        return len(queued)
-
-    def statuses(self, refs: Sequence[JobRef]) -> list[bytes | None]:
-        """The RQ status of each attempt's job (None: no such job), in one round trip.
-
-        Raises:
-            EnqueueError: Redis failed.
-        """
-        return job_statuses(self._client, refs)
 
     def _script_write(self, keys: list[str], by_queue: Mapping[str, list[JobRef]]) -> bool:
         """Write the batch with the enqueue script, in one round trip, if none of `keys`
