@@ -1,7 +1,6 @@
 """What RQ holds for an attempt's job, read without unpickling anything.
 
-The enqueue path asks whether a job is alive (`job_statuses`, `ALIVE_STATUSES`) before it
-writes a batch that collides with existing jobs; the sweep asks, through `RqState`, which jobs
+The sweep asks, through `RqState` and `job_statuses`, which jobs
 of `active` rows are gone, failed without an outcome, or orphaned. Everything is read with
 plain commands (`HGET` of a job's status or worker name, `EXISTS` of a worker's key, `LRANGE`
 of a queue, RQ's error text through `reactor.rq.job_errors`), in one round trip per call (two
