@@ -29,12 +29,17 @@ With retention on (`--prune-done-after`), a `reactor.dispatcher.retention.Pruner
 finished rows on a connection of its own, outside this loop.
 
 Failure policy: at start-up a bad URL, an unreachable or unmigrated database, or a Redis that
-refuses our credentials is a `ConfigError` (exit 2). At runtime, Postgres failures reconnect
-with exponential backoff and jitter, forever; Redis failures roll the batch back (rows stay
-`pending`) and the drain is retried with backoff until Redis answers again. A sweep whose
-statement fails on a healthy connection is logged (throttled) and tried again at the next
-interval, and dispatch goes on meanwhile: only lost connections pause the loop. Every Redis
-command waits at most `--redis-timeout` (a hung Redis cannot keep a claim's row locks).
+refuses our credentials is a `ConfigError` (exit 2). At runtime nothing ends the loop but a
+stop (and a route conflict found after a reconnect): whatever a turn raises — a lost
+connection, a failed statement, Redis, or any exception a library, a payload or a row makes
+it raise — rolls the turn's transaction back, is counted (`reactor_turn_failures_total`),
+told to the health check and logged at most once a minute per event with how many were not,
+and the loop pauses with exponential backoff and jitter (at most 2 s) and goes on, draining
+every type at the next turn. Lost connections are reopened (forever); a batch Redis refused
+is retried inside the drain with the same backoff until Redis answers (rows stay `pending`
+meanwhile). A sweep whose statement fails on a healthy connection is logged (throttled) and
+tried again at the next interval, and dispatch goes on meanwhile. Every Redis command waits
+at most `--redis-timeout` (a hung Redis cannot keep a claim's row locks).
 """
 
 from __future__ import annotations
@@ -55,24 +60,24 @@ from reactor.dispatcher.drain import DrainResult
 from reactor.dispatcher.liveness import RouteLiveness
 from reactor.dispatcher.metrics import HealthCheck, Metrics
 from reactor.dispatcher.root import Parts
-from reactor.dispatcher.sessions import Sessions, backoff
+from reactor.dispatcher.sessions import Sessions, backoff, retry_pause
 from reactor.dispatcher.sweep import SweepResult, guarded_round
 from reactor.dispatcher.wakeups import Wakeups
-from reactor.errors import DatabaseError, EnqueueError, StatementError
+from reactor.errors import ConfigError, DatabaseError, EnqueueError
 from reactor.pg import db, queries
+from reactor.redact import redact
 from reactor.routes import Route, format_route
 from reactor.rq.redis_url import connect_redis
 from reactor.settings import ReactorSettings
 from reactor.signals import Stopper
+from reactor.throttle import LogThrottle
 
 __all__ = ["Reactor", "Turn", "Work"]
 
 logger = logging.getLogger(__name__)
 
-#: Cap of the pause after a statement error (the same statement would fail again at once).
-ERROR_PAUSE_MAX_SECONDS = 10.0
-#: Pause after a failed turn before reconnecting.
-ERROR_PAUSE_SECONDS = 0.2
+#: A failed turn is logged at most once this often (per kind of event), with how many were not.
+FAILURE_LOG_SECONDS = 60.0
 #: A drain returns to the loop after this long even if rows keep coming (and the loop drains
 #: again at once), so that sweeps, rescues, timers and stop requests are never starved.
 DRAIN_SLICE_SECONDS = 1.0
@@ -168,6 +173,7 @@ class Reactor:
         self._next_due: float | None = None  # when the next row becomes due (monotonic)
         self._due_known = False  # _next_due was looked up after the last drain
         self._backlog = True  # drain every type at the next turn
+        self._failure_logs: dict[str, LogThrottle] = {}
 
     # -- start-up ----------------------------------------------------------------------------
 
@@ -229,6 +235,12 @@ class Reactor:
                 if not self._sessions.ok():
                     self._reconnect()
                 self.turn()
+            except ConfigError:
+                raise  # a reactor that started meanwhile routes our types differently
+            except EnqueueError as exc:
+                if self.stopper.requested:
+                    break  # a stop interrupted the drain's retries
+                self._failed("redis", "turn_failed", exc)
             except DatabaseError as exc:
                 if self.stopper.requested:
                     break
@@ -236,20 +248,39 @@ class Reactor:
                     # Reopen both in one round: after a failover the other connection is
                     # on the old primary too (gone, or read-only), just not noticed yet.
                     self._sessions.drop()
-                self._sessions.listener_ok()
-                self.health.failed(str(exc))
-                pause = ERROR_PAUSE_SECONDS
-                if isinstance(exc, StatementError):
-                    # Not a lost connection: the same statement would fail again at once.
-                    logger.error("loop_failed error=%s", exc)
-                    pause = min(ERROR_PAUSE_MAX_SECONDS, pause * 2 ** min(self.health.failures, 8))
+                    self._failed("connection", "connection_lost", exc)
                 else:
-                    logger.warning("connection_lost error=%s", exc)
-                # A pause, so an error that a reconnect cannot fix does not spin.
-                self.stopper.sleep(_jittered(pause))
-            except EnqueueError:
-                # Only reached when a stop interrupted the retries.
-                break
+                    # Not a lost connection: the same statement would fail again at once.
+                    self._failed("statement", "loop_failed", exc)
+            except Exception as exc:
+                # Whatever a library raised, or a row or a payload made it raise: the turn's
+                # transaction is rolled back and the loop goes on (only start-up errors and
+                # a second signal end the process).
+                if self.stopper.requested:
+                    break
+                self._sessions.rollback_work()
+                self._failed(type(exc).__name__, "turn_failed", exc)
+
+    def _failed(self, kind: str, event: str, exc: BaseException) -> None:
+        """A failed turn: counted, told to the health check, logged at most once a minute
+        per event with how many were held back, and paused with backoff, so an error that
+        the next turn cannot fix does not spin."""
+        self._sessions.listener_ok()
+        self._backlog = True  # the next turn drains every type
+        self.metrics.turn_failures.labels(kind).inc()
+        text = f"{type(exc).__name__}: {redact(str(exc))}" if event == "turn_failed" else str(exc)
+        self.health.failed(text)
+        throttle = self._failure_logs.setdefault(event, LogThrottle(1, FAILURE_LOG_SECONDS))
+        if throttle.allow():
+            logger.log(
+                logging.WARNING if event == "connection_lost" else logging.ERROR,
+                "%s error=%s repeated=%d (rolled back; retried with backoff)",
+                event,
+                text,
+                throttle.suppressed(),
+                exc_info=exc if logger.isEnabledFor(logging.DEBUG) else None,
+            )
+        self.stopper.sleep(retry_pause(self.health.failures))
 
     def _reconnect(self) -> None:
         """Reopen both sessions (`Sessions.reconnect`); the doorbell then starts over and the

@@ -61,6 +61,13 @@ class Metrics:
             "Claimed attempts whose job was already alive in Redis (after a lost COMMIT).",
             registry=r,
         )
+        self.turn_failures = Counter(
+            "reactor_turn_failures",
+            "Turns of the loop that failed and were rolled back, by kind (connection, "
+            "statement, redis, or the class of an unexpected exception).",
+            ["kind"],
+            registry=r,
+        )
         self.claim_seconds = Histogram(
             "reactor_claim_seconds",
             "Latency of one claim query.",

@@ -13,6 +13,7 @@ against a claim whose row locks outlive a hung enqueue.
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Callable
 
 import tenacity
@@ -32,6 +33,7 @@ __all__ = [
     "IDLE_IN_TRANSACTION_REDIS_TIMEOUTS",
     "Sessions",
     "backoff",
+    "retry_pause",
 ]
 
 logger = logging.getLogger(__name__)
@@ -44,6 +46,13 @@ BACKOFF_MAX_SECONDS = 2.0
 #: A listening reactor's work connections end a transaction idle this many Redis timeouts
 #: (`--redis-timeout`): the claim's enqueue may take a few commands, each bounded by the timeout.
 IDLE_IN_TRANSACTION_REDIS_TIMEOUTS = 3
+
+
+def retry_pause(failures: int) -> float:
+    """The pause after `failures` failures in a row: the same exponential backoff with full
+    jitter as `backoff`'s retries, for a failed turn of the loop."""
+    ceiling = min(BACKOFF_MAX_SECONDS, BACKOFF_MULTIPLIER_SECONDS * 2 ** min(failures, 8))
+    return random.uniform(0.0, ceiling)
 
 
 def backoff(
@@ -141,6 +150,12 @@ class Sessions:
         self._metrics.listener_connected.set(1 if connected else 0)
         self._health.listener_connected = connected
         return self.listener is None or connected
+
+    def rollback_work(self) -> None:
+        """Roll back whatever transaction a failed turn left open on the work connection (a
+        claim's row locks are never kept); a connection that cannot roll back is dropped."""
+        if self.work is not None and not self.work.closed:
+            db.abandon(self.work)
 
     def drop(self) -> None:
         if self.listener is not None:
