@@ -24,7 +24,7 @@ from rq.job import Job, JobStatus
 
 from reactor.dispatcher.drain import Dispatcher
 from reactor.dispatcher.loop import Reactor
-from reactor.errors import DatabaseError, EnqueueError
+from reactor.errors import DatabaseError, RedisUnavailableError
 from reactor.jobs import JobRef, job_id
 from reactor.pg.db import LATEST_SCHEMA_VERSION
 from reactor.routes import parse_routes
@@ -103,16 +103,14 @@ def test_lost_commit_after_enqueue_never_enqueues_twice(env: Env) -> None:
             killer.execute("SELECT pg_terminate_backend(%s)", [conn.info.backend_pid])
             return result
 
-    lossy = Dispatcher(conn, _KillingEnqueuer(client, ROUTES), ROUTES, batch_size=10)
+    lossy = Dispatcher(_KillingEnqueuer(client, ROUTES), ROUTES, batch_size=10)
     with pytest.raises(DatabaseError):
-        lossy.drain(["photo.process"], lambda: False, 60.0)
+        lossy.drain(conn, ["photo.process"], lambda: False, 60.0)
     assert states(killer) == {"pending": 3}  # the COMMIT never happened
     assert len(queue_ids(client)) == 3  # but the jobs were enqueued
 
-    again = Dispatcher(
-        env.connect(autocommit=False), Enqueuer(client, ROUTES), ROUTES, batch_size=10
-    )
-    result = again.drain(["photo.process"], lambda: False, 60.0)
+    again = Dispatcher(Enqueuer(client, ROUTES), ROUTES, batch_size=10)
+    result = again.drain(env.connect(autocommit=False), ["photo.process"], lambda: False, 60.0)
     assert (result.claimed, result.enqueued, result.already_enqueued) == (3, 0, 3)
     assert sorted(queue_ids(client)) == sorted(
         job_id("photo.process", f"p{i}", 1) for i in range(1, 4)
@@ -163,7 +161,7 @@ def test_a_key_of_the_wrong_type_fails_the_whole_batch_and_writes_nothing(
     client = env.redis()
     client.set(key, "junk")
     refs = [JobRef("photo.process", f"p{i}", 1) for i in range(3)]
-    with pytest.raises(EnqueueError, match="WRONGTYPE"):
+    with pytest.raises(RedisUnavailableError, match="WRONGTYPE"):
         Enqueuer(client, ROUTES).enqueue(refs)
     assert client.keys("rq:*") == [key.encode()]
 
@@ -174,15 +172,14 @@ def test_a_queue_key_of_the_wrong_type_rolls_the_claim_back_until_it_is_fixed(
     conn, client = env.connect(), env.redis()
     insert_rows(conn, 1)
     client.set("rq:queue:photo-process", "junk")
-    dispatcher = Dispatcher(
-        env.connect(autocommit=False), Enqueuer(client, ROUTES), ROUTES, batch_size=10
-    )
-    with pytest.raises(EnqueueError):
-        dispatcher.drain(["photo.process"], lambda: False, 60.0)
+    work = env.connect(autocommit=False)
+    dispatcher = Dispatcher(Enqueuer(client, ROUTES), ROUTES, batch_size=10)
+    with pytest.raises(RedisUnavailableError):
+        dispatcher.drain(work, ["photo.process"], lambda: False, 60.0)
     assert states(conn) == {"pending": 1}
     assert client.keys("rq:job:*") == []  # nothing half-written
     client.delete("rq:queue:photo-process")
-    result = dispatcher.drain(["photo.process"], lambda: False, 60.0)
+    result = dispatcher.drain(work, ["photo.process"], lambda: False, 60.0)
     assert (result.claimed, result.enqueued, result.already_enqueued) == (1, 1, 0)
     assert states(conn) == {"active": 1}
     assert queue_ids(client) == [job_id("photo.process", "p1", 1)]

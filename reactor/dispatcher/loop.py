@@ -57,27 +57,24 @@ from redis.retry import Retry
 
 from reactor.dispatcher.doorbell import Action, ArmOutcome, Doorbell
 from reactor.dispatcher.drain import DrainResult
+from reactor.dispatcher.failures import TurnFailures
 from reactor.dispatcher.liveness import RouteLiveness
 from reactor.dispatcher.metrics import HealthCheck, Metrics
 from reactor.dispatcher.root import Parts
-from reactor.dispatcher.sessions import Sessions, backoff, retry_pause
+from reactor.dispatcher.sessions import Sessions, backoff
 from reactor.dispatcher.sweep import SweepResult, guarded_round
 from reactor.dispatcher.wakeups import Wakeups
-from reactor.errors import ConfigError, DatabaseError, EnqueueError
+from reactor.errors import ConfigError, DatabaseError, RedisUnavailableError
 from reactor.pg import db, queries
-from reactor.redact import redact
 from reactor.routes import Route, format_route
 from reactor.rq.redis_url import connect_redis
 from reactor.settings import ReactorSettings
 from reactor.signals import Stopper
-from reactor.throttle import LogThrottle
 
 __all__ = ["Reactor", "Turn", "Work"]
 
 logger = logging.getLogger(__name__)
 
-#: A failed turn is logged at most once this often (per kind of event), with how many were not.
-FAILURE_LOG_SECONDS = 60.0
 #: A drain returns to the loop after this long even if rows keep coming (and the loop drains
 #: again at once), so that sweeps, rescues, timers and stop requests are never starved.
 DRAIN_SLICE_SECONDS = 1.0
@@ -173,7 +170,7 @@ class Reactor:
         self._next_due: float | None = None  # when the next row becomes due (monotonic)
         self._due_known = False  # _next_due was looked up after the last drain
         self._backlog = True  # drain every type at the next turn
-        self._failure_logs: dict[str, LogThrottle] = {}
+        self._failures = TurnFailures(self.metrics, self.health, self.stopper)
 
     # -- start-up ----------------------------------------------------------------------------
 
@@ -237,58 +234,35 @@ class Reactor:
                 self.turn()
             except ConfigError:
                 raise  # a reactor that started meanwhile routes our types differently
-            except EnqueueError as exc:
-                if self.stopper.requested:
-                    break  # a stop interrupted the drain's retries
-                self._failed("redis", "turn_failed", exc)
-            except DatabaseError as exc:
-                if self.stopper.requested:
-                    break
-                if db.is_connection_failure(exc) or not self._sessions.ok():
-                    # Reopen both in one round: after a failover the other connection is
-                    # on the old primary too (gone, or read-only), just not noticed yet.
-                    self._sessions.drop()
-                    self._failed("connection", "connection_lost", exc)
-                else:
-                    # Not a lost connection: the same statement would fail again at once.
-                    self._failed("statement", "loop_failed", exc)
             except Exception as exc:
-                # Whatever a library raised, or a row or a payload made it raise: the turn's
-                # transaction is rolled back and the loop goes on (only start-up errors and
-                # a second signal end the process).
+                # Whatever failed — Postgres, Redis, or anything a library, a row or a payload
+                # made it raise — the turn's transaction is rolled back and the loop goes on.
                 if self.stopper.requested:
-                    break
-                self._sessions.rollback_work()
-                self._failed(type(exc).__name__, "turn_failed", exc)
-
-    def _failed(self, kind: str, event: str, exc: BaseException) -> None:
-        """A failed turn: counted, told to the health check, logged at most once a minute
-        per event with how many were held back, and paused with backoff, so an error that
-        the next turn cannot fix does not spin."""
-        self._sessions.listener_ok()
-        self._backlog = True  # the next turn drains every type
-        self.metrics.turn_failures.labels(kind).inc()
-        text = f"{type(exc).__name__}: {redact(str(exc))}" if event == "turn_failed" else str(exc)
-        self.health.failed(text)
-        throttle = self._failure_logs.setdefault(event, LogThrottle(1, FAILURE_LOG_SECONDS))
-        if throttle.allow():
-            logger.log(
-                logging.WARNING if event == "connection_lost" else logging.ERROR,
-                "%s error=%s repeated=%d (rolled back; retried with backoff)",
-                event,
-                text,
-                throttle.suppressed(),
-                exc_info=exc if logger.isEnabledFor(logging.DEBUG) else None,
-            )
-        self.stopper.sleep(retry_pause(self.health.failures))
+                    break  # also a stop that interrupted the drain's retries
+                if isinstance(exc, DatabaseError):
+                    # Reopen both in one round: after a failover the other connection is on
+                    # the old primary too (gone, or read-only), just not noticed yet.
+                    self._drop()
+                else:
+                    self._sessions.rollback_work()
+                self._sessions.listener_ok()
+                self._backlog = True  # the next turn drains every type
+                self._failures.failed(exc)
 
     def _reconnect(self) -> None:
         """Reopen both sessions (`Sessions.reconnect`); the doorbell then starts over and the
         next turn drains every type (rows committed meanwhile sent notifications to nobody)."""
+        self._drop()
         self._sessions.reconnect()
         self._bell.lost()
         self.metrics.doorbell_armed.set(0)
         self._backlog = True
+
+    def _drop(self) -> None:
+        """Close both sessions and the dispatcher's prefetch connection (reopened on use)."""
+        self._sessions.drop()
+        if self._parts is not None:
+            self._parts.dispatcher.close()
 
     def turn(self) -> Turn:
         """One turn: arm if the doorbell says so, wait for a reason to work, do that work
@@ -296,7 +270,7 @@ class Reactor:
 
         Raises:
             DatabaseError: Postgres failed (the caller reconnects).
-            EnqueueError: Redis failed, and a stop was requested while the drain retried.
+            RedisUnavailableError: Redis failed, and a stop was requested while the drain retried.
         """
         bell = self._bell
         # 1. The doorbell first: an arm calls for a drain of every type.
@@ -406,19 +380,26 @@ class Reactor:
     def _drain(self, types: Iterable[str]) -> DrainResult:
         """Drain `types` for up to one slice, retrying while Redis refuses."""
         dispatcher = self._started().dispatcher
+        conn = self._work()
         wanted = list(types)
         should_stop = self._should_stop
         try:
             # Called directly first: a tenacity loop costs more than a drain that finds
             # nothing, and a polling reactor drains up to a thousand times a second.
-            return dispatcher.drain(wanted, should_stop, DRAIN_SLICE_SECONDS)
-        except EnqueueError:
+            return dispatcher.drain(conn, wanted, should_stop, DRAIN_SLICE_SECONDS)
+        except RedisUnavailableError:
             if self.stopper.requested:
                 raise
         # Redis refused the batch (it was rolled back): retry with backoff, logging each try.
-        return backoff(EnqueueError, "drain", self.stopper, self.health)(
-            dispatcher.drain, wanted, should_stop, DRAIN_SLICE_SECONDS
+        return backoff(RedisUnavailableError, "drain", self.stopper, self.health)(
+            dispatcher.drain, conn, wanted, should_stop, DRAIN_SLICE_SECONDS
         )
+
+    def _work(self) -> db.Connection:
+        """The work connection, which the reactor owns and hands to its parts per call."""
+        conn = self._sessions.work
+        assert conn is not None  # `start()` opened it; a failed reconnect raises first
+        return conn
 
     def _should_stop(self) -> bool:
         return self.stopper.requested
@@ -427,6 +408,7 @@ class Reactor:
         parts = self._started()
         return guarded_round(
             parts.sweeper,
+            self._work(),
             self._should_stop,
             DRAIN_SLICE_SECONDS,
             health=self.health,
@@ -435,7 +417,7 @@ class Reactor:
 
     def sweep_once(self) -> SweepResult:
         """One sweep round (`reactor sweep`); `start()` must have succeeded."""
-        return self._started().sweeper.run_once(self._should_stop)
+        return self._started().sweeper.run_once(self._work(), self._should_stop)
 
     # -- shutdown ----------------------------------------------------------------------------
 

@@ -1,10 +1,11 @@
 """The reactor's two Postgres sessions and the policy that keeps them up.
 
 The reactor opens and owns both: the listener's (`Listener`: LISTEN and the doorbell keys) and
-the work connection, which it hands to the dispatcher and the sweeper and replaces in both
-after a reconnect. When either fails, both are reopened in one round (after a primary failover
-both point at the old server), on a server that takes writes (see `reactor.pg.db`), retrying
-with exponential backoff and jitter until they are up or a stop is requested. A listening
+the work connection, which the loop hands to the dispatcher and the sweeper with each call
+(so a reconnect replaces it everywhere at once). When either fails, both are reopened in one
+round (after a primary failover both point at the old server), on a server that takes writes
+(see `reactor.pg.db`), retrying with exponential backoff and jitter until they are up or a stop
+is requested. A listening
 reactor's work sessions end a transaction left idle for `IDLE_IN_TRANSACTION_REDIS_TIMEOUTS`
 Redis timeouts (Postgres rolls it back): a second guard, after the Redis timeout itself,
 against a claim whose row locks outlive a hung enqueue.
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable
 
 import tenacity
 
@@ -111,10 +111,6 @@ class Sessions:
         )
         self.listener = Listener(settings.database_url) if settings.listen else None
         self.work: db.Connection | None = None
-        #: Told of every new work connection after a reconnect (the dispatcher, the sweeper).
-        self.on_new_work: Callable[[db.Connection], None] = lambda _conn: None
-        #: Told when the connections are dropped (the dispatcher closes its prefetch one).
-        self.on_drop: Callable[[], None] = lambda: None
 
     @property
     def idle_in_transaction_seconds(self) -> float | None:
@@ -160,7 +156,6 @@ class Sessions:
     def drop(self) -> None:
         if self.listener is not None:
             self.listener.close()
-        self.on_drop()
         if self.work is not None:
             self.work.close()
 
@@ -179,18 +174,17 @@ class Sessions:
         logger.debug("doorbell_disarmed")
 
     def reconnect(self) -> None:
-        """Reopen both connections in one round, retrying with backoff until they are up.
+        """Reopen both connections in one round (the caller dropped them), retrying with
+        backoff until they are up.
 
         Raises:
             DatabaseError: a stop was requested before the connections were up.
             ConfigError: a reactor that started meanwhile routes one of our types differently.
         """
-        self.drop()
 
         def connect_missing() -> None:
             if not self.work_ok():
                 old, self.work = self.work, self.open_work()
-                self.on_new_work(self.work)
                 if old is not None:
                     old.close()
             if self.listener is not None and not self.listener.connected:

@@ -36,7 +36,7 @@ from typing import Any
 from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup
 
-from reactor.errors import ConfigError, DatabaseError, ReactorError
+from reactor.errors import ConfigError, DatabaseError, ReactorError, StatementError
 from reactor.ops.charts import per_minute_chart
 from reactor.ops.hosts import allowed_hosts, host_of
 from reactor.ops.overview import Overview, read_overview
@@ -211,7 +211,7 @@ class Dashboard:
                 try:
                     with db.translating("rollback failed"):
                         conn.rollback()
-                except DatabaseError:
+                except (DatabaseError, StatementError):
                     self._drop_connection()
 
     def _recent_done_counts(self, conn: db.Connection) -> dict[str, int]:

@@ -158,7 +158,9 @@ def describe_error(exc: BaseException) -> str:
     return redact(line)
 
 
-def translate_error(exc: psycopg.Error, what: str, conn: Connection | None = None) -> DatabaseError:
+def translate_error(
+    exc: psycopg.Error, what: str, conn: Connection | None = None
+) -> DatabaseError | StatementError:
     """The project error for a psycopg error: `DatabaseError` when the connection is lost or
     the server is in trouble or read-only (reconnect and retry; see `is_connection_failure`),
     `StatementError` when one statement failed on a healthy connection (DataError,

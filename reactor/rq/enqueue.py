@@ -5,9 +5,9 @@ stays the author of its job format), and one Lua script runs them, in one round 
 the batch's size. Redis does not undo what a script wrote before an error inside it, so the
 script first checks everything that could fail: every key a command writes must hold the kind
 of value that command writes, or nothing (`rq:queue:photo-process` set to a string makes the
-script refuse the batch, writing nothing: an `EnqueueError`, and the claim rolls back). Only
-then does it write. A script runs atomically, and the claim is still open, so a job is never
-written half.
+script refuse the batch, writing nothing: a `RedisUnavailableError`, and the claim rolls
+back). Only then does it write. A script runs atomically, and the claim is still open, so a
+job is never written half.
 
 Guarantee: an attempt's job is enqueued at most once. A job that is already *enqueued* — in
 its queue (or in RQ's intermediate list, taken by a worker that has not marked it started
@@ -33,14 +33,16 @@ from typing import Any
 import redis
 from redis.client import Pipeline
 from redis.commands.core import Script
+from redis.sentinel import MasterNotFoundError
 from rq import Queue
 from rq.job import Job
 from rq.queue import EnqueueData
 
-from reactor.errors import EnqueueError
+from reactor.errors import ConfigError, RedisUnavailableError
 from reactor.jobs import ENTRY_POINT, JobRef, short_id
 from reactor.redact import redact
 from reactor.routes import Route
+from reactor.rq.redis_url import describe_master_not_found
 from reactor.settings import FAILED_JOB_TTL_SECONDS, RESULT_TTL_SECONDS
 
 __all__ = ["EnqueueResult", "Enqueuer"]
@@ -123,14 +125,28 @@ class Enqueuer:
         self._queues: dict[str, Queue] = {}
         self._script: Script = client.register_script(_ENQUEUE)
 
-    def prepare(self) -> None:
-        """Load the enqueue script now, so a Redis that forbids scripts (ACL) is refused at
-        start-up rather than at the first batch.
+    def prepare(self, redis_url: str) -> None:
+        """Check that Redis answers, load the enqueue script (so a Redis that forbids scripts
+        is refused at start-up rather than at the first batch) and warm up (`warm_up`).
 
         Raises:
-            redis.RedisError: Redis failed or refused (`NoPermissionError`).
+            ConfigError: what a retry cannot fix: Redis refused our credentials or the script
+                (ACL), or no sentinel knows the master (`redis_url` names them).
+            RedisUnavailableError: Redis did not answer (not fatal: drains retry).
         """
-        self._client.script_load(_ENQUEUE)
+        try:
+            self._client.ping()
+            self._client.script_load(_ENQUEUE)
+            self.warm_up()
+        except MasterNotFoundError as exc:
+            # Sentinels all unreachable, or none knows the master's name: a set-up error.
+            raise ConfigError(
+                f"Redis Sentinel: {describe_master_not_found(redis_url, exc)}"
+            ) from None
+        except (redis.AuthenticationError, redis.ResponseError) as exc:
+            raise ConfigError(f"Redis refused us: {redact(str(exc))}") from None
+        except redis.RedisError as exc:
+            raise RedisUnavailableError(redact(str(exc))) from exc
 
     def warm_up(self) -> None:
         """Build a job of every route on a pipeline that is never sent, and run the script on
@@ -153,7 +169,7 @@ class Enqueuer:
         docstring), all in one script run.
 
         Raises:
-            EnqueueError: Redis failed or refused the batch; nothing of it was written.
+            RedisUnavailableError: Redis failed or refused the batch; nothing of it was written.
             KeyError: a ref's type has no route (callers only claim routed types).
         """
         if not refs:
@@ -162,7 +178,9 @@ class Enqueuer:
         try:
             skipped = self._script(keys=[], args=argv)
         except redis.RedisError as exc:
-            raise EnqueueError(f"Redis enqueue failed: {redact(str(exc))}", rows=len(refs)) from exc
+            raise RedisUnavailableError(
+                f"Redis enqueue failed: {redact(str(exc))}", rows=len(refs)
+            ) from exc
         left = {int(index) - 1 for index in skipped}
         written = [ref for index, ref in enumerate(refs) if index not in left]
         return EnqueueResult(

@@ -231,7 +231,7 @@ def warm_up(store: Store) -> None:
 
     try:
         db.rehearse(store.conn, {**params, "state": "active", "attempts": ref.token}, attempt)
-    except DatabaseError:
+    except (DatabaseError, StatementError):
         store.close()
         raise
 
@@ -294,7 +294,7 @@ def recheck(
             if row is not None:
                 return Started.of(row)
             why = "row moved on again"
-    except DatabaseError as exc:
+    except (DatabaseError, StatementError) as exc:
         logger.warning("attempt_skipped %s (row state unknown: %s)", describe(ref), error_text(exc))
         return None
     logger.info("attempt_skipped %s (%s)", describe(ref), why)
