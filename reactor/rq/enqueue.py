@@ -174,8 +174,9 @@ class Enqueuer:
         """
         if not refs:
             return EnqueueResult()
-        refs, argv = self._arguments(refs)
         try:
+            # Building the jobs may ask Redis too (RQ reads the server's version once).
+            refs, argv = self._arguments(refs)
             skipped = self._script(keys=[], args=argv)
         except redis.RedisError as exc:
             raise RedisUnavailableError(
