@@ -14,10 +14,11 @@ its queue (or in RQ's intermediate list, taken by a worker that has not marked i
 yet) with status `queued`, or `started` — was enqueued by an earlier claim whose COMMIT was
 lost, and is left as it is (RQ would overwrite it and run it twice). Any other job at that id
 (finished or failed: it ran while the claim that enqueued it was rolled back, and found the
-row not at its token; a bare hash; a `queued` job in no list) is deleted and written again.
-The script decides this under the same atomicity, so nothing can change between the check and
-the write. It reads only statuses and list positions: the reactor never unpickles anything
-from Redis (a job's fields are pickles, and whoever can write to Redis writes them).
+row not at its token; a bare hash; a `queued` job in no list) is deleted (with its entries in
+the queue's finished and failed registries) and written again. The script decides this
+under the same atomicity, so nothing can change between the check and the write. It reads
+only statuses and list positions: the reactor never unpickles anything from Redis (a job's
+fields are pickles, and whoever can write to Redis writes them).
 
 This module only writes jobs; reading what RQ holds for the sweep is `reactor.rq.state`, and
 the Redis client comes from `reactor.rq.redis_url.connect_redis`.
@@ -47,10 +48,11 @@ from reactor.settings import FAILED_JOB_TTL_SECONDS, RESULT_TTL_SECONDS
 
 __all__ = ["EnqueueResult", "Enqueuer"]
 
-#: ARGV: the number of jobs n; for each job its key, id, queue key and intermediate list key;
-#: then the commands, each as (owner, argument count, arguments...): owner 0 is shared by the
-#: batch (RQ's set of queues), owner i belongs to job i. Returns the indexes (from 1) of the
-#: jobs already enqueued, whose commands it did not run.
+#: ARGV: the number of jobs n; for each job its key, id, queue key, intermediate list key and
+#: finished and failed registry keys (an ended job replaced leaves them); then the commands,
+#: each as (owner, argument count, arguments...): owner 0 is shared by the batch (RQ's set of
+#: queues), owner i belongs to job i. Returns the indexes (from 1) of the jobs already
+#: enqueued, whose commands it did not run.
 _ENQUEUE = """
 local kinds = {HSET = 'hash', HMSET = 'hash', RPUSH = 'list', LPUSH = 'list', SADD = 'set'}
 local function check(key, kind)
@@ -60,7 +62,7 @@ local function check(key, kind)
   end
 end
 local n = tonumber(ARGV[1])
-local first = 2 + 4 * n
+local first = 2 + 6 * n
 local i = first
 while i <= #ARGV do
   local argc = tonumber(ARGV[i + 1])
@@ -72,10 +74,12 @@ while i <= #ARGV do
 end
 local skip, enqueued, ended = {}, {}, {}
 for j = 1, n do
-  local at = 2 + 4 * (j - 1)
+  local at = 2 + 6 * (j - 1)
   local key, id = ARGV[at], ARGV[at + 1]
   check(ARGV[at + 2], 'list')
   check(ARGV[at + 3], 'list')
+  check(ARGV[at + 4], 'zset')
+  check(ARGV[at + 5], 'zset')
   if redis.call('EXISTS', key) == 1 then
     local status = redis.call('HGET', key, 'status')
     if status == 'started' or (status == 'queued' and
@@ -83,11 +87,15 @@ for j = 1, n do
       skip[j] = true
       enqueued[#enqueued + 1] = j
     else
-      ended[#ended + 1] = key
+      ended[#ended + 1] = at
     end
   end
 end
-for _, key in ipairs(ended) do redis.call('DEL', key) end
+for _, at in ipairs(ended) do
+  redis.call('DEL', ARGV[at])
+  redis.call('ZREM', ARGV[at + 4], ARGV[at + 1])
+  redis.call('ZREM', ARGV[at + 5], ARGV[at + 1])
+end
 i = first
 while i <= #ARGV do
   local owner, argc = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
@@ -123,6 +131,7 @@ class Enqueuer:
         # None: RQ's default (180 s). A timeout is a failed attempt like any exception.
         self._job_timeout = job_timeout_seconds
         self._queues: dict[str, Queue] = {}
+        self._lists_of: dict[str, tuple[str, str, str, str]] = {}
         self._script: Script = client.register_script(_ENQUEUE)
 
     def prepare(self, redis_url: str) -> None:
@@ -164,6 +173,20 @@ class Enqueuer:
             queue = self._queues[name] = Queue(name, connection=self._client)
         return queue
 
+    def _lists(self, name: str) -> tuple[str, str, str, str]:
+        """The keys of a queue's list, RQ's intermediate list, and its finished and failed
+        registries."""
+        lists = self._lists_of.get(name)
+        if lists is None:
+            queue = self._queue(name)
+            lists = self._lists_of[name] = (
+                queue.key,
+                queue.intermediate_queue_key,
+                queue.finished_job_registry.key,
+                queue.failed_job_registry.key,
+            )
+        return lists
+
     def enqueue(self, refs: Sequence[JobRef]) -> EnqueueResult:
         """Enqueue the jobs of `refs` that are not already enqueued (see the module
         docstring), all in one script run.
@@ -197,10 +220,9 @@ class Enqueuer:
         owner_of: dict[str, int] = {}
         argv: list[Any] = [len(ordered)]
         for index, ref in enumerate(ordered, start=1):
-            queue = self._queue(self._routes[ref.type].queue)
             key = Job.key_for(ref.job_id)
             owner_of[key] = owner_of[ref.job_id] = index
-            argv += [key, ref.job_id, queue.key, queue.intermediate_queue_key]
+            argv += [key, ref.job_id, *self._lists(self._routes[ref.type].queue)]
         with self._client.pipeline(transaction=False) as plan:
             self._add_enqueues(plan, by_queue)
             for args, _options in plan.command_stack:  # never sent: the script runs them
