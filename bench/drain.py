@@ -32,10 +32,10 @@ def _ours(url: str, rows: int) -> float:
     client = redis_client()
     with psycopg.connect(url) as conn:
         dispatcher = Dispatcher(
-            conn, Enqueuer(client, ROUTES), ROUTES, batch_size=BATCH, database_url=url
+            Enqueuer(client, ROUTES), ROUTES, batch_size=BATCH, database_url=url
         )
         started = time.perf_counter()
-        result = dispatcher.drain(["photo.process"])
+        result = dispatcher.drain(conn, ["photo.process"])
         elapsed = time.perf_counter() - started
         dispatcher.close()
     assert result.enqueued == rows, result

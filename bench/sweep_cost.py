@@ -27,24 +27,23 @@ ROUTES = parse_routes(["photo.process=reactor.demo.process_photo"])
 def _rounds(url: str, reps: int) -> tuple[list[float], list[float]]:
     client = redis_client()
     with psycopg.connect(url) as conn:
-        dispatcher = Dispatcher(conn, Enqueuer(client, ROUTES), ROUTES, batch_size=500)
+        dispatcher = Dispatcher(Enqueuer(client, ROUTES), ROUTES, batch_size=500)
         sweeper = Sweeper(
-            conn,
             dispatcher,
             RqState(client, ROUTES),
             ROUTES,
             batch_size=500,
             stale_after_seconds=300,
         )
-        sweeper.run_once()  # warm caches and plans
+        sweeper.run_once(conn)  # warm caches and plans
         timings, refresh = [], []
         for _ in range(reps):
             started = time.perf_counter()
-            result = sweeper.run_once()
+            result = sweeper.run_once(conn)
             timings.append((time.perf_counter() - started) * 1000)
             assert result.claimed == 0, result
             started = time.perf_counter()
-            sweeper.refresh_backlog_metrics()
+            sweeper.refresh_backlog_metrics(conn)
             refresh.append((time.perf_counter() - started) * 1000)
     return timings, refresh
 

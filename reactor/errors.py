@@ -1,4 +1,6 @@
-"""The project's exceptions: one base, one subclass per kind of failure.
+"""The project's exceptions: one base, one subclass per kind of failure, siblings that say what
+happened (`DatabaseError`: Postgres unavailable; `StatementError`: a statement failed;
+`RedisUnavailableError`: Redis failed or refused), since each calls for its own reaction.
 
 Library errors (psycopg, redis-py, rq) are translated into these at the boundary where they
 happen, once; callers above that boundary only ever see a `ReactorError`. Each class carries
@@ -10,12 +12,12 @@ from __future__ import annotations
 __all__ = [
     "ConfigError",
     "DatabaseError",
-    "EnqueueError",
     "InvalidJobError",
     "LockBusyError",
     "MigrationError",
     "PermanentError",
     "ReactorError",
+    "RedisUnavailableError",
     "SchemaError",
     "StatementError",
 ]
@@ -38,16 +40,11 @@ class SchemaError(ConfigError):
 
 
 class DatabaseError(ReactorError):
-    """A Postgres operation failed at runtime (the caller reconnects and retries)."""
+    """Postgres is unavailable: the connection could not be made, was lost, or the server no
+    longer takes writes (the caller reconnects and retries)."""
 
 
-class InvalidJobError(ReactorError):
-    """A job given to `submit()` is malformed (empty or too long photo id, bad type)."""
-
-    exit_code = 2
-
-
-class StatementError(DatabaseError):
+class StatementError(ReactorError):
     """A statement failed on a healthy connection (bad data, a constraint, a user's trigger):
     running it again will fail again, so the caller isolates it instead of reconnecting."""
 
@@ -56,13 +53,21 @@ class LockBusyError(StatementError):
     """A lock the statement asked for without waiting (`lock_timeout`, `NOWAIT`) is held."""
 
 
-class EnqueueError(ReactorError):
-    """Handing a batch to Redis/RQ failed; the claim was rolled back."""
+class RedisUnavailableError(ReactorError):
+    """Redis failed or refused a command (down, hung past its timeout, out of memory, a key
+    of the wrong type); what was being written was not written: a batch's claim is rolled
+    back."""
 
     def __init__(self, message: str, *, rows: int = 0) -> None:
         super().__init__(message)
         #: How many rows the failed batch held (they stay as they were).
         self.rows = rows
+
+
+class InvalidJobError(ReactorError):
+    """A job given to `submit()` is malformed (empty or too long photo id, bad type)."""
+
+    exit_code = 2
 
 
 class MigrationError(ReactorError):

@@ -1,14 +1,10 @@
-"""Caps on what outside input can multiply.
+"""A cap on what outside input can multiply: log records.
 
-`LogThrottle`: warnings that outside input can multiply (junk job types, hostile HTTP clients,
-notifications naming rows that do not exist) must not flood the log. `allow()` says whether
-the next record may be written: at most `burst` per `interval_seconds`; the records held back
-are counted, and `suppressed()` hands the count to the next record that gets through, so the
-log still says how many there were.
-
-`Budget`: a token bucket whose spending can be paid back, for work that is cheap when the
-input is honest and must stay bounded when it is not (jobs enqueued for rows named by
-notifications: a row that turns out real pays its token back).
+`LogThrottle`: warnings that outside input can multiply (junk job types, hostile HTTP
+clients, notifications of unknown types, the errors of a failing loop) must not flood the log.
+`allow()` says whether the next record may be written: at most `burst` per
+`interval_seconds`; the records held back are counted, and `suppressed()` hands the count to
+the next record that gets through, so the log still says how many there were.
 """
 
 from __future__ import annotations
@@ -16,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 
-__all__ = ["Budget", "LogThrottle"]
+__all__ = ["LogThrottle"]
 
 
 class LogThrottle:
@@ -47,28 +43,3 @@ class LogThrottle:
         with self._lock:
             held, self._held_back = self._held_back, 0
             return held
-
-
-class Budget:
-    """At most `capacity` units at once, refilled at `refill_per_second`; units spent on
-    input that proved honest are given back with `refund` (not thread-safe: one owner)."""
-
-    def __init__(self, capacity: float, refill_per_second: float) -> None:
-        self._capacity = capacity
-        self._rate = refill_per_second
-        self._level = capacity
-        self._at = time.monotonic()
-
-    def available(self) -> int:
-        """Whole units that may be spent now."""
-        now = time.monotonic()
-        self._level = min(self._capacity, self._level + (now - self._at) * self._rate)
-        self._at = now
-        return int(self._level)
-
-    def spend(self, units: int) -> None:
-        self.available()
-        self._level -= units
-
-    def refund(self, units: int) -> None:
-        self._level = min(self._capacity, self._level + units)

@@ -51,30 +51,10 @@ CREATE FUNCTION public.photo_jobs_notify_inserted() RETURNS trigger
     LANGUAGE plpgsql
     SET search_path TO 'public', 'pg_temp'
     AS $$
-DECLARE
-    -- Rows this transaction has named so far (a setting local to the transaction).
-    named integer := coalesce(nullif(current_setting('photo_jobs.rows_named', true), ''), '0');
-    pending integer;
-    by_row boolean;
 BEGIN
-    SELECT count(*),
-           bool_and(n.attempts = 0 AND n.prior_attempts = 0
-                    AND coalesce(n.next_retry_at, n.created_at) <= now())
-      INTO pending, by_row
-      FROM photo_jobs_new AS n
-     WHERE n.state = 'pending';
-    IF pending = 0 THEN
-        RETURN NULL;  -- a 0-row statement (or one of rows not pending) also fires the trigger
-    END IF;
-    IF by_row AND named + pending <= 8 THEN
-        PERFORM pg_notify('photo_jobs', n.type || ' ' || n.photo_id)
-           FROM photo_jobs_new AS n
-          WHERE n.state = 'pending';
-        PERFORM set_config('photo_jobs.rows_named', (named + pending)::text, true);
-    ELSE
-        PERFORM pg_notify('photo_jobs', t.type)
-           FROM (SELECT DISTINCT n.type FROM photo_jobs_new AS n WHERE n.state = 'pending') AS t;
-    END IF;
+    -- A 0-row statement (or one of rows not pending) also fires the trigger: no type, no NOTIFY.
+    PERFORM pg_notify('photo_jobs', t.type)
+       FROM (SELECT DISTINCT n.type FROM photo_jobs_new AS n WHERE n.state = 'pending') AS t;
     RETURN NULL;
 END;
 $$;
@@ -428,4 +408,5 @@ INSERT INTO public.reactor_migrations (version, name) VALUES
     (11, 'fence_across_lives'),
     (12, 'refuse_nonfinite_timestamps'),
     (13, 'route_liveness_by_backend'),
-    (14, 'allow_cancelled_state');
+    (14, 'allow_cancelled_state'),
+    (15, 'notify_types_only');

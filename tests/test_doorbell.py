@@ -128,7 +128,7 @@ def test_writers_notify_while_a_reactor_is_queued_for_their_key(env: Env) -> Non
     # A conditional shared request conflicts with a queued exclusive one: a writer on the
     # same key rings although nobody holds that key yet.
     late = connect_on_key(env, 15)
-    assert notes.sent_by(lambda _: insert_one(late, "late")) == ["photo.process late"]
+    assert notes.sent_by(lambda _: insert_one(late, "late")) == ["photo.process"]
     assert locker.is_alive(), "the exclusive lock must wait for the early writer"
     early.commit()
     locker.join(timeout=10)

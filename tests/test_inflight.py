@@ -101,8 +101,8 @@ def test_a_start_waits_for_the_claim_that_enqueued_its_job(
     env: Env, store: Store, conn: psycopg.Connection[Any], prepared: bool, ends: str
 ) -> None:
     """The enqueue precedes the claim's COMMIT, so a worker can start a job while its claim is
-    still open: the start waits for it, then stamps the row (it read the row pending).
-    Rolled back (its COMMIT lost), the job takes the pending row over. Both ways it runs."""
+    still open: the start waits for it, then stamps the row (it read the row pending) and
+    runs. Rolled back (its COMMIT lost), the row stays pending and the job does not run."""
     conn.execute("UPDATE photo_jobs SET state = 'pending', attempts = 2 WHERE photo_id = 'p1'")
     inflight = InFlight(store, prepared=prepared)
     session = store.conn.info.backend_pid
@@ -115,6 +115,10 @@ def test_a_start_waits_for_the_claim_that_enqueued_its_job(
         wait_for_lock(conn, session, "the start")
         claim.commit() if ends == "commit" else claim.rollback()
     started = inflight.receive()
+    if ends == "rollback":
+        assert started is not None and (started.rows, started.first) == (0, None)
+        assert state(conn) == ("pending", 2)
+        return
     assert (
         started is not None
         and started.rows == 1

@@ -5,6 +5,7 @@ errors may be caught, and how big a module or a class may grow."""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,9 @@ MAX_MODULE_LINES = 450
 MAX_CLASS_LINES = 300
 #: The only modules that catch psycopg's exceptions (everything else sees the project's).
 PSYCOPG_CATCHERS = {"reactor.pg.db", "reactor.pg.migrate", "reactor.worker.inflight"}
+#: The only modules that catch redis-py's exceptions: the reactor's Redis gateway (its writes,
+#: its reads) and `reactor worker`, which keeps RQ's own loop alive through Redis outages.
+REDIS_CATCHERS = {"reactor.rq.enqueue", "reactor.rq.state", "reactor.cli.worker"}
 
 
 def _modules() -> dict[str, Path]:
@@ -95,7 +99,15 @@ def test_importing_the_worker_side_loads_neither_metrics_nor_the_loop() -> None:
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
-def _catches_psycopg(tree: ast.AST) -> bool:
+def _catches(tree: ast.AST, package: str) -> bool:
+    """Whether the module catches (or suppresses) an exception of `package`: named through
+    the package (`psycopg.Error`, `redis.RedisError`) or imported from it by name."""
+    imported = {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == package
+        for alias in node.names
+    }
     for node in ast.walk(tree):
         if isinstance(node, ast.ExceptHandler) and node.type is not None:
             caught = ast.unparse(node.type)
@@ -103,18 +115,24 @@ def _catches_psycopg(tree: ast.AST) -> bool:
             caught = " ".join(ast.unparse(arg) for arg in node.args)
         else:
             continue
-        if "psycopg" in caught:
+        names = set(re.findall(r"[A-Za-z_][A-Za-z_0-9.]*", caught))
+        if any(n.split(".")[0] == package for n in names) or names & imported:
             return True
     return False
 
 
-def test_psycopg_errors_are_caught_only_in_the_gateway() -> None:
+@pytest.mark.parametrize(
+    ("package", "expected"),
+    [("psycopg", PSYCOPG_CATCHERS), ("redis", REDIS_CATCHERS)],
+    ids=["psycopg", "redis"],
+)
+def test_library_errors_are_caught_only_in_their_gateway(package: str, expected: set[str]) -> None:
     catchers = {
         name
         for name, path in MODULES.items()
-        if _catches_psycopg(ast.parse(path.read_text(encoding="utf-8")))
+        if _catches(ast.parse(path.read_text(encoding="utf-8")), package)
     }
-    assert catchers == PSYCOPG_CATCHERS
+    assert catchers == expected
 
 
 def test_modules_and_classes_stay_small() -> None:

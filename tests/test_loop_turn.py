@@ -8,7 +8,6 @@ waits for something that never comes ends the test instead of hanging it.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -16,17 +15,14 @@ import psycopg
 import pytest
 import redis
 
-from reactor.dispatcher import named
 from reactor.dispatcher.doorbell import RECHECK_SECONDS, ArmOutcome, DoorbellMode
 from reactor.dispatcher.listener import Listener
 from reactor.dispatcher.loop import Reactor, Turn, Work
 from reactor.jobs import job_id
 from reactor.routes import parse_routes
 from reactor.settings import ReactorSettings
-from tests.support.cli import run_cli
 from tests.support.env import Env
 from tests.support.servers import RedisServer
-from tests.support.waiting import wait_for
 
 ROUTES = parse_routes(["photo.process=reactor.demo.process_photo"])
 INSERT = "INSERT INTO photo_jobs (photo_id, type) VALUES (%s, 'photo.process')"
@@ -69,13 +65,6 @@ def queued(env: Env, client: redis.Redis | None = None) -> list[str]:
     return [i.decode() if isinstance(i, bytes) else i for i in ids]
 
 
-def withdrawn(reactor: Reactor) -> float:
-    """Jobs the reactor enqueued for named rows and withdrawn: no row could use them."""
-    value = reactor.metrics.registry.get_sample_value("reactor_named_withdrawn_total")
-    assert value is not None, "no such series"
-    return value
-
-
 def turn_until(reactor: Reactor, done: Callable[[Turn], bool], turns: int = 20) -> Turn:
     for _ in range(turns):
         turn = reactor.turn()
@@ -110,7 +99,6 @@ def test_the_first_turn_drains_every_type_and_an_armed_reactor_drains_a_row_in_o
         turn = reactor.turn()
         assert turn.notifications == 1
         assert (turn.work, turn.drained, turn.claimed) == (Work.HINTS, ("photo.process",), 1)
-        assert turn.named == 0, "claimed, not merely named"
         assert turn.released, "rows are coming: the keys go back after the drain"
         assert state_of(conn, "after") == ("active", 1)
         assert job_id("photo.process", "after", 1) in queued(env)
@@ -176,131 +164,31 @@ def armed_reactor(make_reactor: Callable[..., Reactor], **settings: Any) -> Reac
     return reactor
 
 
-def test_a_notified_row_is_enqueued_before_it_is_claimed(
+def test_a_notification_naming_an_absent_or_paused_row_creates_no_job(
     env: Env, make_reactor: Callable[..., Reactor]
 ) -> None:
-    conn, locker = env.connect(), env.connect(autocommit=False)
+    """Anyone may NOTIFY: names of rows that do not exist, of a finished row or of a row of a
+    paused type (an old trigger's `TYPE PHOTO_ID` form, read as `TYPE`) make the turn drain
+    the type, whose claim finds nothing to dispatch: no job is written."""
+    conn = env.connect()
     reactor = armed_reactor(make_reactor)
-    conn.execute(INSERT, ["locked"])
-    # Another session holds the row: the claim skips it, so what the turn did first shows.
-    locker.execute("SELECT FROM photo_jobs WHERE photo_id = 'locked' FOR UPDATE")
-    turn = reactor.turn()
-    # Its job enqueued, the row itself not claimed (locked): named, not claimed.
-    assert (turn.notifications, turn.work, turn.claimed, turn.named) == (1, Work.HINTS, 0, 1)
-    locker.rollback()
-    expected = job_id("photo.process", "locked", 1)
-    assert queued(env) == [expected]
-    # Queued, not yet claimed: the job's fenced start may take such a row over, and any
-    # claim of attempt 1 finds the job alive and does not enqueue it again.
-    assert state_of(conn, "locked") == ("pending", 0)
-    turn = turn_until(reactor, lambda t: t.claimed > 0)
-    assert turn.work in (Work.POLL, Work.DRAIN)
-    assert state_of(conn, "locked") == ("active", 1)
-    assert queued(env) == [expected]
-
-
-def test_rows_named_while_the_claim_waits_are_enqueued_at_once_and_claimed_together(
-    env: Env, make_reactor: Callable[..., Reactor], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The claim of named rows waits a few ms (here stretched to a minute), so that it does not
-    compete with the job's pick-up; rows named meanwhile are enqueued at once, and a type
-    notified alone ends the wait."""
-    monkeypatch.setattr(named, "CLAIM_NAMED_AFTER_SECONDS", WATCHDOG_SECONDS)
-    conn, writer = env.connect(), env.connect()
-    reactor = armed_reactor(make_reactor)
-    first, second = (job_id("photo.process", p, 1) for p in ("first", "second"))
-
-    errors: list[BaseException] = []
-
-    def write() -> None:
-        try:
-            write_during_the_wait()
-        except BaseException as exc:  # reported by the test's thread
-            errors.append(exc)
-            reactor.stopper.request()
-
-    def write_during_the_wait() -> None:
-        wait_for(lambda: queued(env) == [first], what="the first row's job queued")
-        writer.execute(INSERT, ["second"])
-        wait_for(lambda: queued(env) == [first, second], what="the second row's job queued")
-        # Both queued, neither claimed yet.
-        assert [state_of(writer, p) for p in ("first", "second")] == [("pending", 0)] * 2
-        # Nine rows in one transaction: notified by their type alone.
-        writer.execute(
-            "INSERT INTO photo_jobs (photo_id, type)"
-            " SELECT 'many-' || i, 'photo.process' FROM generate_series(1, 9) i"
-        )
-
-    conn.execute(INSERT, ["first"])
-    writing = threading.Thread(target=write)
-    writing.start()
-    started = time.monotonic()
-    turn = reactor.turn()
-    writing.join()
-    assert not errors, errors
-    assert time.monotonic() - started < WATCHDOG_SECONDS / 2, "the type's notification ended it"
-    assert (turn.notifications, turn.work, turn.claimed, turn.named) == (3, Work.HINTS, 11, 0)
-    states = conn.execute("SELECT DISTINCT state, attempts FROM photo_jobs").fetchall()
-    assert states == [("active", 1)]
-    assert len(queued(env)) == 11
-
-
-@pytest.mark.parametrize(
-    ("how", "status"),
-    [("requeued", "finished"), ("requeued", "started"), ("inserted-anew", "finished")],
-    ids=["requeued", "requeued-before-rq-records-the-end", "inserted-anew"],
-)
-def test_a_row_armed_again_before_its_delayed_claim_is_not_claimed_for_its_ended_job(
-    env: Env,
-    make_reactor: Callable[..., Reactor],
-    monkeypatch: pytest.MonkeyPatch,
-    how: str,
-    status: str,
-) -> None:
-    """During the claim's wait the job runs, and the row is armed again: the claim must not
-    make that new life `active` with the ended job. A requeued row's new life has a token of
-    its own (2), and the drain that the re-arm's notification brings enqueues its job, even
-    while RQ still says `started` (an in-process worker writes `done` before RQ records the
-    job's end); a row deleted and inserted anew starts again at token 0, and the drain
-    replaces the ended job."""
-    monkeypatch.setattr(named, "CLAIM_NAMED_AFTER_SECONDS", WATCHDOG_SECONDS)
-    conn, writer, client = env.connect(), env.connect(), env.redis()
-    reactor = armed_reactor(make_reactor)
-    first = job_id("photo.process", "again", 1)
-    key = "rq:job:" + first
-    errors: list[BaseException] = []
-
-    def run_and_arm_again() -> None:
-        try:
-            wait_for(lambda: client.hget(key, "status") == b"queued", what="the job queued")
-            # What a worker does with the job (RQ's status, the row's states), then a re-arm.
-            client.lrem("rq:queue:photo-process", 0, first)
-            client.hset(key, "status", status)
-            for change in ("state = 'active', attempts = 1", "state = 'done'"):
-                writer.execute(f"UPDATE photo_jobs SET {change} WHERE photo_id = 'again'")
-            if how == "requeued":
-                assert run_cli(env, "requeue", "again").returncode == 0
-            else:
-                writer.execute("DELETE FROM photo_jobs WHERE photo_id = 'again'")
-                writer.execute(INSERT, ["again"])
-        except BaseException as exc:  # reported by the test's thread
-            errors.append(exc)
-            reactor.stopper.request()
-
-    conn.execute(INSERT, ["again"])
-    arming = threading.Thread(target=run_and_arm_again)
-    arming.start()
-    turn = reactor.turn()
-    arming.join()
-    assert not errors, errors
-    assert turn.work is Work.HINTS and turn.notifications == 2
-    assert state_of(conn, "again") == ("active", 1)
-    if how == "requeued":
-        assert client.hget(key, "status") == status.encode(), "the ended job is left as it was"
-        assert queued(env) == [job_id("photo.process", "again", 2)]
-    else:
-        assert client.hget(key, "status") == b"queued", "the drain replaced the ended job"
-        assert queued(env) == [first]
+    conn.execute(
+        "INSERT INTO photo_jobs (photo_id, type, state, attempts)"
+        " VALUES ('finished', 'photo.process', 'done', 1)"
+    )
+    env.cli_json("pause", "--route", "photo.process=reactor.demo.process_photo", "photo.process")
+    with conn.transaction():
+        conn.execute(INSERT, ["paused"])
+        conn.execute("SELECT pg_notify('photo_jobs', 'photo.process paused')")
+    conn.execute("SELECT pg_notify('photo_jobs', 'photo.process finished')")
+    conn.execute("SELECT pg_notify('photo_jobs', 'photo.process ' || repeat('x', 256))")
+    turn = turn_until(reactor, lambda t: t.work is Work.HINTS)
+    assert (turn.drained, turn.claimed) == (("photo.process",), 0)
+    assert state_of(conn, "finished") == ("done", 1)
+    assert state_of(conn, "paused") == ("pending", 0)
+    assert queued(env) == []
+    assert env.redis().keys("rq:job:*") == []
+    assert conn.execute("SELECT count(*) FROM photo_jobs").fetchone() == (2,)
 
 
 def test_two_reactors_hearing_one_notification_enqueue_its_job_once(
@@ -339,41 +227,18 @@ def test_a_notified_row_whose_enqueue_fails_is_drained_once_redis_takes_it(
             fixed.join()
     finally:
         client.config_set("maxmemory", 0)
-    # The row's type was drained instead, retried with backoff until Redis took the batch.
-    assert "notified_enqueue_failed rows=1" in caplog.text
+    # The batch was rolled back and the drain retried with backoff until Redis took it.
+    assert "drain_retry" in caplog.text
     assert (turn.work, turn.claimed) == (Work.HINTS, 1)
     assert state_of(conn, "refused") == ("active", 1)
     assert queued(env, client) == [job_id("photo.process", "refused", 1)]
 
 
-def test_jobs_of_rows_named_by_a_stray_notification_are_withdrawn(
-    env: Env, make_reactor: Callable[..., Reactor]
-) -> None:
-    """Anyone may NOTIFY: a row named that is not pending at token 0 (here: done), or that
-    does not exist, gets a job that is withdrawn at the claim, and nothing counts as claimed."""
-    conn = env.connect()
-    reactor = armed_reactor(make_reactor)
-    conn.execute(
-        "INSERT INTO photo_jobs (photo_id, type, state, attempts)"
-        " VALUES ('finished', 'photo.process', 'done', 1)"
-    )
-    conn.execute("SELECT pg_notify('photo_jobs', 'photo.process finished')")
-    conn.execute("SELECT pg_notify('photo_jobs', 'photo.process ' || repeat('x', 256))")
-    turn = reactor.turn()
-    assert (turn.notifications, turn.claimed, turn.named) == (2, 0, 0)
-    assert state_of(conn, "finished") == ("done", 1)
-    assert queued(env) == []
-    assert not env.redis().exists("rq:job:" + job_id("photo.process", "finished", 1))
-    assert withdrawn(reactor) == 2
-    assert conn.execute("SELECT count(*) FROM photo_jobs").fetchone() == (1,)
-
-
-def test_a_named_row_whose_job_id_is_held_by_an_ended_job_is_claimed_by_the_drain(
+def test_a_row_whose_job_id_is_held_by_an_ended_job_gets_its_job_replaced(
     env: Env, make_reactor: Callable[..., Reactor]
 ) -> None:
     """A job of an earlier life of the row (deleted and inserted again while RQ still keeps
-    the finished job) holds attempt 1's id: the named path does not replace it, the drain
-    does."""
+    the finished job) holds attempt 1's id: the drain replaces it."""
     conn, client = env.connect(), env.redis()
     reactor = armed_reactor(make_reactor)
     key = "rq:job:" + job_id("photo.process", "again", 1)
@@ -386,26 +251,20 @@ def test_a_named_row_whose_job_id_is_held_by_an_ended_job_is_claimed_by_the_drai
     assert client.hget(key, "status") == b"queued"
 
 
-def test_a_flood_of_named_rows_costs_at_most_the_budget_and_real_rows_still_go(
+def test_a_flood_of_names_of_absent_rows_costs_no_job_and_a_real_row_still_goes(
     env: Env, make_reactor: Callable[..., Reactor]
 ) -> None:
-    """Names of rows that do not exist spend the named rows' budget (a job each, withdrawn at
-    the claim); once it is spent, named rows are drained by type, which costs no job for a
-    row that is not there, and a real row is still dispatched."""
     conn = env.connect()
     reactor = armed_reactor(make_reactor)
     flood = (
         "SELECT pg_notify('photo_jobs', 'photo.process fake-' || i) FROM generate_series(1, %s) i"
     )
-    conn.execute(flood, [named.NAMED_ROWS_BUDGET + 50])
+    conn.execute(flood, [500])
     turn = reactor.turn()
-    assert (turn.work, turn.claimed) == (Work.HINTS, 0)
-    assert withdrawn(reactor) == named.NAMED_ROWS_BUDGET
-    assert queued(env) == []
+    assert turn.notifications > 0 and (turn.work, turn.claimed) == (Work.HINTS, 0)
     with conn.transaction():
-        conn.execute(flood, [named.NAMED_ROWS_BUDGET])
+        conn.execute(flood, [500])
         conn.execute(INSERT, ["real"])
     turn_until(reactor, lambda t: state_of(conn, "real") == ("active", 1))
     assert queued(env) == [job_id("photo.process", "real", 1)]
-    # The refill over the test's few seconds, at most.
-    assert withdrawn(reactor) < named.NAMED_ROWS_BUDGET + 50
+    assert env.redis().keys("rq:job:*fake*") == []

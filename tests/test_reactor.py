@@ -24,11 +24,11 @@ from rq.job import Job, JobStatus
 
 from reactor.dispatcher.drain import Dispatcher
 from reactor.dispatcher.loop import Reactor
-from reactor.errors import DatabaseError
+from reactor.errors import DatabaseError, RedisUnavailableError
 from reactor.jobs import JobRef, job_id
 from reactor.pg.db import LATEST_SCHEMA_VERSION
 from reactor.routes import parse_routes
-from reactor.rq.enqueue import SCRIPT_MAX_JOBS, Enqueuer, EnqueueResult
+from reactor.rq.enqueue import Enqueuer, EnqueueResult
 from reactor.rq.redis_url import connect_redis
 from reactor.rq.state import RqState
 from reactor.settings import ReactorSettings
@@ -106,16 +106,14 @@ def test_lost_commit_after_enqueue_never_enqueues_twice(env: Env) -> None:
             killer.execute("SELECT pg_terminate_backend(%s)", [conn.info.backend_pid])
             return result
 
-    lossy = Dispatcher(conn, _KillingEnqueuer(client, ROUTES), ROUTES, batch_size=10)
+    lossy = Dispatcher(_KillingEnqueuer(client, ROUTES), ROUTES, batch_size=10)
     with pytest.raises(DatabaseError):
-        lossy.drain(["photo.process"], lambda: False, 60.0)
+        lossy.drain(conn, ["photo.process"], lambda: False, 60.0)
     assert states(killer) == {"pending": 3}  # the COMMIT never happened
     assert len(queue_ids(client)) == 3  # but the jobs were enqueued
 
-    again = Dispatcher(
-        env.connect(autocommit=False), Enqueuer(client, ROUTES), ROUTES, batch_size=10
-    )
-    result = again.drain(["photo.process"], lambda: False, 60.0)
+    again = Dispatcher(Enqueuer(client, ROUTES), ROUTES, batch_size=10)
+    result = again.drain(env.connect(autocommit=False), ["photo.process"], lambda: False, 60.0)
     assert (result.claimed, result.enqueued, result.already_enqueued) == (3, 0, 3)
     assert sorted(queue_ids(client)) == sorted(
         job_id("photo.process", f"p{i}", 1) for i in range(1, 4)
@@ -123,69 +121,71 @@ def test_lost_commit_after_enqueue_never_enqueues_twice(env: Env) -> None:
     assert {(state, attempts) for _, _, state, attempts in rows(killer)} == {("active", 1)}
 
 
-@pytest.mark.parametrize("extra", [0, SCRIPT_MAX_JOBS], ids=["script", "exists-multi"])
-def test_a_batch_with_an_existing_job_is_written_only_through_the_careful_path(
+@pytest.mark.parametrize("extra", [0, 600], ids=["few", "backlog"])
+def test_a_batch_keeps_the_jobs_already_enqueued_and_replaces_the_others(
     env: Env, extra: int
 ) -> None:
-    """Either fast path (one script for a few jobs, EXISTS then MULTI/EXEC for a large batch)
-    writes a batch only if none of its jobs exists; otherwise it writes nothing, and each job's
-    status decides: alive is kept, finished is replaced."""
+    """A job in its queue or started is enqueued already (a lost COMMIT's) and is left as it
+    is; a finished job, a bare hash (a half-written job) or a `queued` job in no list is
+    written again, all in one script run, whatever the batch's size."""
     client = env.redis()
     enqueuer = Enqueuer(client, ROUTES)
-    alive, leftover, new = (JobRef("photo.process", name, 1) for name in ("alive", "old", "new"))
+    names = ("queued", "started", "finished", "bare", "listless", "new")
+    queued, started, finished, bare, listless, new = (
+        JobRef("photo.process", name, 1) for name in names
+    )
     more = [JobRef("photo.process", f"more{i}", 1) for i in range(extra)]
-    enqueuer.enqueue([alive, leftover])
-    client.lrem("rq:queue:photo-process", 0, leftover.job_id)
-    Job.fetch(leftover.job_id, connection=client).set_status(JobStatus.FINISHED)
+    enqueuer.enqueue([queued, started, finished, listless])
+    for ref in (started, finished, listless):
+        client.lrem("rq:queue:photo-process", 0, ref.job_id)
+    client.hset(Job.key_for(started.job_id), "status", "started")
+    client.hset(Job.key_for(finished.job_id), "status", "finished")
+    client.hset(Job.key_for(bare.job_id), "created_at", "x")  # no status, no data
     client.script_flush()  # a restarted Redis has no scripts: the client loads it again
 
-    result = enqueuer.enqueue([new, alive, leftover, *more])
+    result = enqueuer.enqueue([new, queued, started, finished, bare, listless, *more])
 
-    assert (result.enqueued, result.already_enqueued) == (2 + extra, 1)
-    # `alive` once: the fast path pushed nothing before it found the existing jobs.
-    expected = [ref.job_id for ref in (new, alive, leftover, *more)]
-    assert sorted(queue_ids(client)) == sorted(expected)
-    for ref in (new, alive, leftover):
+    assert (result.enqueued, result.already_enqueued) == (4 + extra, 2)
+    expected = [ref.job_id for ref in (new, queued, finished, bare, listless, *more)]
+    assert sorted(queue_ids(client)) == sorted(expected)  # `queued` once
+    for ref in (new, queued, finished, bare, listless):
         assert Job.fetch(ref.job_id, connection=client).get_status() == JobStatus.QUEUED
+    assert client.hget(Job.key_for(started.job_id), "status") == b"started"
 
 
-class _RacedEnqueuer(Enqueuer):
-    """An enqueuer whose `race_on`-th batch build first lets `other` run: another writer (a
-    request of an earlier try that timed out, landing late) writes the same jobs between this
-    enqueuer's existence check and its write."""
-
-    def __init__(self, client: redis.Redis, race_on: int, other: Callable[[], object]) -> None:
-        super().__init__(client, ROUTES)
-        self._builds, self._race_on, self._other = 0, race_on, other
-
-    def _add_enqueues(self, pipe: Any, by_queue: Any) -> None:
-        self._builds += 1
-        if self._builds == self._race_on:
-            self._other()
-        super()._add_enqueues(pipe, by_queue)
-
-
-@pytest.mark.parametrize("path", ["exists-multi", "careful"])
-def test_jobs_written_between_the_check_and_the_write_are_not_enqueued_twice(
-    env: Env, path: str
+@pytest.mark.parametrize(
+    "key", ["rq:queue:photo-process", "rq:queues", "rq:job:photo_2eprocess-p1-1"]
+)
+def test_a_key_of_the_wrong_type_fails_the_whole_batch_and_writes_nothing(
+    env: Env, key: str
 ) -> None:
+    """Redis does not undo what a script wrote before an error: the script checks every key a
+    command of the batch writes before it writes anything."""
     client = env.redis()
-    if path == "exists-multi":  # a large batch: EXISTS, then MULTI/EXEC (its 1st build)
-        refs = [JobRef("photo.process", f"p{i}", 1) for i in range(SCRIPT_MAX_JOBS + 1)]
-        raced, race_on = refs, 1
-    else:  # one job exists: the careful path (its build comes after the script's)
-        alive = JobRef("photo.process", "alive", 1)
-        Enqueuer(client, ROUTES).enqueue([alive])
-        raced = [JobRef("photo.process", f"p{i}", 1) for i in range(2)]
-        refs, race_on = [alive, *raced], 2
-    other = Enqueuer(env.redis(), ROUTES)
-    enqueuer = _RacedEnqueuer(client, race_on, lambda: other.enqueue(raced))
+    client.set(key, "junk")
+    refs = [JobRef("photo.process", f"p{i}", 1) for i in range(3)]
+    with pytest.raises(RedisUnavailableError, match="WRONGTYPE"):
+        Enqueuer(client, ROUTES).enqueue(refs)
+    assert client.keys("rq:*") == [key.encode()]
 
-    result = enqueuer.enqueue(refs)
 
-    assert (result.enqueued, result.already_enqueued) == (0, len(refs))
-    ids = queue_ids(client)
-    assert sorted(ids) == sorted(ref.job_id for ref in refs)  # each once
+def test_a_queue_key_of_the_wrong_type_rolls_the_claim_back_until_it_is_fixed(
+    env: Env,
+) -> None:
+    conn, client = env.connect(), env.redis()
+    insert_rows(conn, 1)
+    client.set("rq:queue:photo-process", "junk")
+    work = env.connect(autocommit=False)
+    dispatcher = Dispatcher(Enqueuer(client, ROUTES), ROUTES, batch_size=10)
+    with pytest.raises(RedisUnavailableError):
+        dispatcher.drain(work, ["photo.process"], lambda: False, 60.0)
+    assert states(conn) == {"pending": 1}
+    assert client.keys("rq:job:*") == []  # nothing half-written
+    client.delete("rq:queue:photo-process")
+    result = dispatcher.drain(work, ["photo.process"], lambda: False, 60.0)
+    assert (result.claimed, result.enqueued, result.already_enqueued) == (1, 1, 0)
+    assert states(conn) == {"active": 1}
+    assert queue_ids(client) == [job_id("photo.process", "p1", 1)]
 
 
 def test_three_reactors_and_four_writers_dispatch_each_row_once(

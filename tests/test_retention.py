@@ -169,7 +169,7 @@ def test_concurrent_prunes_block_no_claim(env: Env, spawn: Callable[..., Process
         for i in range(2)
     ]
     wait_for(lambda: held_at_the_gate(conn) == 4, timeout=30, what="four prunes held")
-    # Rows of both kinds of claim: named by their notification (one row) and by type (20).
+    # Rows of a single-row insert and of a bulk one, both claimed while prunes are held.
     conn.execute("INSERT INTO photo_jobs (photo_id, type) VALUES ('one', 'photo.process')")
     insert_rows(conn, 20, prefix="during-")
     wait_for(

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 import urllib.error
@@ -27,7 +28,7 @@ import pytest
 import redis
 from rq.job import Job, JobStatus
 
-from reactor.jobs import JobRef
+from reactor.jobs import JobRef, job_id
 from reactor.pg import db
 from reactor.routes import parse_routes
 from reactor.rq.enqueue import Enqueuer
@@ -305,6 +306,47 @@ def test_a_failing_sweep_does_not_pause_dispatch(env: Env, spawn: Callable[..., 
     assert sum("sweep_failed" in line for line in reactor.lines) <= 3, reactor.output()
     assert "connection_lost" not in reactor.output()
     assert "loop_failed" not in reactor.output()
+
+
+# -- an exception nothing expects ---------------------------------------------------------
+
+
+def test_an_unexpected_exception_in_the_enqueue_rolls_the_turn_back_and_dispatch_goes_on(
+    env: Env, spawn: Callable[..., Process]
+) -> None:
+    """A library error of a type the reactor knows nothing about (injected from outside, by a
+    sitecustomize on PYTHONPATH, into the first batches' enqueue of a running `reactor run`):
+    each failed turn is rolled back, counted, logged once a minute, and the loop goes on."""
+    conn = env.connect()
+    port = free_port()
+    injected = 6
+    inject = str(ROOT / "tests" / "support" / "odd_enqueue")
+    reactor = start_reactor(
+        spawn,
+        "--metrics-port",
+        str(port),
+        PYTHONPATH=os.pathsep.join([inject, str(ROOT)]),
+        ODD_ENQUEUE_FAILURES=str(injected),
+    )
+    conn.execute("INSERT INTO photo_jobs (photo_id, type) VALUES ('first', 'photo.process')")
+    # Three failed turns in a row and more: /healthz says so, and why, until a turn succeeds.
+    wait_for(
+        lambda: health(port)[0] == 503 and "OddLibraryError: injected" in health(port)[1],
+        timeout=30,
+        interval=0.05,
+        what="/healthz 503 naming the error",
+    )
+    wait_for(lambda: states(conn) == {"active": 1}, timeout=30, what="the row dispatched")
+    assert reactor.proc.poll() is None, reactor.output()
+    failures = metric(scrape(port), 'reactor_turn_failures_total{kind="OddLibraryError"}')
+    assert failures == injected, reactor.output()
+    logged = [line for line in reactor.lines if "turn_failed" in line]
+    assert len(logged) == 1 and "OddLibraryError: injected" in logged[0], reactor.output()
+    assert queue_ids(env.redis()) == [job_id("photo.process", "first", 1)]
+    # And later rows go as usual.
+    conn.execute("INSERT INTO photo_jobs (photo_id, type) VALUES ('second', 'photo.process')")
+    wait_for(lambda: states(conn) == {"active": 2}, timeout=30, what="the next row dispatched")
+    assert health(port) == (200, "ok\n")
 
 
 # -- a hung Redis ----------------------------------------------------------------------------

@@ -23,48 +23,13 @@ def notes(env: Env) -> Notifications:
     return Notifications(env)
 
 
-def test_single_insert_names_its_row(notes: Notifications) -> None:
-    sent = notes.sent_by(
-        in_tx("INSERT INTO photo_jobs (photo_id, type) VALUES ('a', 'photo.process')")
-    )
-    assert sent == ["photo.process a"]
-
-
-def test_up_to_eight_rows_are_named_one_by_one_more_by_their_type(notes: Notifications) -> None:
-    def insert(count: int, prefix: str) -> str:
-        return (
-            "INSERT INTO photo_jobs (photo_id, type)"
-            f" SELECT '{prefix} ' || i, 'photo.process' FROM generate_series(1, {count}) AS i"
-        )
-
-    # A photo id may hold spaces: everything after the type's first space is the id.
-    assert sorted(notes.sent_by(in_tx(insert(8, "x")))) == [
-        f"photo.process x {i}" for i in range(1, 9)
-    ]
-    assert notes.sent_by(in_tx(insert(9, "y"))) == ["photo.process"]
-    # Eight per transaction: the statements after them name their types.
-    singles = [
-        f"INSERT INTO photo_jobs (photo_id, type) VALUES ('z{i}', '{t}')"
-        for i, t in enumerate(["photo.process"] * 7 + ["photo.thumb"] * 3)
-    ]
-    assert sorted(notes.sent_by(in_tx(*singles))) == [
-        *(f"photo.process z{i}" for i in range(7)),
-        "photo.thumb",
-        "photo.thumb z7",
-    ]
-
-
-def test_rows_not_due_or_past_attempt_zero_are_named_by_their_type(notes: Notifications) -> None:
-    later = "INSERT INTO photo_jobs (photo_id, type, next_retry_at) VALUES (%s, 't', %s)"
-    retried = "INSERT INTO photo_jobs (photo_id, type, attempts) VALUES ('r', 't', 1)"
-    assert notes.sent_by(in_tx(later.replace("%s", "'a'", 1).replace("%s", "now() + '1 h'"))) == [
-        "t"
-    ]
-    assert notes.sent_by(in_tx(retried)) == ["t"]
-    # One such row makes its whole statement send types alone.
+def test_an_insert_notifies_its_type_and_names_no_row(notes: Notifications) -> None:
+    single = "INSERT INTO photo_jobs (photo_id, type) VALUES ('a', 'photo.process')"
+    assert notes.sent_by(in_tx(single)) == ["photo.process"]
+    # Whatever the rows hold (due or not, any attempt, spaces in the id): the types alone.
     mixed = (
-        "INSERT INTO photo_jobs (photo_id, type, next_retry_at) VALUES"
-        " ('b', 't', NULL), ('c', 't', now() + '1 h'), ('d', 'u', NULL)"
+        "INSERT INTO photo_jobs (photo_id, type, next_retry_at, attempts) VALUES"
+        " ('b c', 't', NULL, 0), ('d', 't', now() + '1 h', 0), ('e', 'u', NULL, 1)"
     )
     assert sorted(notes.sent_by(in_tx(mixed))) == ["t", "u"]
 
@@ -93,7 +58,7 @@ def test_copy_notifies_once(notes: Notifications) -> None:
     assert notes.sent_by(copy_rows) == ["photo.process"]
 
 
-def test_two_inserts_in_one_transaction_name_their_rows(notes: Notifications) -> None:
+def test_two_inserts_in_one_transaction_notify_each_type_once(notes: Notifications) -> None:
     sent = notes.sent_by(
         in_tx(
             "INSERT INTO photo_jobs (photo_id, type) VALUES ('a', 'photo.process')",
@@ -101,8 +66,8 @@ def test_two_inserts_in_one_transaction_name_their_rows(notes: Notifications) ->
             "INSERT INTO photo_jobs (photo_id, type) VALUES ('a', 'photo.thumb')",
         )
     )
-    # Rows named one by one are not folded: each statement names its own.
-    assert sorted(sent) == ["photo.process a", "photo.process b", "photo.thumb a"]
+    # Identical notifications of one transaction are delivered once.
+    assert sorted(sent) == ["photo.process", "photo.thumb"]
 
 
 def test_no_notification_for_rollback_for_done_rows_or_empty_inserts(notes: Notifications) -> None:
@@ -196,7 +161,7 @@ def test_submit_follows_the_callers_transaction(notes: Notifications, env: Env) 
             assert submit(conn, "p1") is True
             assert submit(conn, "p1") is False
 
-    assert notes.sent_by(twice) == ["photo.process p1"]
+    assert notes.sent_by(twice) == ["photo.process"]
     assert conn.execute("SELECT count(*) FROM photo_jobs").fetchone() == (1,)
 
 

@@ -25,11 +25,7 @@ from rq import Worker as RqWorker
 from rq.job import Job
 
 from reactor import submit
-from reactor.dispatcher.doorbell import ArmOutcome
-from reactor.dispatcher.loop import Reactor, Work
 from reactor.jobs import ENTRY_POINT, job_id
-from reactor.routes import parse_routes
-from reactor.settings import ReactorSettings
 from tests.handlers import SCHEMA
 from tests.support.cli import run_cli
 from tests.support.env import Env
@@ -888,13 +884,28 @@ def burst_attempt(
 
 
 @pytest.mark.parametrize("worker_class", [*CLASSES.values(), "rq.worker.Worker"])
-def test_a_job_whose_claim_commit_was_lost_takes_the_row_over(
+def test_a_job_whose_claim_commit_was_lost_is_refused_and_the_next_claim_replaces_it(
     env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], worker_class: str
 ) -> None:
-    # The reactor enqueued attempt 1 but its COMMIT was lost: the row is still pending at 0.
+    """The reactor enqueued attempt 1 but its COMMIT was lost: the row is still pending at
+    token 0. The job does not run (nothing claimed the row), and the next claim of the row
+    finds the job ended and enqueues attempt 1 again, which runs."""
     submit(conn, "p1")
     worker = burst_attempt(spawn, env, worker_class)
     assert worker.proc.wait(timeout=60) == 0, worker.output()
+    job = Job.fetch(job_id("photo.process", "p1", 1), connection=env.redis())
+    assert job.return_value() == "skipped"
+    assert runs(conn, "p1") == [] and row_of(conn, "p1")[:2] == ("pending", 0)
+    swept = env.cli_json("sweep", "--route", route("ok"))
+    assert (swept["claimed"], swept["enqueued"]) == (1, 1), swept
+    worker = start_worker(
+        spawn,
+        env,
+        burst=True,
+        extra_args=("--worker-class", worker_class),
+        REACTOR_ROUTES=route("ok"),
+    )
+    assert worker.exit_code(timeout=60) == 0, worker.output()
     assert row_of(conn, "p1") == ("done", 1, None, None)
     assert runs(conn, "p1") == [("p1", 1, "ok")]
 
@@ -909,35 +920,6 @@ def test_a_job_without_a_row_is_skipped_with_a_warning(
     (line,) = [line for line in worker.lines if "attempt_skipped" in line]
     assert "row missing: is DATABASE_URL the reactor's database?" in line
     assert runs(conn, "p1") == []
-
-
-@pytest.mark.parametrize("worker_class", [*CLASSES.values(), "rq.worker.Worker"])
-@pytest.mark.parametrize("because", ["paused", "not-due", "attempts-spent"])
-def test_a_job_whose_claim_commit_was_lost_takes_over_only_what_a_claim_would(
-    env: Env,
-    conn: psycopg.Connection[Any],
-    spawn: Callable[..., Process],
-    worker_class: str,
-    because: str,
-) -> None:
-    """The take-over of a pending row is the claim's: a job of a paused type, of a row not due
-    (requeued with a later run_at), or of a row whose attempts are spent does not run, and the
-    row stays pending for the reactor."""
-    submit(conn, "p1")
-    attempts = 0
-    if because == "paused":
-        env.cli_json("pause", "--route", route("ok"), "photo.process")
-    elif because == "not-due":
-        conn.execute("UPDATE photo_jobs SET next_retry_at = now() + interval '1 hour'")
-    else:  # attempt 1 of 1 failed back to pending (max_attempts lowered since)
-        attempts = 1
-        conn.execute("UPDATE photo_jobs SET attempts = 1, max_attempts = 1")
-    worker = burst_attempt(spawn, env, worker_class, attempt=attempts + 1)
-    assert worker.exit_code(timeout=60) == 0, worker.output()
-    job = Job.fetch(job_id("photo.process", "p1", attempts + 1), connection=env.redis())
-    assert job.return_value() == "skipped"
-    assert runs(conn, "p1") == []
-    assert row_of(conn, "p1")[:2] == ("pending", attempts)
 
 
 @pytest.mark.parametrize("worker_class", [*CLASSES.values(), "rq.worker.Worker"])
@@ -1007,34 +989,6 @@ def test_a_job_started_before_its_rescue_commits_waits_for_it(
         assert job.return_value() == "skipped"
         assert runs(conn, "p1") == []
         assert row_of(conn, "p1")[:2] == ("active", 1)
-
-
-@pytest.mark.parametrize("worker_class", [*CLASSES.values(), "rq.worker.Worker"])
-def test_a_notified_row_left_unclaimed_by_the_reactor_is_taken_over_by_its_job(
-    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], worker_class: str
-) -> None:
-    """The reactor enqueues a notified row's job before it claims the row; when that claim
-    skips the row (another session holds it), the job's fenced start takes it over."""
-    reactor = Reactor(ReactorSettings(env.database_url, env.redis_url, parse_routes([route("ok")])))
-    reactor.start()
-    try:
-        # The start-up drain, quiet polls, then the arm: a handful of turns.
-        assert any(reactor.turn().arm is ArmOutcome.ARMED for _ in range(20)), "never armed"
-        locker = env.connect(autocommit=False)
-        submit(conn, "p1")
-        locker.execute("SELECT FROM photo_jobs WHERE photo_id = 'p1' FOR UPDATE")
-        turn = reactor.turn()
-        # The job enqueued, the row not claimed: the turn says so.
-        assert (turn.work, turn.claimed, turn.named) == (Work.HINTS, 0, 1)
-        assert row_of(conn, "p1")[:2] == ("pending", 0)
-        worker = start_worker(spawn, env, burst=True, extra_args=("--worker-class", worker_class))
-        locker.rollback()
-        assert worker.exit_code(timeout=60) == 0, worker.output()
-        assert row_of(conn, "p1") == ("done", 1, None, None)
-        assert runs(conn, "p1") == [("p1", 1, "ok")]
-        assert Queue("photo-process", connection=env.redis()).count == 0
-    finally:
-        reactor.close()
 
 
 def test_reactor_worker_says_at_once_that_redis_is_unreachable_and_waits_for_it(

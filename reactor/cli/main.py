@@ -30,7 +30,7 @@ from reactor.cli.options import (
 from reactor.cli.worker import worker_command
 from reactor.dispatcher.doorbell import DoorbellMode
 from reactor.dispatcher.loop import Reactor
-from reactor.errors import ConfigError, DatabaseError
+from reactor.errors import ConfigError, DatabaseError, StatementError
 from reactor.pg import db
 from reactor.pg.migrate import migrate as apply_migrations
 from reactor.redact import redact
@@ -77,7 +77,7 @@ def migrate(database_url: str) -> None:
     """Apply the SQL migrations that are not applied yet."""
     try:
         conn = db.connect(database_url, autocommit=True, purpose="migrate")
-    except DatabaseError as exc:
+    except (DatabaseError, StatementError) as exc:
         raise ConfigError(str(exc)) from None
     with conn:
         result = apply_migrations(conn)

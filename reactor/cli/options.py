@@ -12,7 +12,7 @@ import click
 from click.core import ParameterSource
 
 from reactor.dispatcher.doorbell import DoorbellMode
-from reactor.errors import ConfigError, DatabaseError, ReactorError
+from reactor.errors import ConfigError, DatabaseError, ReactorError, StatementError
 from reactor.ops import admin
 from reactor.pg import db
 from reactor.redact import has_password, redact
@@ -302,7 +302,7 @@ def connect_migrated(database_url: str, purpose: str, *, read_write: bool = True
     """
     try:
         conn = db.connect(database_url, purpose=purpose, read_write=read_write)
-    except DatabaseError as exc:
+    except (DatabaseError, StatementError) as exc:
         raise ConfigError(str(exc)) from None
     try:
         db.check_schema(conn)

@@ -2,15 +2,14 @@
 
 `Dispatcher.drain()` claims the due pending rows of the given types batch by batch; the sweep
 re-dispatches rows whose job is lost (`redispatch_lost`) or whose worker died
-(`redispatch_stale`) through the same unit. (Rows named by their notification are enqueued
-first and claimed after, on the same connection: `reactor.dispatcher.named`.) The work
-connection is its owner's (`reactor.dispatcher.sessions` opens it, and hands in a new one
-with `replace_connection` after a reconnect); the dispatcher opens only the prefetch
-connection below, and closes it in `close()`.
+(`redispatch_stale`) through the same unit: it is the only way a job reaches Redis. The work
+connection is its owner's, handed in with each call (`reactor.dispatcher.sessions` opens it
+and reopens it after a failure); the dispatcher opens only the prefetch connection below, and
+closes it in `close()`.
 
 Guarantees:
 - A row is never `active` without its job in Redis: the enqueue happens inside the claiming
-  transaction, before COMMIT (or before the claim, for notified rows); if it fails, the
+  transaction, before COMMIT; if it fails (whatever it raises), the
   transaction rolls back and the rows stay as they were (`pending`, or `active` at the old
   attempt for a rescue).
 - No double dispatch of one attempt: rows are claimed with `FOR UPDATE SKIP LOCKED`, and if the
@@ -42,7 +41,7 @@ from psycopg.pq import TransactionStatus
 
 from reactor.dispatcher.metrics import Metrics
 from reactor.dispatcher.prefetch import Prefetch, Row
-from reactor.errors import DatabaseError, EnqueueError, StatementError
+from reactor.errors import DatabaseError, RedisUnavailableError, StatementError
 from reactor.jobs import JobRef, warm_up_ref
 from reactor.pg import db, queries
 from reactor.pg.db import Connection
@@ -78,10 +77,6 @@ class BatchResult:
     enqueued: int = 0
     already_enqueued: int = 0
     failed: int = 0
-    #: Rows named by notifications whose jobs were enqueued and are theirs, but that this
-    #: claim did not take (locked, not due, paused, taken over by their job's fenced start,
-    #: or the claim was skipped): dispatched, not claimed here.
-    named: int = 0
 
     def __add__(self, other: BatchResult) -> BatchResult:
         return BatchResult(
@@ -89,7 +84,6 @@ class BatchResult:
             self.enqueued + other.enqueued,
             self.already_enqueued + other.already_enqueued,
             self.failed + other.failed,
-            self.named + other.named,
         )
 
 
@@ -103,8 +97,6 @@ class DrainResult:
     already_enqueued: int = 0
     batches: int = 0
     more: bool = False
-    #: See `BatchResult.named`.
-    named: int = 0
 
     def add(self, batch: BatchResult) -> DrainResult:
         return DrainResult(
@@ -113,7 +105,6 @@ class DrainResult:
             self.already_enqueued + batch.already_enqueued,
             self.batches + 1,
             self.more,
-            self.named + batch.named,
         )
 
 
@@ -122,7 +113,6 @@ class Dispatcher:
 
     def __init__(
         self,
-        conn: Connection,
         enqueuer: Enqueuer,
         routes: Mapping[str, Route],
         *,
@@ -131,7 +121,6 @@ class Dispatcher:
         database_url: str | None = None,
         idle_in_transaction_seconds: float | None = None,
     ) -> None:
-        self._conn = conn
         self._metrics = metrics or Metrics()
         self._enqueuer = enqueuer
         self._routes = routes
@@ -139,15 +128,6 @@ class Dispatcher:
         self._prefetch = Prefetch(database_url, idle_in_transaction_seconds)
         #: Types whose claim failed with a statement error, and until when they are skipped.
         self.quarantined: dict[str, Quarantine] = {}
-
-    @property
-    def connection(self) -> Connection:
-        """The work connection (claims of named rows run on it too)."""
-        return self._conn
-
-    def replace_connection(self, conn: Connection) -> None:
-        """Work on `conn` from now on (after a reconnect; the old one is the caller's to close)."""
-        self._conn = conn
 
     # -- one transaction, in two halves ----------------------------------------------------
 
@@ -161,7 +141,7 @@ class Dispatcher:
                 with conn.pipeline():
                     cursor = conn.execute(query, params)
                 rows = cursor.fetchall()
-        except DatabaseError:
+        except (DatabaseError, StatementError):
             db.abandon(conn)
             raise
         self._metrics.claim_seconds.observe(time.perf_counter() - started)
@@ -174,7 +154,7 @@ class Dispatcher:
         started = time.perf_counter()
         try:
             result = self._enqueuer.enqueue(refs)
-        except EnqueueError:
+        except RedisUnavailableError:
             metrics.enqueue_failures.inc()
             db.abandon(conn)
             raise
@@ -186,7 +166,7 @@ class Dispatcher:
         try:
             with db.translating("COMMIT failed", conn):
                 conn.commit()
-        except DatabaseError:
+        except (DatabaseError, StatementError):
             db.abandon(conn)
             raise
         for job_type, count in result.by_type.items():
@@ -200,15 +180,15 @@ class Dispatcher:
             failed=len(rows) - len(refs),
         )
 
-    def _dispatch(self, query: str, params: Mapping[str, Any]) -> BatchResult:
+    def _dispatch(self, conn: Connection, query: str, params: Mapping[str, Any]) -> BatchResult:
         """Run one claiming UPDATE (returning type, photo_id, token, state), enqueue the rows
         it left `active`, and COMMIT; roll back everything if the enqueue fails.
 
         Raises:
-            EnqueueError: Redis failed (the claim was rolled back).
+            RedisUnavailableError: Redis failed (the claim was rolled back).
             DatabaseError: Postgres failed (the claim was rolled back or its COMMIT was lost).
         """
-        return self._deliver(self._conn, self._claim(self._conn, query, params))
+        return self._deliver(conn, self._claim(conn, query, params))
 
     def _claim_type(self, conn: Connection, job_type: str) -> list[Row]:
         """Claim a batch of `job_type`; a statement error quarantines the type (logged once)
@@ -234,7 +214,7 @@ class Dispatcher:
             logger.info("type_recovered type=%s", job_type)
         return rows
 
-    def warm_up(self) -> None:
+    def warm_up(self, conn: Connection) -> None:
         """Rehearse a claim on a throwaway row, rolled back (`db.rehearse`), so the first real
         claim of this session does not pay for its first write.
 
@@ -244,7 +224,7 @@ class Dispatcher:
         ref = warm_up_ref()
         row = {"type": ref.type, "photo_id": ref.photo_id, "state": "pending", "attempts": 0}
         params = self._claim_params(ref.type)
-        db.rehearse(self._conn, row, lambda conn: conn.execute(queries.CLAIM_DUE, params))
+        db.rehearse(conn, row, lambda work: work.execute(queries.CLAIM_DUE, params))
 
     def _claim_params(self, job_type: str) -> dict[str, Any]:
         return {"type": job_type, "limit": self._batch_size}
@@ -253,6 +233,7 @@ class Dispatcher:
 
     def redispatch_lost(
         self,
+        conn: Connection,
         refs: Sequence[JobRef],
         why: str,
         *,
@@ -266,26 +247,27 @@ class Dispatcher:
         counts them); a re-dispatched row keeps its `last_error`, or takes `error` when given.
 
         Raises:
-            EnqueueError: Redis failed (the rows were left as they were).
+            RedisUnavailableError: Redis failed (the rows were left as they were).
             DatabaseError: Postgres failed (likewise, unless the COMMIT was lost).
         """
-        return self._redispatch(refs, stale_after_seconds, why, error)
+        return self._redispatch(conn, refs, stale_after_seconds, why, error)
 
     def redispatch_stale(
-        self, refs: Sequence[JobRef], stale_after_seconds: float, why: str
+        self, conn: Connection, refs: Sequence[JobRef], stale_after_seconds: float, why: str
     ) -> BatchResult:
         """Re-dispatch `refs`, rows whose job was started but whose worker died, as
         `redispatch_lost` does, only if the row still has had no heartbeat for
         `stale_after_seconds` (re-checked under the lock: a late heartbeat keeps it).
 
         Raises:
-            EnqueueError: Redis failed (the rows were left as they were).
+            RedisUnavailableError: Redis failed (the rows were left as they were).
             DatabaseError: Postgres failed (likewise, unless the COMMIT was lost).
         """
-        return self._redispatch(refs, stale_after_seconds, why, None)
+        return self._redispatch(conn, refs, stale_after_seconds, why, None)
 
     def _redispatch(
         self,
+        conn: Connection,
         refs: Sequence[JobRef],
         stale_after_seconds: float | None,
         why: str,
@@ -294,6 +276,7 @@ class Dispatcher:
         if not refs:
             return BatchResult()
         return self._dispatch(
+            conn,
             queries.REDISPATCH,
             {
                 "types": [r.type for r in refs],
@@ -309,6 +292,7 @@ class Dispatcher:
 
     def drain(
         self,
+        conn: Connection,
         types: Iterable[str],
         should_stop: Callable[[], bool] = lambda: False,
         slice_seconds: float | None = None,
@@ -326,7 +310,7 @@ class Dispatcher:
         )
         total = DrainResult()
         if rotation and not should_stop():
-            total = self._drain_rotation(rotation, should_stop, started, slice_seconds)
+            total = self._drain_rotation(conn, rotation, should_stop, started, slice_seconds)
         if total.claimed:
             logger.info(
                 "batch_dispatched claimed=%d enqueued=%d already_enqueued=%d batches=%d "
@@ -341,13 +325,14 @@ class Dispatcher:
 
     def _drain_rotation(
         self,
+        work: Connection,
         rotation: deque[str],
         should_stop: Callable[[], bool],
         started: float,
         slice_seconds: float | None,
     ) -> DrainResult:
         total = DrainResult()
-        conn = self._conn
+        conn = work
         job_type = rotation.popleft()
         rows = self._claim_type(conn, job_type)
         ahead: Future[list[Row]] | None = None
@@ -366,7 +351,7 @@ class Dispatcher:
                 ahead, other = None, None
                 if next_type is not None and len(rows) == self._batch_size:
                     # A backlog: claim the next batch on the other connection meanwhile.
-                    other = self._prefetch.other(conn, self._conn)
+                    other = self._prefetch.other(conn, work)
                     if other is not None:
                         ahead = self._prefetch.submit(self._claim_type, other, next_type)
                 total = total.add(self._deliver(conn, rows))

@@ -1,6 +1,6 @@
 """The LISTEN connection: a dedicated autocommit session that waits for wake-up hints.
 
-A notification is only a hint (its payload names a job type, or a row: sql/0010); the table is
+A notification is only a hint (its payload names a job type); the table is
 the truth, so the listener never needs to be exact: it reports the payloads, and the caller
 dispatches what they name.
 Notifications that psycopg buffered while the connection was busy are returned first. An idle
@@ -22,14 +22,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from reactor.dispatcher.doorbell import ArmOutcome, arm_outcome
-from reactor.errors import DatabaseError, LockBusyError
+from reactor.errors import DatabaseError, LockBusyError, StatementError
 from reactor.pg import queries
 from reactor.pg.db import Connection, connect, translating
 
-__all__ = ["ARM_LOCK_TIMEOUT_MS", "CHANNEL", "LIVENESS_SECONDS", "Listener"]
+__all__ = ["ARM_LOCK_TIMEOUT_MS", "LIVENESS_SECONDS", "Listener"]
 
-#: The NOTIFY channel the triggers of sql/0003 use (`queries.LISTEN` listens to it).
-CHANNEL = "photo_jobs"
 #: Probe an idle listener connection this often.
 LIVENESS_SECONDS = 15.0
 #: How long an arming reactor waits for writers in flight (their shared doorbell locks) before
@@ -80,7 +78,7 @@ class Listener:
         try:
             with translating(what, self._conn):
                 yield
-        except DatabaseError as exc:
+        except (DatabaseError, StatementError) as exc:
             self.close()
             raise DatabaseError(str(exc)) from exc
 

@@ -91,7 +91,7 @@ class RouteLiveness:
             with contextlib.closing(db.connect(self._database_url, purpose="work")) as fresh:
                 if registration.release(fresh):
                     return
-        except (DatabaseError, ConfigError):
+        except (DatabaseError, StatementError, ConfigError):
             pass
         logger.warning(
             "routes_not_marked_stopped (they count as running until the session holding their"

@@ -7,10 +7,8 @@
    next sweep (interval ± 10 % jitter), the earliest future `next_retry_at` of a routed type,
    the end of the short gap after a hinted drain found nothing, a stop request};
 3. does the first of: a sweep, if it is due; a drain of every type (at start, after a
-   reconnect or an arm, after a drain cut by its time slice, or a row became due); the
-   notified rows (their jobs enqueued at once, and those of rows named during the next few
-   ms, then the rows claimed) and a drain of the notified types; a poll (a drain of every
-   type, while the doorbell is not armed);
+   reconnect or an arm, after a drain cut by its time slice, or a row became due); a drain
+   of the notified types; a poll (a drain of every type, while the doorbell is not armed);
 4. tells the doorbell how many rows the drain claimed, and gives the keys back if it says so;
 and returns a `Turn`, which says what it did.
 
@@ -21,8 +19,8 @@ at once, catching up on whatever was committed while nobody listened; it then po
 the table is quiet and arms the doorbell again (a lost connection released it).
 
 The parts: `reactor.dispatcher.sessions` owns both Postgres sessions and reopens them;
-`reactor.dispatcher.wakeups` reads what the notifications ask; `reactor.dispatcher.named`
-enqueues named rows before claiming them; `reactor.dispatcher.drain` claims by type;
+`reactor.dispatcher.wakeups` reads what the notifications ask; `reactor.dispatcher.drain`
+claims by type, enqueues and commits (the only way a job reaches Redis);
 `reactor.dispatcher.sweep` rescues; `reactor.dispatcher.liveness` keeps the routes live. The
 `Reactor` makes them all and runs the turns. The loop's timer query (`queries.NEXT_DUE_IN`,
 when the next row becomes due) runs here, on the work connection: it serves only the wait.
@@ -31,12 +29,17 @@ With retention on (`--prune-done-after`), a `reactor.dispatcher.retention.Pruner
 finished rows on a connection of its own, outside this loop.
 
 Failure policy: at start-up a bad URL, an unreachable or unmigrated database, or a Redis that
-refuses our credentials is a `ConfigError` (exit 2). At runtime, Postgres failures reconnect
-with exponential backoff and jitter, forever; Redis failures roll the batch back (rows stay
-`pending`) and the drain is retried with backoff until Redis answers again. A sweep whose
-statement fails on a healthy connection is logged (throttled) and tried again at the next
-interval, and dispatch goes on meanwhile: only lost connections pause the loop. Every Redis
-command waits at most `--redis-timeout` (a hung Redis cannot keep a claim's row locks).
+refuses our credentials is a `ConfigError` (exit 2). At runtime nothing ends the loop but a
+stop (and a route conflict found after a reconnect): whatever a turn raises — a lost
+connection, a failed statement, Redis, or any exception a library, a payload or a row makes
+it raise — rolls the turn's transaction back, is counted (`reactor_turn_failures_total`),
+told to the health check and logged at most once a minute per event with how many were not,
+and the loop pauses with exponential backoff and jitter (at most 2 s) and goes on, draining
+every type at the next turn. Lost connections are reopened (forever); a batch Redis refused
+is retried inside the drain with the same backoff until Redis answers (rows stay `pending`
+meanwhile). A sweep whose statement fails on a healthy connection is logged (throttled) and
+tried again at the next interval, and dispatch goes on meanwhile. Every Redis command waits
+at most `--redis-timeout` (a hung Redis cannot keep a claim's row locks).
 """
 
 from __future__ import annotations
@@ -54,14 +57,14 @@ from redis.retry import Retry
 
 from reactor.dispatcher.doorbell import Action, ArmOutcome, Doorbell
 from reactor.dispatcher.drain import DrainResult
+from reactor.dispatcher.failures import TurnFailures
 from reactor.dispatcher.liveness import RouteLiveness
 from reactor.dispatcher.metrics import HealthCheck, Metrics
 from reactor.dispatcher.root import Parts
 from reactor.dispatcher.sessions import Sessions, backoff
 from reactor.dispatcher.sweep import SweepResult, guarded_round
 from reactor.dispatcher.wakeups import Wakeups
-from reactor.errors import DatabaseError, EnqueueError, StatementError
-from reactor.jobs import JobRef
+from reactor.errors import ConfigError, DatabaseError, RedisUnavailableError
 from reactor.pg import db, queries
 from reactor.routes import Route, format_route
 from reactor.rq.redis_url import connect_redis
@@ -72,10 +75,6 @@ __all__ = ["Reactor", "Turn", "Work"]
 
 logger = logging.getLogger(__name__)
 
-#: Cap of the pause after a statement error (the same statement would fail again at once).
-ERROR_PAUSE_MAX_SECONDS = 10.0
-#: Pause after a failed turn before reconnecting.
-ERROR_PAUSE_SECONDS = 0.2
 #: A drain returns to the loop after this long even if rows keep coming (and the loop drains
 #: again at once), so that sweeps, rescues, timers and stop requests are never starved.
 DRAIN_SLICE_SECONDS = 1.0
@@ -111,7 +110,7 @@ class Work(str, enum.Enum):
     #: A drain of every type: at start, after a reconnect or an arm, after a drain cut by its
     #: time slice, or because a row became due.
     DRAIN = "drain"
-    #: The notified rows and a drain of the notified types.
+    #: A drain of the notified types.
     HINTS = "hints"
     #: A drain of every type because the doorbell is not armed.
     POLL = "poll"
@@ -133,9 +132,6 @@ class Turn:
     drained: tuple[str, ...] = ()
     #: Rows claimed (by the sweep's drain too).
     claimed: int = 0
-    #: Rows named by notifications whose jobs this turn enqueued but did not claim
-    #: (`BatchResult.named`).
-    named: int = 0
     #: The sweep round's result (SWEEP only).
     sweep: SweepResult | None = None
     #: The doorbell keys were given back after the drain.
@@ -174,6 +170,7 @@ class Reactor:
         self._next_due: float | None = None  # when the next row becomes due (monotonic)
         self._due_known = False  # _next_due was looked up after the last drain
         self._backlog = True  # drain every type at the next turn
+        self._failures = TurnFailures(self.metrics, self.health, self.stopper)
 
     # -- start-up ----------------------------------------------------------------------------
 
@@ -235,35 +232,37 @@ class Reactor:
                 if not self._sessions.ok():
                     self._reconnect()
                 self.turn()
-            except DatabaseError as exc:
+            except ConfigError:
+                raise  # a reactor that started meanwhile routes our types differently
+            except Exception as exc:
+                # Whatever failed — Postgres, Redis, or anything a library, a row or a payload
+                # made it raise — the turn's transaction is rolled back and the loop goes on.
                 if self.stopper.requested:
-                    break
-                if db.is_connection_failure(exc) or not self._sessions.ok():
-                    # Reopen both in one round: after a failover the other connection is
-                    # on the old primary too (gone, or read-only), just not noticed yet.
-                    self._sessions.drop()
-                self._sessions.listener_ok()
-                self.health.failed(str(exc))
-                pause = ERROR_PAUSE_SECONDS
-                if isinstance(exc, StatementError):
-                    # Not a lost connection: the same statement would fail again at once.
-                    logger.error("loop_failed error=%s", exc)
-                    pause = min(ERROR_PAUSE_MAX_SECONDS, pause * 2 ** min(self.health.failures, 8))
+                    break  # also a stop that interrupted the drain's retries
+                if isinstance(exc, DatabaseError):
+                    # Reopen both in one round: after a failover the other connection is on
+                    # the old primary too (gone, or read-only), just not noticed yet.
+                    self._drop()
                 else:
-                    logger.warning("connection_lost error=%s", exc)
-                # A pause, so an error that a reconnect cannot fix does not spin.
-                self.stopper.sleep(_jittered(pause))
-            except EnqueueError:
-                # Only reached when a stop interrupted the retries.
-                break
+                    self._sessions.rollback_work()
+                self._sessions.listener_ok()
+                self._backlog = True  # the next turn drains every type
+                self._failures.failed(exc)
 
     def _reconnect(self) -> None:
         """Reopen both sessions (`Sessions.reconnect`); the doorbell then starts over and the
         next turn drains every type (rows committed meanwhile sent notifications to nobody)."""
+        self._drop()
         self._sessions.reconnect()
         self._bell.lost()
         self.metrics.doorbell_armed.set(0)
         self._backlog = True
+
+    def _drop(self) -> None:
+        """Close both sessions and the dispatcher's prefetch connection (reopened on use)."""
+        self._sessions.drop()
+        if self._parts is not None:
+            self._parts.dispatcher.close()
 
     def turn(self) -> Turn:
         """One turn: arm if the doorbell says so, wait for a reason to work, do that work
@@ -271,7 +270,7 @@ class Reactor:
 
         Raises:
             DatabaseError: Postgres failed (the caller reconnects).
-            EnqueueError: Redis failed, and a stop was requested while the drain retried.
+            RedisUnavailableError: Redis failed, and a stop was requested while the drain retried.
         """
         bell = self._bell
         # 1. The doorbell first: an arm calls for a drain of every type.
@@ -304,10 +303,9 @@ class Reactor:
         payloads = self._wait(deadline - now)
         notifications = len(payloads)
         waited = time.monotonic() - waiting
-        hinted, notified = self._wakeups.parse(payloads, self._started().named.room())
-        types = self._wakeups.to_drain(hinted)
-        if types or notified or (payloads and not self._wakeups.held):
-            bell.rung(routed=bool(types or notified))
+        types = self._wakeups.to_drain(self._wakeups.parse(payloads))
+        if types or (payloads and not self._wakeups.held):
+            bell.rung(routed=bool(types))
         if self.stopper.requested:
             return Turn(waited=waited, notifications=len(payloads), arm=arm)
 
@@ -327,17 +325,10 @@ class Reactor:
         elif self._backlog or (self._next_due is not None and now >= self._next_due):
             work, drained = Work.DRAIN, self._types
             result = self._drain(drained)
-        elif types or notified:
-            work = Work.HINTS
-            result, more_notifications, drained = self._started().named.dispatch(
-                notified,
-                types,
-                listen=self._listen_for_names,
-                drain=self._drain,
-                stopped=self._should_stop,
-            )
-            notifications += more_notifications
-            if not result.claimed and not result.named:
+        elif types:
+            work, drained = Work.HINTS, tuple(types)
+            result = self._drain(drained)
+            if not result.claimed:
                 self._wakeups.found_nothing()
         elif bell.should_poll():
             self.metrics.polls.inc()
@@ -346,10 +337,9 @@ class Reactor:
         else:
             return Turn(waited=waited, notifications=len(payloads), arm=arm)
 
-        # 4. Tell the doorbell the rows dispatched: claimed, or named rows whose jobs are theirs.
-        named = result.named if isinstance(result, DrainResult) else 0
+        # 4. Tell the doorbell the rows dispatched.
         released = (
-            bell.drained(result.claimed + named, started=now, every_type=work is not Work.HINTS)
+            bell.drained(result.claimed, started=now, every_type=work is not Work.HINTS)
             is Action.RELEASE
         )
         if released:
@@ -364,7 +354,6 @@ class Reactor:
             work=work,
             drained=drained,
             claimed=result.claimed,
-            named=named,
             sweep=sweep,
             released=released,
         )
@@ -389,33 +378,29 @@ class Reactor:
             self.metrics.notifications.inc(len(payloads))
         return payloads
 
-    def _listen_for_names(self, seconds: float, room: int) -> tuple[set[str], list[JobRef], int]:
-        """Listen up to `seconds` while named rows wait for their claim (`NamedRows.dispatch`):
-        the types to drain and the rows named meanwhile (at most `room`), and how many
-        notifications came."""
-        payloads = self._wait(seconds)
-        hinted, refs = self._wakeups.parse(payloads, self._started().named.room(room))
-        types = self._wakeups.to_drain(hinted)
-        if types or refs:
-            self._bell.rung(routed=True)
-        return types, refs, len(payloads)
-
     def _drain(self, types: Iterable[str]) -> DrainResult:
         """Drain `types` for up to one slice, retrying while Redis refuses."""
         dispatcher = self._started().dispatcher
+        conn = self._work()
         wanted = list(types)
         should_stop = self._should_stop
         try:
             # Called directly first: a tenacity loop costs more than a drain that finds
             # nothing, and a polling reactor drains up to a thousand times a second.
-            return dispatcher.drain(wanted, should_stop, DRAIN_SLICE_SECONDS)
-        except EnqueueError:
+            return dispatcher.drain(conn, wanted, should_stop, DRAIN_SLICE_SECONDS)
+        except RedisUnavailableError:
             if self.stopper.requested:
                 raise
         # Redis refused the batch (it was rolled back): retry with backoff, logging each try.
-        return backoff(EnqueueError, "drain", self.stopper, self.health)(
-            dispatcher.drain, wanted, should_stop, DRAIN_SLICE_SECONDS
+        return backoff(RedisUnavailableError, "drain", self.stopper, self.health)(
+            dispatcher.drain, conn, wanted, should_stop, DRAIN_SLICE_SECONDS
         )
+
+    def _work(self) -> db.Connection:
+        """The work connection, which the reactor owns and hands to its parts per call."""
+        conn = self._sessions.work
+        assert conn is not None  # `start()` opened it; a failed reconnect raises first
+        return conn
 
     def _should_stop(self) -> bool:
         return self.stopper.requested
@@ -424,6 +409,7 @@ class Reactor:
         parts = self._started()
         return guarded_round(
             parts.sweeper,
+            self._work(),
             self._should_stop,
             DRAIN_SLICE_SECONDS,
             health=self.health,
@@ -432,7 +418,7 @@ class Reactor:
 
     def sweep_once(self) -> SweepResult:
         """One sweep round (`reactor sweep`); `start()` must have succeeded."""
-        return self._started().sweeper.run_once(self._should_stop)
+        return self._started().sweeper.run_once(self._work(), self._should_stop)
 
     # -- shutdown ----------------------------------------------------------------------------
 

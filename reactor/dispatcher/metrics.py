@@ -60,10 +60,11 @@ class Metrics:
             "Claimed attempts whose job was already alive in Redis (after a lost COMMIT).",
             registry=r,
         )
-        self.named_withdrawn = Counter(
-            "reactor_named_withdrawn",
-            "Jobs enqueued for rows named by notifications and withdrawn at their claim: no "
-            "such row, or not pending at token 0.",
+        self.turn_failures = Counter(
+            "reactor_turn_failures",
+            "Turns of the loop that failed and were rolled back, by kind (connection, "
+            "statement, redis, or the class of an unexpected exception).",
+            ["kind"],
             registry=r,
         )
         self.claim_seconds = Histogram(

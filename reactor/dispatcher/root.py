@@ -6,7 +6,8 @@ database, no route given nor recorded, a route that conflicts with a running rea
 Redis that refuses our credentials or scripting is a `ConfigError` (exit 2). A Redis that does
 not answer yet is not: rows stay pending and drains retry until it does. The work connection
 is opened first (it records the routes and holds their liveness lock), then the dispatcher,
-the named-row protocol and the sweeper are made on it, the listener connected, Redis checked,
+and the sweeper are made (the reactor hands them its work connection with each call), the
+listener connected, Redis checked,
 and, when asked for, the metrics server and the retention thread started.
 """
 
@@ -17,20 +18,16 @@ from dataclasses import dataclass
 from http.server import ThreadingHTTPServer
 
 import redis
-from redis.sentinel import MasterNotFoundError
 
 from reactor.dispatcher.drain import Dispatcher
 from reactor.dispatcher.liveness import RouteLiveness
 from reactor.dispatcher.metrics import HealthCheck, Metrics, serve
-from reactor.dispatcher.named import NamedRows
 from reactor.dispatcher.retention import Pruner
 from reactor.dispatcher.sessions import Sessions
 from reactor.dispatcher.sweep import Sweeper
-from reactor.errors import ConfigError, DatabaseError
+from reactor.errors import ConfigError, DatabaseError, RedisUnavailableError, StatementError
 from reactor.pg import db
-from reactor.redact import redact
 from reactor.rq.enqueue import Enqueuer
-from reactor.rq.redis_url import describe_master_not_found
 from reactor.rq.state import RqState
 from reactor.settings import ReactorSettings
 
@@ -44,7 +41,6 @@ class Parts:
     """What a started reactor runs with."""
 
     dispatcher: Dispatcher
-    named: NamedRows
     sweeper: Sweeper
     http: ThreadingHTTPServer | None = None
     pruner: Pruner | None = None
@@ -77,7 +73,6 @@ class Parts:
             sessions.work = conn
             enqueuer = Enqueuer(client, routes, job_timeout_seconds=settings.job_timeout_seconds)
             dispatcher = Dispatcher(
-                conn,
                 enqueuer,
                 routes,
                 batch_size=settings.batch_size,
@@ -88,7 +83,6 @@ class Parts:
             quarantined = dispatcher.quarantined
             health.failing_types = lambda: [(t, q.error) for t, q in list(quarantined.items())]
             sweeper = Sweeper(
-                conn,
                 dispatcher,
                 RqState(client, routes),
                 routes,
@@ -97,15 +91,17 @@ class Parts:
                 gone_after_seconds=settings.gone_after_seconds,
                 metrics=metrics,
             )
-            parts = cls(dispatcher, NamedRows(dispatcher, enqueuer, routes, metrics), sweeper)
-            sessions.on_new_work = parts.replace_connection
-            sessions.on_drop = dispatcher.close
-            dispatcher.warm_up()
+            parts = cls(dispatcher, sweeper)
+            dispatcher.warm_up(conn)
             if sessions.listener is not None:
                 sessions.listener.connect()
-        except DatabaseError as exc:
+        except (DatabaseError, StatementError) as exc:
             raise ConfigError(str(exc)) from exc
-        _check_redis(settings, client, enqueuer)
+        try:
+            enqueuer.prepare(settings.redis_url)
+        except RedisUnavailableError as exc:
+            # Not fatal: rows stay pending and drains retry until Redis answers.
+            logger.warning("redis_unavailable error=%s (will retry)", exc)
         if settings.metrics_port is not None:
             try:
                 parts.http = serve(
@@ -128,13 +124,10 @@ class Parts:
         sessions.listener_ok()
         return parts
 
-    def replace_connection(self, conn: db.Connection) -> None:
-        """After a reconnect: the dispatcher and the sweeper work on `conn` from now on."""
-        self.dispatcher.replace_connection(conn)
-        self.sweeper.replace_connection(conn)
-
     def close(self) -> None:
-        """Stop the retention thread and the metrics server (the sessions are the caller's)."""
+        """Stop the retention thread and the metrics server, and close the dispatcher's
+        prefetch connection (the sessions are the caller's)."""
+        self.dispatcher.close()
         if self.pruner is not None:
             self.pruner.stop()
             self.pruner = None
@@ -142,21 +135,3 @@ class Parts:
             self.http.shutdown()
             self.http.server_close()
             self.http = None
-
-
-def _check_redis(settings: ReactorSettings, client: redis.Redis, enqueuer: Enqueuer) -> None:
-    """Check Redis answers and takes our script; refusals are fatal, silence is not."""
-    try:
-        client.ping()
-        enqueuer.prepare()
-        enqueuer.warm_up()
-    except MasterNotFoundError as exc:
-        # Sentinels all unreachable, or none knows the master's name: a set-up error.
-        raise ConfigError(
-            f"Redis Sentinel: {describe_master_not_found(settings.redis_url, exc)}"
-        ) from None
-    except (redis.AuthenticationError, redis.ResponseError) as exc:
-        raise ConfigError(f"Redis refused us: {redact(str(exc))}") from None
-    except redis.RedisError as exc:
-        # Not fatal: rows stay pending and drains retry until Redis answers.
-        logger.warning("redis_unavailable error=%s (will retry)", redact(str(exc)))

@@ -1,10 +1,11 @@
 """The reactor's two Postgres sessions and the policy that keeps them up.
 
 The reactor opens and owns both: the listener's (`Listener`: LISTEN and the doorbell keys) and
-the work connection, which it hands to the dispatcher and the sweeper and replaces in both
-after a reconnect. When either fails, both are reopened in one round (after a primary failover
-both point at the old server), on a server that takes writes (see `reactor.pg.db`), retrying
-with exponential backoff and jitter until they are up or a stop is requested. A listening
+the work connection, which the loop hands to the dispatcher and the sweeper with each call
+(so a reconnect replaces it everywhere at once). When either fails, both are reopened in one
+round (after a primary failover both point at the old server), on a server that takes writes
+(see `reactor.pg.db`), retrying with exponential backoff and jitter until they are up or a stop
+is requested. A listening
 reactor's work sessions end a transaction left idle for `IDLE_IN_TRANSACTION_REDIS_TIMEOUTS`
 Redis timeouts (Postgres rolls it back): a second guard, after the Redis timeout itself,
 against a claim whose row locks outlive a hung enqueue.
@@ -13,7 +14,7 @@ against a claim whose row locks outlive a hung enqueue.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import random
 
 import tenacity
 
@@ -32,6 +33,7 @@ __all__ = [
     "IDLE_IN_TRANSACTION_REDIS_TIMEOUTS",
     "Sessions",
     "backoff",
+    "retry_pause",
 ]
 
 logger = logging.getLogger(__name__)
@@ -44,6 +46,13 @@ BACKOFF_MAX_SECONDS = 2.0
 #: A listening reactor's work connections end a transaction idle this many Redis timeouts
 #: (`--redis-timeout`): the claim's enqueue may take a few commands, each bounded by the timeout.
 IDLE_IN_TRANSACTION_REDIS_TIMEOUTS = 3
+
+
+def retry_pause(failures: int) -> float:
+    """The pause after `failures` failures in a row: the same exponential backoff with full
+    jitter as `backoff`'s retries, for a failed turn of the loop."""
+    ceiling = min(BACKOFF_MAX_SECONDS, BACKOFF_MULTIPLIER_SECONDS * 2 ** min(failures, 8))
+    return random.uniform(0.0, ceiling)
 
 
 def backoff(
@@ -102,10 +111,6 @@ class Sessions:
         )
         self.listener = Listener(settings.database_url) if settings.listen else None
         self.work: db.Connection | None = None
-        #: Told of every new work connection after a reconnect (the dispatcher, the sweeper).
-        self.on_new_work: Callable[[db.Connection], None] = lambda _conn: None
-        #: Told when the connections are dropped (the dispatcher closes its prefetch one).
-        self.on_drop: Callable[[], None] = lambda: None
 
     @property
     def idle_in_transaction_seconds(self) -> float | None:
@@ -142,10 +147,15 @@ class Sessions:
         self._health.listener_connected = connected
         return self.listener is None or connected
 
+    def rollback_work(self) -> None:
+        """Roll back whatever transaction a failed turn left open on the work connection (a
+        claim's row locks are never kept); a connection that cannot roll back is dropped."""
+        if self.work is not None and not self.work.closed:
+            db.abandon(self.work)
+
     def drop(self) -> None:
         if self.listener is not None:
             self.listener.close()
-        self.on_drop()
         if self.work is not None:
             self.work.close()
 
@@ -164,18 +174,17 @@ class Sessions:
         logger.debug("doorbell_disarmed")
 
     def reconnect(self) -> None:
-        """Reopen both connections in one round, retrying with backoff until they are up.
+        """Reopen both connections in one round (the caller dropped them), retrying with
+        backoff until they are up.
 
         Raises:
             DatabaseError: a stop was requested before the connections were up.
             ConfigError: a reactor that started meanwhile routes one of our types differently.
         """
-        self.drop()
 
         def connect_missing() -> None:
             if not self.work_ok():
                 old, self.work = self.work, self.open_work()
-                self.on_new_work(self.work)
                 if old is not None:
                     old.close()
             if self.listener is not None and not self.listener.connected:

@@ -25,7 +25,7 @@ Each step is safe with any number of reactors: every write goes through `FOR UPD
 LOCKED` and re-checks the row's state and attempt under the lock.
 
 Who does what: the sweep's own reads (active rows, pending types, backlog) run on the
-connection its owner hands in (`replace_connection` after a reconnect); every write goes
+connection its owner hands in with each round; every write goes
 through the `Dispatcher`'s named methods (`drain`, `redispatch_lost`, `redispatch_stale`), so
 claim, enqueue and COMMIT stay one unit; what RQ holds is read through `reactor.rq.state`.
 """
@@ -40,7 +40,7 @@ from typing import Any
 
 from reactor.dispatcher.drain import BatchResult, Dispatcher
 from reactor.dispatcher.metrics import HealthCheck, Metrics
-from reactor.errors import EnqueueError, StatementError
+from reactor.errors import RedisUnavailableError, StatementError
 from reactor.jobs import JobRef, short_id
 from reactor.pg import queries
 from reactor.pg.db import Connection, translating
@@ -100,9 +100,11 @@ class SweepResult:
 class Sweeper:
     """Runs sweep rounds: reads on `conn`, writes through `dispatcher`, RQ through `rq_state`."""
 
+    #: The work connection of the round in progress (`run_once`).
+    _conn: Connection
+
     def __init__(
         self,
-        conn: Connection,
         dispatcher: Dispatcher,
         rq_state: RqState,
         routes: Mapping[str, Route],
@@ -112,7 +114,6 @@ class Sweeper:
         gone_after_seconds: float = DEFAULT_GONE_AFTER_SECONDS,
         metrics: Metrics | None = None,
     ) -> None:
-        self._conn = conn
         self._dispatcher = dispatcher
         self._rq = rq_state
         self._routes = routes
@@ -130,32 +131,32 @@ class Sweeper:
             burst=SWEEP_FAILED_LOG_BURST, interval_seconds=SWEEP_FAILED_LOG_SECONDS
         )
 
-    def replace_connection(self, conn: Connection) -> None:
-        """Read on `conn` from now on (after a reconnect; the old one is the caller's to close)."""
-        self._conn = conn
-
     def run_once(
-        self, should_stop: Callable[[], bool] = lambda: False, slice_seconds: float | None = None
+        self,
+        conn: Connection,
+        should_stop: Callable[[], bool] = lambda: False,
+        slice_seconds: float | None = None,
     ) -> SweepResult:
-        """Run the three steps; a Redis failure in one step is counted and the others go on.
-        The drain step stops after `slice_seconds` (then `more` is set), so a backlog that
-        keeps growing cannot keep the rescue step from running.
+        """Run the three steps on `conn`; a Redis failure in one step is counted and the
+        others go on. The drain step stops after `slice_seconds` (then `more` is set), so a
+        backlog that keeps growing cannot keep the rescue step from running.
 
         Raises:
             DatabaseError: Postgres failed (the caller reconnects).
         """
         claimed = enqueued = rescued = rescue_failed = lost = failures = 0
+        self._conn = conn
         self._refused = 0
         more = False
         try:
-            drained = self._dispatcher.drain(self._types, should_stop, slice_seconds)
+            drained = self._dispatcher.drain(conn, self._types, should_stop, slice_seconds)
             claimed, enqueued, more = drained.claimed, drained.enqueued, drained.more
-        except EnqueueError as exc:
+        except RedisUnavailableError as exc:
             failures += exc.rows
             logger.warning("sweep_enqueue_failed step=drain error=%s", exc)
         try:
             rescued, lost, rescue_failed = self._rescue(should_stop)
-        except EnqueueError as exc:
+        except RedisUnavailableError as exc:
             failures += exc.rows
             logger.warning("sweep_enqueue_failed step=rescue error=%s", exc)
         unrouted = self._unrouted_types()
@@ -305,7 +306,7 @@ class Sweeper:
         if not refs:
             return BatchResult()
         try:
-            return redispatch(refs, *args, **kwargs)
+            return redispatch(self._conn, refs, *args, **kwargs)
         except StatementError as exc:
             if len(refs) == 1:
                 self._refused += 1
@@ -344,11 +345,10 @@ class Sweeper:
             )
         return total
 
-    def refresh_backlog_metrics(self) -> None:
+    def refresh_backlog_metrics(self, conn: Connection) -> None:
         """Set the backlog, oldest-due and cancelled-rows gauges. Counting is O(pending + active
         + cancelled rows), so the loop does it after a sweep only when metrics are served, not
         as part of the sweep."""
-        conn = self._conn
         with translating("backlog query failed", conn), conn.transaction():
             backlog = conn.execute(queries.BACKLOG).fetchall()
             ages = conn.execute(queries.OLDEST_DUE_AGE, {"types": self._types}).fetchall()
@@ -398,6 +398,7 @@ class Sweeper:
 
 def guarded_round(
     sweeper: Sweeper,
+    conn: Connection,
     should_stop: Callable[[], bool],
     slice_seconds: float,
     *,
@@ -412,9 +413,9 @@ def guarded_round(
         DatabaseError: the connection failed (the caller reconnects).
     """
     try:
-        result = sweeper.run_once(should_stop, slice_seconds)
+        result = sweeper.run_once(conn, should_stop, slice_seconds)
         if refresh_backlog:
-            sweeper.refresh_backlog_metrics()
+            sweeper.refresh_backlog_metrics(conn)
     except StatementError as exc:
         health.sweep_failed(str(exc))
         sweeper.metrics.sweep_failures.inc()

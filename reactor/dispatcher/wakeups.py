@@ -1,12 +1,13 @@
-"""What the notifications a reactor hears ask of it: the payloads parsed into routed types and
-named rows, and the short gap that makes a flood of hints cost one drain, not one each.
+"""What the notifications a reactor hears ask of it: the routed types to drain, and the short
+gap that makes a flood of hints cost one drain, not one each.
 
 A payload is a hint, never an order (anyone who can connect may NOTIFY): `TYPE` asks for a
-drain of the type, `TYPE PHOTO_ID` names a row (its first attempt, at token 1). Names are kept
-only up to the room the caller gives (the named-row budget, `reactor.dispatcher.named`); the
-types of any more are drained instead. Payloads of types this reactor does not route are
-ignored and logged a few times a minute at most, and at most `MAX_REMEMBERED_UNKNOWN` of them
-are remembered, whatever a sender writes.
+drain of the type, and nothing else. The triggers of earlier releases sent `TYPE PHOTO_ID` for
+the rows of small inserts; such a payload is read as `TYPE` (a row is only ever dispatched by
+the claim of a drain, so a name of a row that does not exist costs one claim that finds
+nothing). Payloads of types this reactor does not route are ignored and logged a few times a
+minute at most, and at most `MAX_REMEMBERED_UNKNOWN` of them are remembered, whatever a sender
+writes.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import logging
 import time
 from collections.abc import Mapping
 
-from reactor.jobs import JobRef
 from reactor.routes import Route
 from reactor.throttle import LogThrottle
 
@@ -43,27 +43,18 @@ class Wakeups:
         self.held: set[str] = set()
         self._gap_ends = 0.0
 
-    def parse(self, payloads: list[str], room: int) -> tuple[set[str], list[JobRef]]:
-        """The routed types named alone, and the routed rows named one by one (their first
-        attempts, at most `room`; the types of any more count as named alone), in `payloads`
-        (the forms are in sql/0010)."""
+    def parse(self, payloads: list[str]) -> set[str]:
+        """The routed types that `payloads` ask to drain (`TYPE`, or an old trigger's
+        `TYPE PHOTO_ID`: a type has no spaces, so the first space ends it)."""
         types = set()
-        rows: dict[tuple[str, str], JobRef] = {}
         for payload in payloads:
-            job_type, by_row, photo_id = payload.partition(" ")
+            job_type = payload.partition(" ")[0]
             if job_type in self._routes:
-                if not by_row:
-                    types.add(job_type)
-                    continue
-                if photo_id:
-                    if len(rows) < room:
-                        rows.setdefault((job_type, photo_id), JobRef(job_type, photo_id, 1))
-                    else:
-                        types.add(job_type)  # a flood, or the budget spent: claimed first
-                    continue
-            # Rows of a type routed elsewhere are reported by their type, once.
-            self._ignored(payload, job_type if by_row and job_type not in self._routes else payload)
-        return types, list(rows.values())
+                types.add(job_type)
+            else:
+                # Old payloads of a type routed elsewhere are reported by their type, once.
+                self._ignored(payload, job_type if " " in payload else payload)
+        return types
 
     def _ignored(self, payload: str, unknown: str) -> None:
         if unknown in self._warned_unknown or len(self._warned_unknown) >= MAX_REMEMBERED_UNKNOWN:

@@ -35,7 +35,7 @@ from email.message import Message
 from io import BufferedIOBase
 from typing import Any
 
-from reactor.errors import ConfigError, DatabaseError, EnqueueError, InvalidJobError
+from reactor.errors import ConfigError, DatabaseError, InvalidJobError, RedisUnavailableError
 from reactor.ops import admin
 from reactor.ops.auth import Credentials, User
 from reactor.ops.cancel import cancel_pending, cancel_photos
@@ -201,7 +201,7 @@ class Actions:
                 rows = _ACTS[request.action](self, conn, request, by)
         except (ConfigError, InvalidJobError) as exc:
             raise _RefusedError(400, str(exc)) from None
-        except (DatabaseError, EnqueueError) as exc:
+        except (DatabaseError, RedisUnavailableError) as exc:
             raise _RefusedError(
                 503, redact(str(exc).splitlines()[0] if str(exc) else "failed")
             ) from None

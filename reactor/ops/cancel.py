@@ -55,7 +55,7 @@ def cancel_photos(
 
     Raises:
         DatabaseError: a batch failed (it was rolled back; the batches before it stay).
-        EnqueueError: Redis failed (the rows are cancelled; their outcomes are fenced off).
+        RedisUnavailableError: Redis failed (the rows are cancelled; their outcomes are fenced off).
     """
     ids = sorted(set(photo_ids))  # one lock order for every cancel: no deadlock
     cancelled = stopped = 0

@@ -37,7 +37,7 @@ from typing import Any
 from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup
 
-from reactor.errors import ConfigError, DatabaseError, ReactorError
+from reactor.errors import ConfigError, DatabaseError, ReactorError, StatementError
 from reactor.http_server import BoundedHTTPServer
 from reactor.ops.actions import Actions, read_body
 from reactor.ops.charts import per_minute_chart
@@ -212,7 +212,7 @@ class Dashboard:
                 try:
                     with db.translating("rollback failed"):
                         conn.rollback()
-                except DatabaseError:
+                except (DatabaseError, StatementError):
                     self._drop_connection()
 
     def _recent_done_counts(self, conn: db.Connection) -> dict[str, int]:

@@ -25,12 +25,13 @@ from typing import Any
 import redis
 from rq import Queue, Worker
 
+from reactor.errors import RedisUnavailableError
 from reactor.ops.failures import Failure, read_failures
 from reactor.ops.status import Status, read_status
 from reactor.pg import queries
 from reactor.pg.db import Connection, translating
-from reactor.redact import redact
 from reactor.routes import Route
+from reactor.rq.state import reading
 from reactor.validate import MAX_ERROR_CHARS
 
 __all__ = [
@@ -175,7 +176,8 @@ def read_overview(
         ]
     generated = now.isoformat()
     try:
-        return Overview(generated, status, finished, failures, reactors, _queues(client, routes))
-    except redis.RedisError as exc:
-        reason = redact(str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc))
-        return Overview(generated, status, finished, failures, reactors, [], reason)
+        with reading():
+            queues = _queues(client, routes)
+    except RedisUnavailableError as exc:
+        return Overview(generated, status, finished, failures, reactors, [], str(exc))
+    return Overview(generated, status, finished, failures, reactors, queues)

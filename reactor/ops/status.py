@@ -19,7 +19,7 @@ from typing import Any
 
 import redis
 
-from reactor.errors import EnqueueError
+from reactor.errors import RedisUnavailableError
 from reactor.jobs import JobRef
 from reactor.ops.pause import PausedType, paused_types
 from reactor.ops.terminal import visible
@@ -28,7 +28,7 @@ from reactor.pg.db import Connection, translating
 from reactor.pg.registry import RecordedRoute, read_recorded_routes
 from reactor.redact import redact
 from reactor.routes import format_route
-from reactor.rq.state import STARTED, job_statuses, workers_gone
+from reactor.rq.state import STARTED, job_statuses, reading, workers_gone
 from reactor.settings import DEFAULT_GONE_AFTER_SECONDS
 
 __all__ = ["STATES", "Status", "TypeStatus", "format_status", "read_done_counts", "read_status"]
@@ -150,11 +150,11 @@ def read_status(
     redis_error = None
     if client is not None:
         try:
-            gone = _workers_gone(client, quiet)
-        except (redis.RedisError, EnqueueError) as exc:
-            redis_error = redact(
-                str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-            )
+            with reading():
+                gone = _workers_gone(client, quiet)
+        except RedisUnavailableError as exc:
+            text = str(exc).strip()
+            redis_error = redact(text.splitlines()[0] if text else repr(exc))
     types = [
         TypeStatus(
             type=job_type,
@@ -177,7 +177,7 @@ def _workers_gone(client: redis.Redis, refs: list[JobRef]) -> dict[str, int]:
     also rescues ended jobs of gone workers, which `reactor status` does not count.
 
     Raises:
-        redis.RedisError, EnqueueError: Redis failed.
+        redis.RedisError, RedisUnavailableError: Redis failed.
     """
     started = [
         ref

@@ -64,7 +64,7 @@ __all__ = [
 ]
 
 #: The migration version this release of the code needs (the last file in sql/).
-LATEST_SCHEMA_VERSION = 14
+LATEST_SCHEMA_VERSION = 15
 
 Connection = psycopg.Connection[TupleRow]
 
@@ -158,7 +158,9 @@ def describe_error(exc: BaseException) -> str:
     return redact(line)
 
 
-def translate_error(exc: psycopg.Error, what: str, conn: Connection | None = None) -> DatabaseError:
+def translate_error(
+    exc: psycopg.Error, what: str, conn: Connection | None = None
+) -> DatabaseError | StatementError:
     """The project error for a psycopg error: `DatabaseError` when the connection is lost or
     the server is in trouble or read-only (reconnect and retry; see `is_connection_failure`),
     `StatementError` when one statement failed on a healthy connection (DataError,

@@ -30,41 +30,6 @@ UPDATE photo_jobs AS j
    AND j.state = 'pending'
 RETURNING j.type, j.photo_id, j.prior_attempts + j.attempts, j.state
 
--- name: CLAIM_NOTIFIED
--- Claim the given rows (photo ids and types, pairwise), whose first attempt's jobs were just
--- enqueued: each that is still `pending` and never dispatched (token 0), due, not locked and
--- of a type not paused becomes `active` at attempt 1, token 1. Returns every given row still
--- in its first life (prior_attempts 0), with whether this statement claimed it and whether
--- the token-1 job is still the row's to run: the row is `pending` at token 0 (claimed here,
--- locked by a job's fenced start, paused or not due: a later claim of token 1 finds the job)
--- or `active` at token 1 (taken over). For any other row (none, armed again, or past token 1:
--- its job ran already) no claim of token 1 can come, so the caller may withdraw the job.
--- The main SELECT reads the snapshot from before the UPDATE. The COMMIT
--- does not wait for the WAL flush (`synchronous_commit` off for this transaction), as the
--- fenced start's stamp does not: a worker waiting for the row lock would wait for the flush
--- too. A server crash that loses it leaves the row `pending` at token 0, and token 1 is
--- dispatched again, as after a lost stamp of a start.
-WITH claimed AS (
-     UPDATE photo_jobs AS j
-        SET state = 'active', attempts = 1
-      WHERE j.ctid = ANY (ARRAY(
-              SELECT p.ctid
-                FROM unnest(%(photo_ids)s::text[], %(types)s::text[]) AS n(photo_id, type)
-                JOIN photo_jobs AS p ON p.photo_id = n.photo_id AND p.type = n.type
-               WHERE p.state = 'pending' AND p.attempts = 0 AND p.prior_attempts = 0
-                 AND coalesce(p.next_retry_at, p.created_at) <= now()
-                 AND NOT EXISTS (SELECT FROM reactor_paused_types AS x WHERE x.type = p.type)
-                 FOR UPDATE OF p SKIP LOCKED))
-        AND j.state = 'pending' AND j.attempts = 0 AND j.prior_attempts = 0
-        AND set_config('synchronous_commit', 'off', true) IS NOT NULL
-     RETURNING j.type, j.photo_id)
-SELECT p.type, p.photo_id,
-       EXISTS (SELECT FROM claimed AS c WHERE (c.type, c.photo_id) = (p.type, p.photo_id)),
-       (p.state, p.attempts) IN (('pending', 0), ('active', 1))
-  FROM unnest(%(photo_ids)s::text[], %(types)s::text[]) AS n(photo_id, type)
-  JOIN photo_jobs AS p ON p.photo_id = n.photo_id AND p.type = n.type
- WHERE p.prior_attempts = 0
-
 -- name: NEXT_DUE_IN
 -- Seconds until the earliest pending row of the given types becomes due (NULL if none).
 -- Capped at a day, so a row parked at 'infinity' neither breaks the arithmetic nor matters.
@@ -635,18 +600,17 @@ SELECT type, count(*) FROM photo_jobs WHERE state = 'cancelled' GROUP BY type
 
 -- name: ATTEMPT_START
 -- The fenced start, in one round trip; returns the row's (attempts, max_attempts, seconds
--- since the row's last write: 0 when this statement stamped it) when the attempt may run. A
--- row `active` at this token whose `updated_at` is younger than `fresh` seconds (the claim
--- stamped it not long ago) is only read: no write, no new row version.
--- Otherwise the row is stamped if it is `active` at this token, or `pending` at the token
--- before: the claim that enqueued this job commits after the enqueue (a notified row's claim
--- is even made after it), so a claim in flight is waited for (the row lock) and its row then
--- stamped; if no claim came yet or its COMMIT was lost, this job takes the row over, on the
--- claim's own terms (due, attempts left, type not paused). No row: ATTEMPT_RECHECK. The
--- stamp's commit does not wait for the WAL flush (`synchronous_commit` off for this
--- statement's own transaction): it is on the job's latency path, and losing it in a server
--- crash is harmless (the row keeps the claim's state, or stays pending and is dispatched
--- again; the durable outcome write is fenced either way).
+-- since the row's last write: 0 when this statement stamped it) when the attempt may run: the
+-- row is `active` at this token. One whose `updated_at` is younger than `fresh` seconds (the
+-- claim stamped it not long ago) is only read: no write, no new row version; any other is
+-- stamped. The claim or rescue that enqueued this job commits after the enqueue, so a worker
+-- can read the row still at the token before: the UPDATE matches that row too, so that it
+-- waits for the claim's row lock and then judges the row the claim left (its own state is
+-- never changed; a row still at the token before, its claim rolled back, comes back not
+-- runnable). No row at this token: ATTEMPT_RECHECK. The stamp's commit does not wait for the
+-- WAL flush (`synchronous_commit` off for this statement's own transaction): it is on the
+-- job's latency path, and losing it in a server crash is harmless (the row keeps the claim's
+-- state; the durable outcome write is fenced either way).
 WITH fresh AS (
      SELECT attempts, max_attempts, extract(epoch FROM now() - updated_at)::float8 AS written_ago
        FROM photo_jobs
@@ -655,19 +619,17 @@ WITH fresh AS (
         AND updated_at > now() - make_interval(secs => %(fresh)s)),
 stamped AS (
      UPDATE photo_jobs
-        SET state = 'active', attempts = %(token)s - prior_attempts
+        SET state = photo_jobs.state
        FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
       WHERE NOT EXISTS (SELECT FROM fresh)
         AND photo_id = %(photo_id)s AND type = %(type)s
         AND ((state = 'active' AND prior_attempts + attempts = %(token)s)
-          OR (state = 'pending' AND prior_attempts + attempts = %(token)s - 1
-              AND attempts < max_attempts
-              AND coalesce(next_retry_at, created_at) <= now()
-              AND NOT EXISTS (SELECT FROM reactor_paused_types AS x WHERE x.type = %(type)s)))
-     RETURNING attempts, max_attempts)
+          OR (state = 'pending' AND prior_attempts + attempts = %(token)s - 1))
+     RETURNING state, prior_attempts + attempts AS token, attempts, max_attempts)
 SELECT attempts, max_attempts, written_ago FROM fresh
  UNION ALL
 SELECT attempts, max_attempts, 0::float8 FROM stamped
+ WHERE state = 'active' AND token = %(token)s
 
 -- name: ATTEMPT_RECHECK
 -- The row's state and token once no transaction is moving it (FOR SHARE waits for one),

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from reactor.errors import ConfigError, DatabaseError
+from reactor.errors import ConfigError, DatabaseError, StatementError
 from reactor.pg import queries
 from reactor.pg.db import Connection, translating
 from reactor.routes import Route, format_route, recorded_route
@@ -195,6 +195,6 @@ class RouteRegistration:
             with translating("route release failed"), conn.transaction():
                 conn.execute(queries.ROUTES_STOPPED, params)
                 conn.execute(queries.ROUTES_UNLOCK, params)
-        except DatabaseError:
+        except (DatabaseError, StatementError):
             return False
         return True

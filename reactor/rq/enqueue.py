@@ -1,31 +1,24 @@
-"""Hand a batch of attempts to RQ, only if none of its jobs exists yet.
+"""Hand a batch of attempts to RQ: all of it or nothing, never an attempt's job twice.
 
-Guarantee: an attempt's job is enqueued at most once. RQ builds the batch's commands
-(`Queue.enqueue_many`: RQ stays the author of its job format). A batch of up to
-`SCRIPT_MAX_JOBS` jobs, the latency-bound case, goes out in one round trip: one Lua script runs
-those commands (built on a pipeline that is never sent) only if none of the batch's job keys
-exists, and otherwise writes nothing; a script runs atomically, like MULTI/EXEC, and the claim
-is still open, so the round trip saved is taken off the dispatch latency. A larger batch, the
-throughput-bound case, is checked with `EXISTS` under WATCH of its job keys and sent as
-MULTI/EXEC, which runs the commands natively (replaying them in Lua costs more a job; figures
-in bench/README.md): a job written between the check and the write (a request of an earlier
-try that timed out, landing late) makes EXEC write nothing. Either way Redis takes the whole
-batch or nothing of it.
+RQ builds the batch's commands (`Queue.enqueue_many` on a pipeline that is never sent: RQ
+stays the author of its job format), and one Lua script runs them, in one round trip, whatever
+the batch's size. Redis does not undo what a script wrote before an error inside it, so the
+script first checks everything that could fail: every key a command writes must hold the kind
+of value that command writes, or nothing (`rq:queue:photo-process` set to a string makes the
+script refuse the batch, writing nothing: a `RedisUnavailableError`, and the claim rolls
+back). Only then does it write. A script runs atomically, and the claim is still open, so a
+job is never written half.
 
-When some job of the batch exists (rare), each job's status decides: a job that is alive
-(queued, started, scheduled, deferred) was enqueued by an earlier claim whose COMMIT was lost,
-and is not enqueued again (RQ would overwrite it and run it twice). A job that already ended
-(finished or failed: it ran while the claim that enqueued it was rolled back, found the row
-not at its token and did nothing) is deleted and replaced. The rest go out as one MULTI/EXEC
-pipeline, the jobs to be written watched as above (and every status read again if one
-changed). Statuses are read with `HGET` (`reactor.rq.state`), and an ended job is deleted with
-RQ's `Job.delete` on a job object made from its id: the reactor never unpickles anything from
-Redis (a job's fields are pickles, and whoever can write to Redis writes them).
-
-`enqueue_new` writes the jobs of rows not claimed yet (named by their notification) through
-the same script, and never replaces a job (the caller claims such rows, then enqueues them
-here the usual way). `withdraw` deletes such jobs again while they are still queued, when the
-claim found no row that could use them (a notification names whatever its sender wrote).
+Guarantee: an attempt's job is enqueued at most once. A job that is already *enqueued* — in
+its queue (or in RQ's intermediate list, taken by a worker that has not marked it started
+yet) with status `queued`, or `started` — was enqueued by an earlier claim whose COMMIT was
+lost, and is left as it is (RQ would overwrite it and run it twice). Any other job at that id
+(finished or failed: it ran while the claim that enqueued it was rolled back, and found the
+row not at its token; a bare hash; a `queued` job in no list) is deleted (with its entries in
+the queue's finished and failed registries) and written again. The script decides this
+under the same atomicity, so nothing can change between the check and the write. It reads
+only statuses and list positions: the reactor never unpickles anything from Redis (a job's
+fields are pickles, and whoever can write to Redis writes them).
 
 This module only writes jobs; reading what RQ holds for the sweep is `reactor.rq.state`, and
 the Redis client comes from `reactor.rq.redis_url.connect_redis`.
@@ -41,42 +34,75 @@ from typing import Any
 import redis
 from redis.client import Pipeline
 from redis.commands.core import Script
+from redis.sentinel import MasterNotFoundError
 from rq import Queue
 from rq.job import Job
 from rq.queue import EnqueueData
 
-from reactor.errors import EnqueueError
+from reactor.errors import ConfigError, RedisUnavailableError
 from reactor.jobs import ENTRY_POINT, JobRef, short_id
 from reactor.redact import redact
 from reactor.routes import Route
-from reactor.rq.state import ALIVE_STATUSES, QUEUED, job_statuses
+from reactor.rq.redis_url import describe_master_not_found
 from reactor.settings import FAILED_JOB_TTL_SECONDS, RESULT_TTL_SECONDS
 
-__all__ = ["SCRIPT_MAX_JOBS", "EnqueueResult", "Enqueuer"]
+__all__ = ["EnqueueResult", "Enqueuer"]
 
-#: Tries of the careful path when a job it is about to write changes meanwhile, before it gives
-#: up (the batch is rolled back and claimed again).
-WATCH_TRIES = 3
-#: Batches up to this size go out through the script (one round trip: cheaper for a few jobs);
-#: larger ones through `EXISTS`, then MULTI/EXEC (cheaper for a backlog's batch).
-SCRIPT_MAX_JOBS = 100
-
-#: KEYS: the batch's job keys. ARGV: the batch's commands, each as its argument count followed
-#: by its arguments. Returns how many of the keys exist; the commands ran only if that is 0.
-#: The existence check goes by chunks: Lua's `unpack` is limited to a few thousand values.
-_ENQUEUE_IF_NEW = """
-local found = 0
-for i = 1, #KEYS, 1000 do
-  found = found + redis.call('EXISTS', unpack(KEYS, i, math.min(i + 999, #KEYS)))
+#: ARGV: the number of jobs n; for each job its key, id, queue key, intermediate list key and
+#: finished and failed registry keys (an ended job replaced leaves them); then the commands,
+#: each as (owner, argument count, arguments...): owner 0 is shared by the batch (RQ's set of
+#: queues), owner i belongs to job i. Returns the indexes (from 1) of the jobs already
+#: enqueued, whose commands it did not run.
+_ENQUEUE = """
+local kinds = {HSET = 'hash', HMSET = 'hash', RPUSH = 'list', LPUSH = 'list', SADD = 'set'}
+local function check(key, kind)
+  local held = redis.call('TYPE', key).ok
+  if held ~= 'none' and held ~= kind then
+    error('WRONGTYPE ' .. key .. ' holds a ' .. held .. ', not a ' .. kind .. ': nothing written')
+  end
 end
-if found > 0 then return found end
-local i = 1
+local n = tonumber(ARGV[1])
+local first = 2 + 6 * n
+local i = first
 while i <= #ARGV do
-  local n = tonumber(ARGV[i])
-  redis.call(unpack(ARGV, i + 1, i + n))
-  i = i + n + 1
+  local argc = tonumber(ARGV[i + 1])
+  local command = string.upper(ARGV[i + 2])
+  local kind = kinds[command]
+  if not kind then error('unexpected command ' .. command .. ' from RQ: nothing written') end
+  check(ARGV[i + 3], kind)
+  i = i + 2 + argc
 end
-return 0
+local skip, enqueued, ended = {}, {}, {}
+for j = 1, n do
+  local at = 2 + 6 * (j - 1)
+  local key, id = ARGV[at], ARGV[at + 1]
+  check(ARGV[at + 2], 'list')
+  check(ARGV[at + 3], 'list')
+  check(ARGV[at + 4], 'zset')
+  check(ARGV[at + 5], 'zset')
+  if redis.call('EXISTS', key) == 1 then
+    local status = redis.call('HGET', key, 'status')
+    if status == 'started' or (status == 'queued' and
+        (redis.call('LPOS', ARGV[at + 2], id) or redis.call('LPOS', ARGV[at + 3], id))) then
+      skip[j] = true
+      enqueued[#enqueued + 1] = j
+    else
+      ended[#ended + 1] = at
+    end
+  end
+end
+for _, at in ipairs(ended) do
+  redis.call('DEL', ARGV[at])
+  redis.call('ZREM', ARGV[at + 4], ARGV[at + 1])
+  redis.call('ZREM', ARGV[at + 5], ARGV[at + 1])
+end
+i = first
+while i <= #ARGV do
+  local owner, argc = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
+  if owner == 0 or not skip[owner] then redis.call(unpack(ARGV, i + 2, i + 1 + argc)) end
+  i = i + 2 + argc
+end
+return enqueued
 """
 
 
@@ -105,16 +131,31 @@ class Enqueuer:
         # None: RQ's default (180 s). A timeout is a failed attempt like any exception.
         self._job_timeout = job_timeout_seconds
         self._queues: dict[str, Queue] = {}
-        self._enqueue_if_new: Script = client.register_script(_ENQUEUE_IF_NEW)
+        self._lists_of: dict[str, tuple[str, str, str, str]] = {}
+        self._script: Script = client.register_script(_ENQUEUE)
 
-    def prepare(self) -> None:
-        """Load the enqueue script now, so a Redis that forbids scripts (ACL) is refused at
-        start-up rather than at the first batch.
+    def prepare(self, redis_url: str) -> None:
+        """Check that Redis answers, load the enqueue script (so a Redis that forbids scripts
+        is refused at start-up rather than at the first batch) and warm up (`warm_up`).
 
         Raises:
-            redis.RedisError: Redis failed or refused (`NoPermissionError`).
+            ConfigError: what a retry cannot fix: Redis refused our credentials or the script
+                (ACL), or no sentinel knows the master (`redis_url` names them).
+            RedisUnavailableError: Redis did not answer (not fatal: drains retry).
         """
-        self._client.script_load(_ENQUEUE_IF_NEW)
+        try:
+            self._client.ping()
+            self._client.script_load(_ENQUEUE)
+            self.warm_up()
+        except MasterNotFoundError as exc:
+            # Sentinels all unreachable, or none knows the master's name: a set-up error.
+            raise ConfigError(
+                f"Redis Sentinel: {describe_master_not_found(redis_url, exc)}"
+            ) from None
+        except (redis.AuthenticationError, redis.ResponseError) as exc:
+            raise ConfigError(f"Redis refused us: {redact(str(exc))}") from None
+        except redis.RedisError as exc:
+            raise RedisUnavailableError(redact(str(exc))) from exc
 
     def warm_up(self) -> None:
         """Build a job of every route on a pipeline that is never sent, and run the script on
@@ -123,10 +164,8 @@ class Enqueuer:
         Raises:
             redis.RedisError: Redis failed.
         """
-        refs = [JobRef(job_type, "warm-up", 1) for job_type in self._routes]
-        with self._client.pipeline(transaction=False) as plan:
-            self._add_enqueues(plan, self._by_queue(refs))
-        self._enqueue_if_new(keys=[], args=[])
+        self._arguments([JobRef(job_type, "warm-up", 1) for job_type in self._routes])
+        self._script(keys=[], args=[0])
 
     def _queue(self, name: str) -> Queue:
         queue = self._queues.get(name)
@@ -134,194 +173,63 @@ class Enqueuer:
             queue = self._queues[name] = Queue(name, connection=self._client)
         return queue
 
+    def _lists(self, name: str) -> tuple[str, str, str, str]:
+        """The keys of a queue's list, RQ's intermediate list, and its finished and failed
+        registries."""
+        lists = self._lists_of.get(name)
+        if lists is None:
+            queue = self._queue(name)
+            lists = self._lists_of[name] = (
+                queue.key,
+                queue.intermediate_queue_key,
+                queue.finished_job_registry.key,
+                queue.failed_job_registry.key,
+            )
+        return lists
+
     def enqueue(self, refs: Sequence[JobRef]) -> EnqueueResult:
-        """Enqueue the jobs of `refs` that are not already alive in Redis.
+        """Enqueue the jobs of `refs` that are not already enqueued (see the module
+        docstring), all in one script run.
 
         Raises:
-            EnqueueError: Redis failed; nothing of this batch was enqueued by this call.
+            RedisUnavailableError: Redis failed or refused the batch; nothing of it was written.
             KeyError: a ref's type has no route (callers only claim routed types).
         """
         if not refs:
             return EnqueueResult()
-        by_queue = self._by_queue(refs)
-        keys = [Job.key_for(ref.job_id) for ref in refs]
         try:
-            if len(refs) > SCRIPT_MAX_JOBS:
-                # A backlog's batch: one `EXISTS` is a small part of its time, and MULTI/EXEC
-                # runs the commands natively (cheaper than the script's replay).
-                written = self._write_if_new(keys, by_queue)
-            else:
-                # A few jobs, the latency-bound case: check and write in one round trip.
-                written = self._script_write(keys, by_queue)
+            # Building the jobs may ask Redis too (RQ reads the server's version once).
+            refs, argv = self._arguments(refs)
+            skipped = self._script(keys=[], args=argv)
         except redis.RedisError as exc:
-            raise EnqueueError(f"Redis enqueue failed: {redact(str(exc))}", rows=len(refs)) from exc
-        if not written:
-            return self._enqueue_fresh(refs)
-        return EnqueueResult(enqueued=len(refs), by_type=Counter(ref.type for ref in refs))
-
-    def enqueue_new(self, refs: Sequence[JobRef]) -> list[JobRef]:
-        """Enqueue the jobs of `refs` whose job does not exist at all, whatever its status:
-        the jobs of rows not claimed yet, which only the claim that follows (or the job's
-        own fenced start) makes theirs. A job that exists (written by another reactor that
-        heard the same notification, run already, or left from an earlier life of the row)
-        is not replaced: the caller claims such rows the careful way.
-
-        Returns:
-            The refs whose jobs this call wrote.
-
-        Raises:
-            EnqueueError: Redis failed; some jobs may have been written (a later claim of
-                their attempt finds them alive and does not enqueue them again).
-            KeyError: a ref's type has no route.
-        """
-        written: list[JobRef] = []
-        try:
-            for start in range(0, len(refs), SCRIPT_MAX_JOBS):
-                chunk = refs[start : start + SCRIPT_MAX_JOBS]
-                keys = [Job.key_for(ref.job_id) for ref in chunk]
-                if self._script_write(keys, self._by_queue(chunk)):
-                    written.extend(chunk)
-                elif len(chunk) > 1:
-                    # Some job exists (rare): one by one, so that the others still go out.
-                    for ref in chunk:
-                        if self._script_write([Job.key_for(ref.job_id)], self._by_queue([ref])):
-                            written.append(ref)
-        except redis.RedisError as exc:
-            raise EnqueueError(f"Redis enqueue failed: {redact(str(exc))}", rows=len(refs)) from exc
-        return written
-
-    def withdraw(self, refs: Sequence[JobRef]) -> int:
-        """Delete the jobs of `refs` that are still queued; how many were deleted. Under
-        WATCH of their keys; if one changes meanwhile (a worker takes it), each is tried again
-        on its own, so the others still go (a job taken is left: its fenced start refuses it).
-
-        Raises:
-            EnqueueError: Redis failed.
-        """
-        try:
-            deleted = self._withdraw_queued(refs)
-            if deleted is None:
-                deleted = sum(self._withdraw_queued([ref]) or 0 for ref in refs)
-        except redis.RedisError as exc:
-            error = f"Redis withdraw failed: {redact(str(exc))}"
-            raise EnqueueError(error, rows=len(refs)) from exc
-        return deleted
-
-    def _withdraw_queued(self, refs: Sequence[JobRef]) -> int | None:
-        """Delete those of `refs` whose jobs are queued, in one MULTI/EXEC under WATCH; how
-        many, or None when one of them changed between the read and the write (nothing
-        deleted)."""
-        if not refs:
-            return 0
-        with self._client.pipeline(transaction=True) as pipe:
-            try:
-                pipe.watch(*(Job.key_for(ref.job_id) for ref in refs))  # type: ignore[no-untyped-call]
-                statuses = job_statuses(self._client, refs)
-                queued = [r for r, status in zip(refs, statuses, strict=True) if status == QUEUED]
-                if not queued:
-                    return 0
-                pipe.multi()
-                for ref in queued:
-                    self._add_delete(pipe, ref)
-                pipe.execute()
-            except redis.WatchError:
-                return None
-        return len(queued)
-
-    def statuses(self, refs: Sequence[JobRef]) -> list[bytes | None]:
-        """The RQ status of each attempt's job (None: no such job), in one round trip.
-
-        Raises:
-            EnqueueError: Redis failed.
-        """
-        return job_statuses(self._client, refs)
-
-    def _script_write(self, keys: list[str], by_queue: Mapping[str, list[JobRef]]) -> bool:
-        """Write the batch with the enqueue script, in one round trip, if none of `keys`
-        exists. False: some key exists, and nothing was written."""
-        with self._client.pipeline(transaction=False) as plan:
-            self._add_enqueues(plan, by_queue)
-            argv: list[Any] = []
-            for args, _options in plan.command_stack:  # never sent: the script runs them
-                argv.append(len(args))
-                argv.extend(args)
-        return bool(self._enqueue_if_new(keys=keys, args=argv) == 0)
-
-    def _write_if_new(self, keys: list[str], by_queue: Mapping[str, list[JobRef]]) -> bool:
-        """Write the batch with MULTI/EXEC if none of `keys` exists, checked with EXISTS under
-        WATCH: a write of one of them in between (a request of an earlier try that timed out,
-        landing late) makes EXEC write nothing. False: some key exists, or the write was
-        aborted (a key changed; redis-py also reports a connection lost under WATCH so), and
-        the careful path decides job by job."""
-        with self._client.pipeline(transaction=True) as pipe:
-            try:
-                pipe.watch(*keys)  # type: ignore[no-untyped-call]
-                if pipe.exists(*keys):
-                    return False
-                pipe.multi()
-                self._add_enqueues(pipe, by_queue)
-                pipe.execute()
-            except redis.WatchError:
-                return False
-        return True
-
-    def _enqueue_fresh(self, refs: Sequence[JobRef]) -> EnqueueResult:
-        """Some job of the batch exists: enqueue only the attempts whose job is not alive.
-        Only the jobs to be written are watched (alive ones change all the time: their workers
-        write to them), and their statuses read again under WATCH: a job written in between
-        makes this try write nothing, and the next one reads every status again."""
-        try:
-            for _ in range(WATCH_TRIES):
-                statuses = job_statuses(self._client, refs)
-                fresh = [
-                    (ref, status)
-                    for ref, status in zip(refs, statuses, strict=True)
-                    if status not in ALIVE_STATUSES
-                ]
-                if self._write_fresh(fresh):
-                    break
-            else:
-                raise EnqueueError(
-                    "Redis enqueue failed: the batch's jobs kept changing (or Redis failed "
-                    "under WATCH)",
-                    rows=len(refs),
-                )
-        except redis.RedisError as exc:
-            raise EnqueueError(f"Redis enqueue failed: {redact(str(exc))}", rows=len(refs)) from exc
+            raise RedisUnavailableError(
+                f"Redis enqueue failed: {redact(str(exc))}", rows=len(refs)
+            ) from exc
+        left = {int(index) - 1 for index in skipped}
+        written = [ref for index, ref in enumerate(refs) if index not in left]
         return EnqueueResult(
-            enqueued=len(fresh),
-            already_enqueued=len(refs) - len(fresh),
-            by_type=Counter(ref.type for ref, _ in fresh),
+            enqueued=len(written),
+            already_enqueued=len(left),
+            by_type=Counter(ref.type for ref in written),
         )
 
-    def _write_fresh(self, fresh: list[tuple[JobRef, bytes | None]]) -> bool:
-        """Replace the leftovers and enqueue the missing jobs of `fresh` (each with the status
-        read before), if none of them changed since; False if one did (nothing written)."""
-        if not fresh:
-            return True
-        refs = [ref for ref, _ in fresh]
-        with self._client.pipeline(transaction=True) as pipe:
-            try:
-                pipe.watch(*(Job.key_for(ref.job_id) for ref in refs))  # type: ignore[no-untyped-call]
-                if job_statuses(self._client, refs) != [status for _, status in fresh]:
-                    return False
-                pipe.multi()
-                for ref, status in fresh:
-                    if status is not None:
-                        # A terminal job of an earlier life of the row holds this id.
-                        self._add_delete(pipe, ref)
-                self._add_enqueues(pipe, self._by_queue(refs))
-                pipe.execute()
-            except redis.WatchError:
-                return False
-        return True
-
-    def _add_delete(self, pipe: Pipeline, ref: JobRef) -> None:
-        """Delete a job with RQ's `Job.delete`, on a job object made from its id alone:
-        `Job.fetch` would unpickle its fields, and whoever can write to Redis chooses them."""
-        bare = Job(ref.job_id, connection=self._client)  # no I/O, nothing read
-        bare.origin = self._routes[ref.type].queue
-        bare.delete(pipeline=pipe)
+    def _arguments(self, refs: Sequence[JobRef]) -> tuple[list[JobRef], list[Any]]:
+        """The refs in the script's order, and the script's ARGV for them."""
+        by_queue = self._by_queue(refs)
+        ordered = [ref for batch in by_queue.values() for ref in batch]
+        owner_of: dict[str, int] = {}
+        argv: list[Any] = [len(ordered)]
+        for index, ref in enumerate(ordered, start=1):
+            key = Job.key_for(ref.job_id)
+            owner_of[key] = owner_of[ref.job_id] = index
+            argv += [key, ref.job_id, *self._lists(self._routes[ref.type].queue)]
+        with self._client.pipeline(transaction=False) as plan:
+            self._add_enqueues(plan, by_queue)
+            for args, _options in plan.command_stack:  # never sent: the script runs them
+                # A job's hash is keyed by it; its push names it last; the rest is shared.
+                owner = owner_of.get(str(args[1]), owner_of.get(str(args[-1]), 0))
+                argv += [owner, len(args), *args]
+        return ordered, argv
 
     def _by_queue(self, refs: Sequence[JobRef]) -> dict[str, list[JobRef]]:
         by_queue: dict[str, list[JobRef]] = defaultdict(list)

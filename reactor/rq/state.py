@@ -1,7 +1,6 @@
 """What RQ holds for an attempt's job, read without unpickling anything.
 
-The enqueue path asks whether a job is alive (`job_statuses`, `ALIVE_STATUSES`) before it
-writes a batch that collides with existing jobs; the sweep asks, through `RqState`, which jobs
+The sweep asks, through `RqState` and `job_statuses`, which jobs
 of `active` rows are gone, failed without an outcome, or orphaned. Everything is read with
 plain commands (`HGET` of a job's status or worker name, `EXISTS` of a worker's key, `LRANGE`
 of a queue, RQ's error text through `reactor.rq.job_errors`), in one round trip per call (two
@@ -11,14 +10,15 @@ job's pickled fields hold, so the reactor never decodes them. Nothing here write
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 
 import redis
 from rq import Queue
 from rq.job import Job
 from rq.worker import Worker
 
-from reactor.errors import EnqueueError
+from reactor.errors import RedisUnavailableError
 from reactor.jobs import JobRef
 from reactor.redact import redact
 from reactor.routes import Route
@@ -31,6 +31,7 @@ __all__ = [
     "STARTED",
     "RqState",
     "job_statuses",
+    "reading",
     "workers_gone",
 ]
 
@@ -48,7 +49,7 @@ def job_statuses(client: redis.Redis, refs: Sequence[JobRef]) -> list[bytes | No
     """The RQ status of each attempt's job (None: no such job), in one round trip.
 
     Raises:
-        EnqueueError: Redis failed.
+        RedisUnavailableError: Redis failed.
     """
     try:
         with client.pipeline(transaction=False) as pipe:
@@ -56,7 +57,7 @@ def job_statuses(client: redis.Redis, refs: Sequence[JobRef]) -> list[bytes | No
                 pipe.hget(Job.key_for(ref.job_id), "status")
             return list(pipe.execute())
     except redis.RedisError as exc:
-        raise EnqueueError(
+        raise RedisUnavailableError(
             f"Redis status check failed: {redact(str(exc))}", rows=len(refs)
         ) from exc
 
@@ -102,7 +103,7 @@ class RqState:
         """The RQ status of each attempt's job (None: no such job), in one round trip.
 
         Raises:
-            EnqueueError: Redis failed.
+            RedisUnavailableError: Redis failed.
         """
         return job_statuses(self._client, refs)
 
@@ -110,12 +111,12 @@ class RqState:
         """`workers_gone` for each ref.
 
         Raises:
-            EnqueueError: Redis failed.
+            RedisUnavailableError: Redis failed.
         """
         try:
             return workers_gone(self._client, refs)
         except redis.RedisError as exc:
-            raise EnqueueError(
+            raise RedisUnavailableError(
                 f"Redis worker check failed: {redact(str(exc))}", rows=len(refs)
             ) from exc
 
@@ -124,12 +125,12 @@ class RqState:
         read as text (nothing is unpickled).
 
         Raises:
-            EnqueueError: Redis failed.
+            RedisUnavailableError: Redis failed.
         """
         try:
             return read_failure_texts(self._client, refs)
         except redis.RedisError as exc:
-            raise EnqueueError(
+            raise RedisUnavailableError(
                 f"Redis error check failed: {redact(str(exc))}", rows=len(refs)
             ) from exc
 
@@ -146,7 +147,7 @@ class RqState:
         (quadratic for a long queue of long-waiting jobs).
 
         Raises:
-            EnqueueError: Redis failed.
+            RedisUnavailableError: Redis failed.
         """
         if not refs:
             return []
@@ -166,7 +167,7 @@ class RqState:
                     pipe.lrange(key, 0, -1)
                 replies = pipe.execute()
         except redis.RedisError as exc:
-            raise EnqueueError(f"Redis queue check failed: {redact(str(exc))}") from exc
+            raise RedisUnavailableError(f"Redis queue check failed: {redact(str(exc))}") from exc
         listed = {key: set(ids) for key, ids in zip(lists, replies[len(refs) :], strict=True)}
         result = []
         in_limbo: set[str] = set()
@@ -188,3 +189,18 @@ class RqState:
         if queue is None:
             queue = self._queues[name] = Queue(name, connection=self._client)
         return queue
+
+
+@contextmanager
+def reading() -> Iterator[None]:
+    """For the operator tools' reads of RQ (status, dashboard): a Redis error inside leaves
+    as a `RedisUnavailableError` whose message is the error's first line, redacted.
+
+    Raises:
+        RedisUnavailableError: Redis failed.
+    """
+    try:
+        yield
+    except redis.RedisError as exc:
+        text = str(exc).strip()
+        raise RedisUnavailableError(redact(text.splitlines()[0] if text else repr(exc))) from exc

@@ -17,10 +17,8 @@ import redis
 from rq.command import send_command
 from rq.job import Job
 
-from reactor.errors import EnqueueError
 from reactor.jobs import JobRef
-from reactor.redact import redact
-from reactor.rq.state import STARTED
+from reactor.rq.state import STARTED, reading
 
 __all__ = ["stop_started"]
 
@@ -30,21 +28,19 @@ def stop_started(client: redis.Redis, refs: Sequence[JobRef]) -> int:
     how many were sent (a worker that finished the job meanwhile ignores it).
 
     Raises:
-        EnqueueError: Redis failed (the rows stay cancelled; their outcomes are fenced off).
+        RedisUnavailableError: Redis failed (the rows stay cancelled; outcomes are fenced off).
     """
     if not refs:
         return 0
-    try:
-        with client.pipeline(transaction=False) as pipe:
-            for ref in refs:
-                pipe.hmget(Job.key_for(ref.job_id), "status", "worker_name")
-            found: list[list[bytes | None]] = pipe.execute()
-        sent = 0
-        for ref, (status, worker) in zip(refs, found, strict=True):
-            if status == STARTED and worker:
+    # Redis errors leave as RedisUnavailableError (the rows stay cancelled either way).
+    with reading(), client.pipeline(transaction=False) as pipe:
+        for ref in refs:
+            pipe.hmget(Job.key_for(ref.job_id), "status", "worker_name")
+        found: list[list[bytes | None]] = pipe.execute()
+    sent = 0
+    for ref, (status, worker) in zip(refs, found, strict=True):
+        if status == STARTED and worker:
+            with reading():
                 send_command(client, worker.decode(), "stop-job", job_id=ref.job_id)
-                sent += 1
-    except redis.RedisError as exc:
-        message = f"rows cancelled, but Redis failed stopping their jobs: {redact(str(exc))}"
-        raise EnqueueError(message, rows=len(refs)) from exc
+            sent += 1
     return sent

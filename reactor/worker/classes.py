@@ -62,7 +62,7 @@ from rq.job import Job
 from rq.queue import Queue
 from rq.worker.base import BaseWorker
 
-from reactor.errors import ConfigError, DatabaseError
+from reactor.errors import ConfigError, DatabaseError, StatementError
 from reactor.jobs import ENTRY_POINT, JobRef
 from reactor.pg import db, registry
 from reactor.redact import redact
@@ -182,7 +182,7 @@ class _Lifecycle(SystemdNotify, StartupChecks, KeyRenewal, BaseWorker):
                 started = lifecycle.recheck(self._store, self.settings, ref, _FRESHNESS)
             else:
                 started = lifecycle.Started.of(answer.first)
-        except DatabaseError as exc:
+        except (DatabaseError, StatementError) as exc:
             logger.error("attempt_unstarted %s error=%s", lifecycle.describe(ref), exc)
             return Handoff(ref, "unstarted", failure=exc), None
         except Exception as exc:
@@ -203,7 +203,7 @@ class _Lifecycle(SystemdNotify, StartupChecks, KeyRenewal, BaseWorker):
         except HandlerRefusedError as exc:
             logger.error("handler_refused %s %s", lifecycle.describe(ref), exc)
             return Handoff(ref, "run", failure=exc), started
-        except (HandlerImportError, ConfigError, DatabaseError) as exc:
+        except (HandlerImportError, ConfigError, DatabaseError, StatementError) as exc:
             # Unimportable, or the recorded routes unreadable: a failed attempt that says so.
             return Handoff(ref, "run", failure=exc), started
 
@@ -226,7 +226,7 @@ class _Lifecycle(SystemdNotify, StartupChecks, KeyRenewal, BaseWorker):
             return  # never started: there is no outcome of ours to write
         try:
             lifecycle.finish(self._store, self.settings, ref, started, outcome)
-        except DatabaseError as exc:
+        except (DatabaseError, StatementError) as exc:
             logger.error(
                 "outcome_lost %s error=%s (the row is rescued after stale_after)",
                 lifecycle.describe(ref),

@@ -38,7 +38,7 @@ from typing import Protocol
 import psycopg
 from psycopg import pq
 
-from reactor.errors import ConfigError, DatabaseError
+from reactor.errors import ConfigError, DatabaseError, StatementError
 from reactor.pg import db, queries
 
 __all__ = ["DONE", "START", "InFlight", "Result", "Statement"]
@@ -165,7 +165,7 @@ class InFlight:
         try:
             conn = self._owner.conn
             encoding = conn.info.encoding
-        except (ConfigError, DatabaseError):
+        except (ConfigError, DatabaseError, StatementError):
             return False  # the store's own path reports it
         try:
             values = [_encode(params[name], encoding) for name in statement.params]

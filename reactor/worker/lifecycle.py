@@ -11,17 +11,15 @@ was dispatched, which grows with every dispatch over the row's whole history (a 
 writes an outcome; `attempts` still counts per life for `max_attempts` and the backoff.
 
 1. `start` — the fenced start (one statement when it may run): proceed only if the row is
-   `active` at this token, or `pending` at the token before (the claim that enqueued this
-   job commits after the enqueue, or, for a row named by its notification, is made after it:
-   the start waits for a claim in flight, and takes the row over if none came yet or its
-   COMMIT was lost, and the claim still could: due, attempts left, type not paused). Otherwise
-   the row is read again once no transaction is moving it (the sweep's rescue, from `active` at
-   the token before, also commits after its enqueue): `active` at this token, it starts;
-   else the attempt was superseded or the row is finished, and the handler must not run. A row
-   the claim stamped less than a quarter heartbeat interval ago (a whole interval for the
-   worker classes, whose first beat is due an interval after that stamp) is only read; any
-   other is stamped (`updated_at`), so the sweep cannot take a job that waited long in the
-   queue for a dead worker's before its first heartbeat.
+   `active` at this token (the claim or rescue that enqueued this job commits after the
+   enqueue: the start waits for one in flight). Otherwise the row is read again once no
+   transaction is moving it: `active` at this token, it starts; else the attempt was
+   superseded, the row is finished, or the claim that enqueued the job rolled back (its
+   COMMIT lost: the next claim of the row finds the job ended and replaces it), and the
+   handler must not run. A row the claim stamped less than a quarter heartbeat interval ago
+   (a whole interval for the worker classes, whose first beat is due an interval after that
+   stamp) is only read; any other is stamped (`updated_at`), so the sweep cannot take a job
+   that waited long in the queue for a dead worker's before its first heartbeat.
 2. `Heartbeater` — one thread per process that touches `updated_at` every
    `heartbeat_seconds` while a handler runs, so the sweep does not rescue a live attempt (for
    the worker classes it also renews the worker's RQ key at each beat, which tells the sweep
@@ -233,7 +231,7 @@ def warm_up(store: Store) -> None:
 
     try:
         db.rehearse(store.conn, {**params, "state": "active", "attempts": ref.token}, attempt)
-    except DatabaseError:
+    except (DatabaseError, StatementError):
         store.close()
         raise
 
@@ -296,7 +294,7 @@ def recheck(
             if row is not None:
                 return Started.of(row)
             why = "row moved on again"
-    except DatabaseError as exc:
+    except (DatabaseError, StatementError) as exc:
         logger.warning("attempt_skipped %s (row state unknown: %s)", describe(ref), error_text(exc))
         return None
     logger.info("attempt_skipped %s (%s)", describe(ref), why)

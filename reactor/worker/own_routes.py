@@ -20,7 +20,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
-from reactor.errors import ConfigError, DatabaseError
+from reactor.errors import ConfigError, DatabaseError, StatementError
 from reactor.routes import Route, handler_allowed
 
 __all__ = ["REFRESH_SECONDS", "HandlerRefusedError", "OwnRoutes"]
@@ -101,7 +101,7 @@ class OwnRoutes:
         self._refused_at[job_type, handler] = now
         try:
             self._read()
-        except (ConfigError, DatabaseError) as exc:
+        except (ConfigError, DatabaseError, StatementError) as exc:
             logger.error("routes_unreadable error=%s", exc)
             return False
         return True

@@ -20,7 +20,7 @@ from typing import Any
 
 from rq.worker.base import BaseWorker
 
-from reactor.errors import ConfigError, DatabaseError
+from reactor.errors import ConfigError, DatabaseError, StatementError
 from reactor.jobs import warm_up_ref
 from reactor.pg import db
 from reactor.redact import redact
@@ -104,7 +104,7 @@ class StartupChecks(BaseWorker):
             lifecycle.warm_up(self._store)
             self._warm_up_inflight()
             served = self._wait_for_routes()
-        except DatabaseError as exc:
+        except (DatabaseError, StatementError) as exc:
             raise ConfigError(str(exc)) from exc
         for route in served:
             try:
