@@ -16,6 +16,10 @@ is touched (`InvalidJobError`); any other object gets a `TypeError` that says wh
 Idempotent: a `pending` or `active` row is left as it is; a `done` or `failed` row is re-armed
 (a new life at attempts 0, due from now, its attempts added to `prior_attempts` so that the
 fencing token goes on growing).
+
+Traced (`reactor.tracing`, with the `otel` extra): each call makes a PRODUCER span `send
+{type}` around its statement and stores that span's W3C context in the rows it inserts or
+re-arms, in the same statement.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 
 import psycopg
 
+from reactor import tracing
 from reactor.errors import InvalidJobError
 from reactor.pg import queries
 from reactor.validate import check_job_type, check_photo_id
@@ -88,7 +93,10 @@ def submit_many(
     """
     params = _params(photo_ids, type, run_at, max_attempts)
     run = _sync_runner(conn)
-    return 0 if not params["photo_ids"] else run(queries.SUBMIT_MANY, params)
+    if not params["photo_ids"]:
+        return 0
+    with tracing.submitting(type, params["photo_ids"]) as context:
+        return int(run(queries.SUBMIT_MANY, {**params, **context}))
 
 
 async def submit_async(
@@ -132,16 +140,18 @@ async def submit_many_async(
     if not params["photo_ids"] and kind in ("psycopg async", "sqlalchemy async"):
         return 0
     if kind == "psycopg async":
-        async with conn.cursor() as cursor:
-            await cursor.execute(queries.SUBMIT_MANY, params)
-            return int(cursor.rowcount)
+        with tracing.submitting(type, params["photo_ids"]) as context:
+            async with conn.cursor() as cursor:
+                await cursor.execute(queries.SUBMIT_MANY, {**params, **context})
+                return int(cursor.rowcount)
     if kind == "sqlalchemy async":
         if hasattr(conn, "registry"):  # an async_scoped_session: the session of this scope
             conn = conn()
         target = conn if hasattr(conn, "exec_driver_sql") else await conn.connection()
         _check_sqlalchemy_dialect(target.dialect, conn)
-        result = await target.exec_driver_sql(queries.SUBMIT_MANY, params)
-        return int(result.rowcount)
+        with tracing.submitting(type, params["photo_ids"]) as context:
+            result = await target.exec_driver_sql(queries.SUBMIT_MANY, {**params, **context})
+            return int(result.rowcount)
     raise _unusable(
         conn,
         "submit_async() needs an async Postgres connection: a psycopg AsyncConnection, or a "

@@ -40,6 +40,7 @@ from typing import Any
 
 from psycopg.pq import TransactionStatus
 
+from reactor import tracing
 from reactor.dispatcher.metrics import Metrics
 from reactor.dispatcher.prefetch import Prefetch, Row
 from reactor.errors import DatabaseError, EnqueueError, StatementError
@@ -170,25 +171,30 @@ class Dispatcher:
     def _deliver(self, conn: Connection, rows: list[Row]) -> BatchResult:
         """Enqueue the claimed rows left `active`, then COMMIT; roll back if the enqueue fails."""
         metrics = self._metrics
-        refs = [JobRef(t, p, a) for t, p, a, state in rows if state == "active"]
-        started = time.perf_counter()
-        try:
-            result = self._enqueuer.enqueue(refs)
-        except EnqueueError:
-            metrics.enqueue_failures.inc()
-            db.abandon(conn)
-            raise
-        except BaseException:
-            db.abandon(conn)
-            raise
-        if refs:
-            metrics.enqueue_seconds.observe(time.perf_counter() - started)
-        try:
-            with db.translating("COMMIT failed", conn):
-                conn.commit()
-        except DatabaseError:
-            db.abandon(conn)
-            raise
+        refs = [
+            JobRef(t, p, a, *tracing.stored_context(tp, ts))
+            for t, p, a, state, tp, ts in rows
+            if state == "active"
+        ]
+        with tracing.publishing(refs):
+            started = time.perf_counter()
+            try:
+                result = self._enqueuer.enqueue(refs)
+            except EnqueueError:
+                metrics.enqueue_failures.inc()
+                db.abandon(conn)
+                raise
+            except BaseException:
+                db.abandon(conn)
+                raise
+            if refs:
+                metrics.enqueue_seconds.observe(time.perf_counter() - started)
+            try:
+                with db.translating("COMMIT failed", conn):
+                    conn.commit()
+            except DatabaseError:
+                db.abandon(conn)
+                raise
         for job_type, count in result.by_type.items():
             metrics.dispatched.labels(job_type).inc(count)
         if result.already_enqueued:
@@ -201,7 +207,8 @@ class Dispatcher:
         )
 
     def _dispatch(self, query: str, params: Mapping[str, Any]) -> BatchResult:
-        """Run one claiming UPDATE (returning type, photo_id, token, state), enqueue the rows
+        """Run one claiming UPDATE (returning type, photo_id, token, state and the stored trace
+        context), enqueue the rows
         it left `active`, and COMMIT; roll back everything if the enqueue fails.
 
         Raises:

@@ -61,6 +61,7 @@ from rq.job import Job
 from rq.queue import Queue
 from rq.worker.base import BaseWorker
 
+from reactor import tracing
 from reactor.errors import ConfigError, DatabaseError
 from reactor.jobs import ENTRY_POINT, JobRef
 from reactor.pg import db, registry
@@ -288,15 +289,29 @@ class _Lifecycle(StartupChecks, KeyRenewal, BaseWorker):
         self._started = None
         hand_over(handoff)
         self._running, self._job = handoff, job
-        try:
-            super().execute_job(job, queue)
-        finally:
-            hand_over(None)
-            self._running = self._job = None
-            handoff.wait()  # RQ may have failed the job before it ran
-            if handoff.action == "run":
-                self._heartbeat.pause()
-                self._finish(handoff.ref, self._collect(handoff))
+        # Made here, in the worker process, and current while RQ runs the job: a forked
+        # horse inherits it as the parent of the handler's own spans (and flushes those).
+        with tracing.processing(handoff.ref, job.meta, self.settings.trace_relationship) as span:
+            try:
+                super().execute_job(job, queue)
+            finally:
+                hand_over(None)
+                self._running = self._job = None
+                handoff.wait()  # RQ may have failed the job before it ran
+                self._trace(span, handoff)
+
+    def _trace(self, span: tracing.Processing, handoff: Handoff) -> None:
+        """Write the outcome of a job that ran (telling its span), or tell why it did not."""
+        if handoff.action != "run":
+            span.skipped("superseded or finished" if handoff.action == "skip" else "start failed")
+            return
+        self._heartbeat.pause()
+        outcome = self._collect(handoff)
+        started = self._started
+        if started is not None:
+            span.started(started.attempt)
+            span.ended(outcome.kind, outcome.error, outcome.kind == "error" and not started.last)
+        self._finish(handoff.ref, outcome)
 
     def _before_fork(self, handoff: Handoff) -> None:
         """In the worker process, before the fork: settle the start (no query is in flight
