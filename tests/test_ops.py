@@ -254,7 +254,22 @@ def cli_env_vars() -> set[str]:
 def test_compose_wiring() -> None:
     compose: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     services = compose["services"]
-    assert set(services) == {"postgres", "redis", "migrate", "reactor", "worker", "producer"}
+    traced = {"jaeger", "reactor-traced", "worker-traced", "producer-traced"}
+    assert (
+        set(services) == {"postgres", "redis", "migrate", "reactor", "worker", "producer"} | traced
+    )
+    # The tracing profile: its own type and queue (so the plain flow's processes, which also
+    # run under that profile, never take its rows), every process under opentelemetry-instrument.
+    assert all(services[name]["profiles"] == ["tracing"] for name in traced)
+    assert services["reactor-traced"]["command"][-1].startswith("photo.traced=")
+    assert services["reactor-traced"]["command"][-1].endswith("@photo-traced")
+    assert services["worker-traced"]["command"] == ["worker", "photo-traced"]
+    assert "--type photo.traced" in services["producer-traced"]["command"][0]
+    assert "opentelemetry-instrument reactor submit" in services["producer-traced"]["command"][0]
+    for name in ("reactor-traced", "worker-traced"):
+        assert services[name]["entrypoint"] == ["opentelemetry-instrument", "reactor"]
+        assert services[name]["build"]["args"]["EXTRAS"] == "[otel]"
+        assert services[name]["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://jaeger:4318"
     for name in ("postgres", "redis"):
         assert "image" in services[name] and "healthcheck" in services[name]
     for name in ("migrate", "reactor", "worker", "producer"):
@@ -284,12 +299,15 @@ def test_compose_wiring() -> None:
     assert (
         services["worker"]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
     )
-    known = cli_env_vars() | {"DATABASE_URL", "REDIS_URL"}
+    known = cli_env_vars() | {"DATABASE_URL", "REDIS_URL", "REACTOR_TRACE_RELATIONSHIP"}
     for name, service in services.items():
-        if service.get("build") != ".":
+        if "build" not in service:
             continue
         for var in service.get("environment", {}):
-            assert var in known, f"{name} sets {var}, which nothing reads"
+            # OTEL_*: read by opentelemetry-instrument.
+            assert var in known or var.startswith("OTEL_"), (
+                f"{name} sets {var}, which nothing reads"
+            )
     # The worker's queue is the default route's queue.
     assert "photo-process" in services["worker"]["command"]
     dockerfile = (ROOT / "Dockerfile").read_text()
