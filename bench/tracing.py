@@ -1,16 +1,15 @@
-"""Tracing's cost end to end: photos submitted → handler → `done`, with tracing on and off,
-side by side in one run (alternating order each round).
+"""Tracing's cost end to end: photos submitted → handler → `done`, with tracing on and off, side by
+side in one run (alternating order each round).
 
-Each side: a producer process submits the photos with `reactor.submit`, one photo per call
-under a span of its own ("upload", as a web request would), 20 calls per transaction; one
-`reactor run` and 2 worker processes (`reactor.SimpleWorker` and `reactor.Worker`, in turn)
-with the no-op handler (`bench.noop`); the clock runs from the first submit to the last row
-`done`. **On**: every process runs under `opentelemetry-instrument` with the SDK's batch span
-processor and the console exporter writing to a file (the producer's own SDK likewise), so
-every span is built, batched and written; **off**: the same processes without it (the API
-installed, no SDK: the API's no-ops). The spans each "on" side's files hold are counted, so
-spans dropped by a full batch queue would show (a dropped span costs less than an exported
-one).
+Each side: a producer process submits the photos with `reactor.submit`, one photo per call under
+a span of its own ("upload", as a web request would), 20 calls per transaction; one `reactor
+run` and 2 worker processes (`reactor.SimpleWorker` and `reactor.Worker`, in turn) with the
+no-op handler (`bench.noop`); the clock runs from the first submit to the last row `done` (every
+process is up before it starts). **On**: every process runs under `opentelemetry-instrument`
+with the SDK's batch span processor and the console exporter writing to a file, so every span is
+built, batched and written; **off**: the same processes without it (the API installed, no SDK:
+the API's no-ops). The spans each "on" side's files hold are counted, so spans dropped by a full
+batch queue would show (a dropped span costs less than an exported one).
 """
 
 from __future__ import annotations
@@ -42,6 +41,8 @@ from reactor import submit
 count, url = int(sys.argv[1]), sys.argv[2]
 tracer = trace.get_tracer("bench")
 with psycopg.connect(url) as conn:
+    print("ready", file=sys.stderr, flush=True)
+    sys.stdin.readline()  # the clock starts once the process is up
     for first in range(0, count, {PER_TRANSACTION}):
         for i in range(first, min(first + {PER_TRANSACTION}, count)):
             with tracer.start_as_current_span("upload"):
@@ -128,16 +129,22 @@ def _side(url: str, kind: str, photos: int, traced: bool) -> tuple[float, int]:
                 psycopg.connect(url, autocommit=True) as poll,
                 (out / "producer").open("wb") as producer_spans,
             ):
-                started = time.perf_counter()
-                producer = subprocess.run(
+                producer = subprocess.Popen(
                     [*_command(traced, "-c", PRODUCER), str(photos), url],
                     env=_env(url, traced, "producer"),
+                    stdin=subprocess.PIPE,
                     stdout=producer_spans,
-                    stderr=logs,
-                    check=False,
+                    stderr=subprocess.PIPE,
+                    text=True,
                 )
-                if producer.returncode != 0:
-                    raise RuntimeError("the producer failed")
+                assert producer.stdin is not None and producer.stderr is not None
+                if producer.stderr.readline().strip() != "ready":
+                    raise RuntimeError(f"the producer failed: {producer.stderr.read()[-2000:]}")
+                started = time.perf_counter()
+                producer.stdin.write("go\n")
+                producer.stdin.close()
+                if producer.wait() != 0:
+                    raise RuntimeError(f"the producer failed: {producer.stderr.read()[-2000:]}")
                 _wait_until(lambda: not _unfinished(poll), timeout=1800, interval=0.02)
                 elapsed = time.perf_counter() - started
         except BaseException:

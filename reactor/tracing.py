@@ -37,6 +37,9 @@ except ImportError:  # the `otel` extra is not installed: every function is a no
 else:
     ENABLED = True
     _W3C = TraceContextTextMapPropagator()
+    # A proxy until a provider is set (by `opentelemetry-instrument` or the application),
+    # then that provider's tracer: one for the process, not one per span.
+    _TRACER = trace.get_tracer("reactor")
 
 __all__ = [
     "ENABLED",
@@ -55,7 +58,6 @@ __all__ = [
 MAX_BATCH_LINKS = 128
 #: The columns' bounds (sql/): longer values are never stored.
 MAX_TRACESTATE_CHARS = 512
-_TRACER_NAME = "reactor"
 _SYSTEM = "photo-reactor"
 _TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
 _TRACESTATE = re.compile(r"[\x20-\x7e]*")
@@ -120,8 +122,7 @@ def submitting(job_type: str, photo_ids: Sequence[str]) -> Iterator[dict[str, st
         attributes["photo_jobs.photo_id"] = photo_ids[0]
     else:
         attributes["messaging.batch.message_count"] = len(photo_ids)
-    tracer = trace.get_tracer(_TRACER_NAME)
-    with tracer.start_as_current_span(
+    with _TRACER.start_as_current_span(
         f"send {job_type}", kind=SpanKind.PRODUCER, attributes=attributes
     ) as span:
         carrier: dict[str, str] = {}
@@ -159,8 +160,7 @@ def publishing(refs: Sequence[JobRef]) -> Iterator[None]:
     attributes = _messaging("publish", "send", destination)
     attributes["messaging.batch.message_count"] = len(refs)
     name = "publish" if destination is None else f"publish {destination}"
-    tracer = trace.get_tracer(_TRACER_NAME)
-    with tracer.start_as_current_span(
+    with _TRACER.start_as_current_span(
         name, kind=SpanKind.PRODUCER, links=links, attributes=attributes
     ) as span:
         try:
@@ -185,17 +185,29 @@ class Processing:
         span = self._span
         if span is None:
             return
-        span.set_attribute("photo_jobs.outcome", "done" if kind == "ok" else "failed")
-        if kind != "ok":
-            span.set_attribute("error.type", _error_type(error))
-            span.set_attribute("photo_jobs.retried", retried)
-            span.set_status(StatusCode.ERROR, (error or "")[:200])
+        if kind == "ok":
+            span.set_attribute("photo_jobs.outcome", "done")
+            return
+        span.set_attributes(
+            {
+                "photo_jobs.outcome": "failed",
+                "error.type": _error_type(error),
+                "photo_jobs.retried": retried,
+            }
+        )
+        span.set_status(StatusCode.ERROR, (error or "")[:200])
+
+    def superseded(self) -> None:
+        """The outcome's write changed nothing: the attempt was superseded while it ran."""
+        if self._span is not None:
+            self._span.set_attribute("photo_jobs.superseded", True)
 
     def skipped(self, why: str) -> None:
         """The attempt did not run: `why` says so (superseded or finished; unstarted)."""
         if self._span is not None:
-            self._span.set_attribute("photo_jobs.outcome", "skipped")
-            self._span.set_attribute("photo_jobs.skipped_reason", why)
+            self._span.set_attributes(
+                {"photo_jobs.outcome": "skipped", "photo_jobs.skipped_reason": why}
+            )
 
 
 @contextlib.contextmanager
@@ -223,8 +235,7 @@ def processing(ref: JobRef, meta: Mapping[str, Any], relationship: str) -> Itera
             "photo_jobs.token": ref.token,
         }
     )
-    tracer = trace.get_tracer(_TRACER_NAME)
-    with tracer.start_as_current_span(
+    with _TRACER.start_as_current_span(
         f"process {ref.type}",
         context=parent,
         kind=SpanKind.CONSUMER,

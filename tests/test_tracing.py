@@ -19,7 +19,7 @@ import pytest
 from opentelemetry import trace
 
 from reactor import submit, submit_many
-from reactor.jobs import job_id
+from reactor.jobs import JobRef, job_id
 from tests.support.cli import run_cli
 from tests.support.env import Env
 from tests.support.paths import ROOT
@@ -320,3 +320,25 @@ def test_without_opentelemetry_importable_nothing_needs_it(env: Env) -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT
     )
     assert "opentelemetry.trace" in loaded.stdout
+
+
+def test_a_skipped_attempt_says_why(env: Env, tmp_path: Path) -> None:
+    """A job whose row is finished already runs no handler; its `process` span says why."""
+    from reactor.routes import parse_routes
+    from reactor.rq.enqueue import Enqueuer
+
+    routes = parse_routes([ROUTE])
+    owner = env.connect()
+    owner.execute(
+        "INSERT INTO photo_jobs (photo_id, type, state, attempts) VALUES"
+        " ('finished', 'photo.process', 'done', 1)"
+    )
+    Enqueuer(env.redis(), routes).enqueue([JobRef("photo.process", "finished", 1)])
+    args = [sys.executable, *WORKERS["simple"], "--burst"]
+    worker = start_exporting(args, env.process_env(REACTOR_ROUTES=ROUTE), tmp_path, "worker")
+    assert worker.proc.wait(timeout=60) == 0, worker.log()
+    assert worker.stop() == 0
+    (span,) = [s for s in worker.spans() if s["name"] == "process photo.process"]
+    assert span["attributes"]["photo_jobs.outcome"] == "skipped"
+    assert span["attributes"]["photo_jobs.skipped_reason"] == "superseded or finished"
+    assert not [s for s in worker.spans() if s["name"] == "handler work"]

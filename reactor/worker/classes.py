@@ -206,25 +206,24 @@ class _Lifecycle(StartupChecks, KeyRenewal, BaseWorker):
             # Unimportable, or the recorded routes unreadable: a failed attempt that says so.
             return Handoff(ref, "run", failure=exc), started
 
-    def _finish(self, ref: JobRef, outcome: lifecycle.Outcome) -> None:
+    def _finish(self, ref: JobRef, outcome: lifecycle.Outcome) -> bool | None:
         """Write the outcome: `done` as a prepared statement (confirming the one sent when the
         handler returned, in-process), the rest, and a `done` that found the connection
-        broken, on the store, retried."""
+        broken, on the store, retried. Whether it changed the row (None: not written)."""
         if outcome.kind == "ok":
             # In flight here can only be the `done` sent when the handler returned.
             if not self._inflight.in_flight:
                 self._inflight.send(DONE, self._attempt_params(ref))
             written = self._inflight.receive()  # None too if it could not be sent
             if written is not None:
-                lifecycle.note_done(ref, written.rows)
-                return
+                return lifecycle.note_done(ref, written.rows)
         else:
             self._inflight.receive()  # never leave a result unread before the store's statements
         started = self._started
         if started is None:
-            return  # never started: there is no outcome of ours to write
+            return None  # never started: there is no outcome of ours to write
         try:
-            lifecycle.finish(self._store, self.settings, ref, started, outcome)
+            return lifecycle.finish(self._store, self.settings, ref, started, outcome)
         except DatabaseError as exc:
             logger.error(
                 "outcome_lost %s error=%s (the row is rescued after stale_after)",
@@ -233,6 +232,7 @@ class _Lifecycle(StartupChecks, KeyRenewal, BaseWorker):
             )
         except Exception:
             logger.exception("outcome_lost %s", lifecycle.describe(ref))
+        return None
 
     def _attempt_params(self, ref: JobRef) -> dict[str, Any]:
         return lifecycle.attempt_params(self.settings, ref, _FRESHNESS)
@@ -311,7 +311,8 @@ class _Lifecycle(StartupChecks, KeyRenewal, BaseWorker):
         if started is not None:
             span.started(started.attempt)
             span.ended(outcome.kind, outcome.error, outcome.kind == "error" and not started.last)
-        self._finish(handoff.ref, outcome)
+        if self._finish(handoff.ref, outcome) is False:
+            span.superseded()
 
     def _before_fork(self, handoff: Handoff) -> None:
         """In the worker process, before the fork: settle the start (no query is in flight

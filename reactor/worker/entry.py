@@ -309,14 +309,16 @@ def _run_traced(
             beats.pause()  # returns once no beat is in flight: the outcome write comes next
     except PermanentError as exc:
         span.ended("permanent", error_text(exc), retried=False)
-        finish(store, settings, ref, started, Outcome("permanent", error_text(exc)))
+        if not finish(store, settings, ref, started, Outcome("permanent", error_text(exc))):
+            span.superseded()
         _reraise(exc)
     except Exception as exc:
         span.ended("error", error_text(exc), retried=not started.last)
-        finish(store, settings, ref, started, Outcome("error", error_text(exc)))
+        if not finish(store, settings, ref, started, Outcome("error", error_text(exc))):
+            span.superseded()
         _reraise(exc)
     span.ended("ok", None, retried=False)
     if not finish(store, settings, ref, started, Outcome("ok")):
-        span.skipped("superseded while it ran")
+        span.superseded()
         return "skipped"
     return "done"
