@@ -35,10 +35,12 @@ from tests.support.waiting import wait_for
 
 ROUTE = "photo.process=tests.handlers.traced"
 #: How each kind of worker is started (the worker classes, and a plain `rq worker`).
+#: The `reactor` console script, as README runs it (`opentelemetry-instrument reactor run`).
+REACTOR = str(Path(sys.executable).parent / "reactor")
 WORKERS = {
-    "forking": ["-m", "reactor", "--log-format", "json", "worker"],
-    "simple": ["-m", "reactor", "--log-format", "json", "worker", "--simple"],
-    "plain": ["-m", "rq.cli", "worker", "photo-process"],
+    "forking": [REACTOR, "--log-format", "json", "worker"],
+    "simple": [REACTOR, "--log-format", "json", "worker", "--simple"],
+    "plain": [sys.executable, "-m", "rq.cli", "worker", "photo-process"],
 }
 
 
@@ -65,15 +67,11 @@ def _run_story(
         REACTOR_TRACE_RELATIONSHIP=relationship,
         REACTOR_RETRY_BASE_SECONDS="3600",  # a failed row waits: the story ends at one attempt
     )
-    if worker == "plain":
-        child["REACTOR_ROUTES"] = ROUTE
-        args = [sys.executable, *WORKERS[worker], "--url", env.redis_url]
-    else:
-        args = [sys.executable, *WORKERS[worker]]
+    args = [*WORKERS[worker], *(["--url", env.redis_url] if worker == "plain" else [])]
     produce()
     # Poll-only: every row goes through the claim (a row named by its notification is
     # enqueued before its claim, with no stored context to carry).
-    run = [sys.executable, "-m", "reactor", "run", "--doorbell", "poll-only"]
+    run = [REACTOR, "run", "--doorbell", "poll-only"]
     reactor = start_exporting(
         [*run, "--poll-interval", "0.05"], child, tmp_path, f"reactor-{worker}"
     )
@@ -334,7 +332,7 @@ def test_a_skipped_attempt_says_why(env: Env, tmp_path: Path) -> None:
         " ('finished', 'photo.process', 'done', 1)"
     )
     Enqueuer(env.redis(), routes).enqueue([JobRef("photo.process", "finished", 1)])
-    args = [sys.executable, *WORKERS["simple"], "--burst"]
+    args = [*WORKERS["simple"], "--burst"]
     worker = start_exporting(args, env.process_env(REACTOR_ROUTES=ROUTE), tmp_path, "worker")
     assert worker.proc.wait(timeout=60) == 0, worker.log()
     assert worker.stop() == 0
