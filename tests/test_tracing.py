@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 from opentelemetry import trace
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from reactor import submit, submit_many
 from reactor.jobs import JobRef, job_id
@@ -28,7 +29,7 @@ from tests.support.spans import (
     Exporting,
     hex_id,
     local_spans,
-    process_exporter,
+    recording,
     start_exporting,
 )
 from tests.support.waiting import wait_for
@@ -42,6 +43,13 @@ WORKERS = {
     "simple": [REACTOR, "--log-format", "json", "worker", "--simple"],
     "plain": [sys.executable, "-m", "rq.cli", "worker", "photo-process"],
 }
+
+
+@pytest.fixture
+def exporter() -> Iterator[InMemorySpanExporter]:
+    """This process's spans, recorded during the test only."""
+    with recording() as spans:
+        yield spans
 
 
 def _states(conn: psycopg.Connection[Any]) -> dict[str, tuple[str, int]]:
@@ -109,10 +117,8 @@ def _by_photo(spans: list[dict[str, Any]], name: str) -> dict[str, dict[str, Any
     [("forking", "link"), ("simple", "child"), ("plain", "link"), ("forking", "none")],
 )
 def test_one_connected_story_per_photo(
-    env: Env, tmp_path: Path, worker: str, relationship: str
+    env: Env, tmp_path: Path, worker: str, relationship: str, exporter: InMemorySpanExporter
 ) -> None:
-    exporter = process_exporter()
-    exporter.clear()
     conn = env.connect(autocommit=False)
     tracer = trace.get_tracer("tests")
 
@@ -213,9 +219,10 @@ def _check_log_ids(log: str, processed: dict[str, dict[str, Any]]) -> None:
                 assert (record.get("trace_id"), record.get("span_id")) == _context(span), record
 
 
-def _send_context(exporter: Any) -> str:
+def _send_context(exporter: InMemorySpanExporter) -> str:
     (send,) = [s for s in exporter.get_finished_spans() if s.name == "send photo.process"]
     found = send.get_span_context()
+    assert found is not None
     return f"00-{found.trace_id:032x}-{found.span_id:016x}-{found.trace_flags:02x}"
 
 
@@ -227,8 +234,9 @@ def _readme_producer_grants(role: str) -> list[str]:
     return [s.replace("photo_producer", role) for s in code.split(";") if "photo_producer" in s]
 
 
-def test_a_rearm_stores_the_new_callers_context_with_the_readme_grants(env: Env) -> None:
-    exporter = process_exporter()
+def test_a_rearm_stores_the_new_callers_context_with_the_readme_grants(
+    env: Env, exporter: InMemorySpanExporter
+) -> None:
     owner = env.connect()
     owner.execute(
         "INSERT INTO photo_jobs (photo_id, type, state, attempts, traceparent) VALUES"
@@ -254,13 +262,12 @@ def test_a_rearm_stores_the_new_callers_context_with_the_readme_grants(env: Env)
     }
 
 
-def test_the_async_forms_store_the_context_in_the_same_insert(env: Env) -> None:
+def test_the_async_forms_store_the_context_in_the_same_insert(
+    env: Env, exporter: InMemorySpanExporter
+) -> None:
     import asyncio
 
     from reactor import submit_async
-
-    exporter = process_exporter()
-    exporter.clear()
 
     async def produce() -> None:
         async with await psycopg.AsyncConnection.connect(env.database_url) as conn:
@@ -272,12 +279,12 @@ def test_the_async_forms_store_the_context_in_the_same_insert(env: Env) -> None:
     assert stored == [(_send_context(exporter), None)]
 
 
-def test_a_batch_span_links_each_distinct_context_once_up_to_the_cap() -> None:
+def test_a_batch_span_links_each_distinct_context_once_up_to_the_cap(
+    exporter: InMemorySpanExporter,
+) -> None:
     from reactor import tracing
     from reactor.jobs import JobRef
 
-    exporter = process_exporter()
-    exporter.clear()
     contexts = [f"00-{n + 1:032x}-{n + 1:016x}-01" for n in range(tracing.MAX_BATCH_LINKS + 50)]
     refs = [JobRef("photo.process", f"p{n}", 1, tp, None) for n, tp in enumerate(contexts)]
     refs += [JobRef("photo.process", "same", 1, contexts[0], None)]  # a context seen already

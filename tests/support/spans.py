@@ -5,11 +5,13 @@ the file their standard output went to."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -22,19 +24,55 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from tests.support.paths import ROOT
 
 _EXPORTER = InMemorySpanExporter()
-_INSTALLED = False
 INSTRUMENT = str(Path(sys.executable).parent / "opentelemetry-instrument")
 
 
-def process_exporter() -> InMemorySpanExporter:
-    """The exporter of this process's spans (the global provider is set once per process)."""
-    global _INSTALLED
-    if not _INSTALLED:
-        provider = TracerProvider()
-        provider.add_span_processor(SimpleSpanProcessor(_EXPORTER))
-        trace.set_tracer_provider(provider)
-        _INSTALLED = True
-    return _EXPORTER
+class _SwitchedTracer(trace.Tracer):
+    """The SDK's tracer while `recording` is on, the API's no-op one otherwise: the global
+    provider can be set only once a process, and the other tests of this process must see
+    no tracing (no context stored in their rows)."""
+
+    recording = False
+
+    def __init__(self, real: trace.Tracer) -> None:
+        self._real, self._noop = real, trace.NoOpTracer()
+
+    def _now(self) -> trace.Tracer:
+        return self._real if _SwitchedTracer.recording else self._noop
+
+    def start_span(self, *args: Any, **kwargs: Any) -> trace.Span:
+        return self._now().start_span(*args, **kwargs)
+
+    def start_as_current_span(self, *args: Any, **kwargs: Any) -> Any:
+        return self._now().start_as_current_span(*args, **kwargs)
+
+
+class _SwitchedProvider(trace.TracerProvider):
+    def __init__(self) -> None:
+        self._sdk = TracerProvider()
+        self._sdk.add_span_processor(SimpleSpanProcessor(_EXPORTER))
+
+    def get_tracer(self, *args: Any, **kwargs: Any) -> trace.Tracer:
+        return _SwitchedTracer(self._sdk.get_tracer(*args, **kwargs))
+
+
+_PROVIDER: _SwitchedProvider | None = None
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[InMemorySpanExporter]:
+    """Tracing on in this process (a real SDK exporting to memory, emptied first) while the
+    block runs; off again after it."""
+    global _PROVIDER
+    if _PROVIDER is None:
+        _PROVIDER = _SwitchedProvider()
+        trace.set_tracer_provider(_PROVIDER)
+    _EXPORTER.clear()
+    _SwitchedTracer.recording = True
+    try:
+        yield _EXPORTER
+    finally:
+        _SwitchedTracer.recording = False
 
 
 def local_spans(exporter: InMemorySpanExporter) -> list[dict[str, Any]]:
