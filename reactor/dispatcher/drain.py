@@ -169,7 +169,9 @@ class Dispatcher:
         return rows
 
     def _deliver(self, conn: Connection, rows: list[Row]) -> BatchResult:
-        """Enqueue the claimed rows left `active`, then COMMIT; roll back if the enqueue fails."""
+        """Enqueue the claimed rows left `active`, then COMMIT; roll back if the enqueue fails.
+        One span (`reactor.tracing.publishing`), linked to the rows' stored contexts, which
+        their jobs carry."""
         metrics = self._metrics
         refs = [
             JobRef(t, p, a, *tracing.stored_context(tp, ts))
@@ -208,8 +210,8 @@ class Dispatcher:
 
     def _dispatch(self, query: str, params: Mapping[str, Any]) -> BatchResult:
         """Run one claiming UPDATE (returning type, photo_id, token, state and the stored trace
-        context), enqueue the rows
-        it left `active`, and COMMIT; roll back everything if the enqueue fails.
+        context), enqueue the rows it left `active`, and COMMIT; roll back everything if the
+        enqueue fails.
 
         Raises:
             EnqueueError: Redis failed (the claim was rolled back).

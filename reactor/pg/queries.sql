@@ -5,7 +5,8 @@
 
 -- name: CLAIM_DUE
 -- Claim up to `limit` due pending rows of one type: a new attempt each, now `active`, returned
--- with its token (`prior_attempts + attempts`, the number its job id carries). A row
+-- with its token (`prior_attempts + attempts`, the number its job id carries) and its stored
+-- trace context (the job carries it). A row
 -- whose attempts are already spent (max_attempts lowered by hand) is failed instead, never
 -- counted past its limit: it comes back with state `failed` and is not enqueued. Nothing
 -- while the type is paused (the check does not depend on the row, so it is planned as a
