@@ -1,5 +1,5 @@
-"""`python -m bench [all|latency|drain|sweep|writers|memory|scaleout|operator|workers|dashboard ...]
-[--quick]`.
+"""`python -m bench [all|latency|drain|sweep|writers|memory|scaleout|operator|workers|dashboard|
+tracing ...] [--quick]`.
 
 Runs the chosen benchmarks against real servers (see bench.common), prints each table, and
 writes bench/results/latest.json and bench/results/latest.md.
@@ -23,6 +23,7 @@ from bench import (
     operator_features,
     scaleout,
     sweep_cost,
+    tracing,
     workers,
     writers,
 )
@@ -38,6 +39,7 @@ SUITES: dict[str, tuple[str, Callable[[bool], dict[str, Any]]]] = {
     "operator": ("Operator features: pause check and retention", operator_features.run),
     "workers": ("Workers end to end", workers.run),
     "dashboard": ("Dashboard on a big table", dashboard.run),
+    "tracing": ("Tracing's cost end to end", tracing.run),
 }
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import re
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 __all__ = [
@@ -60,6 +60,10 @@ class JobRef:
     type: str
     photo_id: str
     token: int
+    #: The row's stored W3C trace context (`reactor.tracing`), carried in `job.meta`; not part
+    #: of the attempt's identity.
+    traceparent: str | None = field(default=None, compare=False)
+    tracestate: str | None = field(default=None, compare=False)
 
     @cached_property
     def job_id(self) -> str:
@@ -67,8 +71,18 @@ class JobRef:
         return job_id(self.type, self.photo_id, self.token)
 
     def meta(self) -> dict[str, object]:
-        """What `job.meta` carries, so tools can map a job back to its row."""
-        return {"type": self.type, "photo_id": self.photo_id, "token": self.token}
+        """What `job.meta` carries, so tools can map a job back to its row (and the row's
+        trace context, when it has one)."""
+        meta: dict[str, object] = {
+            "type": self.type,
+            "photo_id": self.photo_id,
+            "token": self.token,
+        }
+        if self.traceparent is not None:
+            meta["traceparent"] = self.traceparent
+            if self.tracestate is not None:
+                meta["tracestate"] = self.tracestate
+        return meta
 
 
 def short_id(photo_id: str) -> str:

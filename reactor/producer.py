@@ -18,6 +18,10 @@ row is re-armed (a new life at attempts 0, due from now, its attempts added to
 `prior_attempts` so that the fencing token goes on growing). `cancel` and `cancel_async` move
 a pending or active row to `cancelled` in the caller's transaction, through the same
 connection kinds.
+
+Traced (`reactor.tracing`, with the `otel` extra): each call makes a PRODUCER span `send
+{type}` around its statement and stores that span's W3C context in the rows it inserts or
+re-arms, in the same statement.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import Any
 
 import psycopg
 
+from reactor import tracing
 from reactor.errors import InvalidJobError
 from reactor.pg import queries
 from reactor.validate import check_job_type, check_photo_id
@@ -100,7 +105,10 @@ def submit_many(
     """
     params = _params(photo_ids, type, run_at, max_attempts)
     run = _sync_runner(conn)
-    return 0 if not params["photo_ids"] else run(queries.SUBMIT_MANY, params)
+    if not params["photo_ids"]:
+        return 0
+    with tracing.submitting(type, params["photo_ids"]) as context:
+        return int(run(queries.SUBMIT_MANY, {**params, **context}))
 
 
 async def submit_async(
@@ -143,7 +151,8 @@ async def submit_many_async(
     kind = _kind(conn)
     if not params["photo_ids"] and kind in ("psycopg async", "sqlalchemy async"):
         return 0
-    return await _run_async(conn, queries.SUBMIT_MANY, params)
+    with tracing.submitting(type, params["photo_ids"]) as context:
+        return await _run_async(conn, queries.SUBMIT_MANY, {**params, **context})
 
 
 def cancel(

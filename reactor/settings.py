@@ -32,6 +32,7 @@ __all__ = [
     "DEFAULT_SWEEP_INTERVAL_SECONDS",
     "FAILED_JOB_TTL_SECONDS",
     "RESULT_TTL_SECONDS",
+    "TRACE_RELATIONSHIPS",
     "ReactorSettings",
     "WorkerSettings",
 ]
@@ -131,6 +132,10 @@ def _positive_float(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
+#: How a worker's `process` span relates to the row's stored trace context (`reactor.tracing`).
+TRACE_RELATIONSHIPS = ("link", "child", "none")
+
+
 @dataclass(frozen=True)
 class WorkerSettings:
     """What the worker entry point needs, read from the `rq worker` process environment."""
@@ -141,16 +146,25 @@ class WorkerSettings:
     heartbeat_seconds: float = DEFAULT_HEARTBEAT_SECONDS
     #: The modules handlers may be imported from (`reactor.worker.own_routes`); empty: any.
     handler_prefixes: tuple[str, ...] = ()
+    #: How a `process` span relates to the stored trace context: `link`, `child` or `none`.
+    trace_relationship: str = "link"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> WorkerSettings:
         """Read `DATABASE_URL`, the `REACTOR_RETRY_*`/`REACTOR_HEARTBEAT_SECONDS` variables and
-        `REACTOR_HANDLER_PREFIXES`.
+        `REACTOR_HANDLER_PREFIXES`, `REACTOR_TRACE_RELATIONSHIP`.
 
         Raises:
-            ConfigError: a value is not a positive number, or a prefix not a module path.
+            ConfigError: a value is not a positive number, a prefix not a module path, or the
+                trace relationship not one of `TRACE_RELATIONSHIPS`.
         """
         env = os.environ if env is None else env
+        relationship = env.get("REACTOR_TRACE_RELATIONSHIP", "") or "link"
+        if relationship not in TRACE_RELATIONSHIPS:
+            raise ConfigError(
+                f"REACTOR_TRACE_RELATIONSHIP must be one of {', '.join(TRACE_RELATIONSHIPS)},"
+                f" got {relationship[:40]!r}"
+            )
         return cls(
             database_url=env.get("DATABASE_URL", ""),
             retry_base_seconds=_positive_float(
@@ -163,4 +177,5 @@ class WorkerSettings:
                 env, "REACTOR_HEARTBEAT_SECONDS", DEFAULT_HEARTBEAT_SECONDS
             ),
             handler_prefixes=parse_handler_prefixes([env.get("REACTOR_HANDLER_PREFIXES", "")]),
+            trace_relationship=relationship,
         )

@@ -195,6 +195,8 @@ CREATE TABLE public.photo_jobs (
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     prior_attempts bigint DEFAULT 0 NOT NULL,
+    traceparent text,
+    tracestate text,
     CONSTRAINT photo_jobs_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT photo_jobs_attempts_max_check CHECK ((attempts <= max_attempts)),
     CONSTRAINT photo_jobs_created_at_finite_check CHECK (isfinite(created_at)),
@@ -220,6 +222,20 @@ COMMENT ON TABLE public.photo_jobs IS 'Outbox of photo jobs: pending -> active -
 --
 
 COMMENT ON COLUMN public.photo_jobs.prior_attempts IS 'Attempts of the row''s earlier lives (added at each re-arm); prior_attempts + attempts is the fencing token and the number in job ids.';
+
+
+--
+-- Name: COLUMN photo_jobs.traceparent; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON COLUMN public.photo_jobs.traceparent IS 'W3C traceparent of the submitting producer span (NULL: none).';
+
+
+--
+-- Name: COLUMN photo_jobs.tracestate; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON COLUMN public.photo_jobs.tracestate IS 'W3C tracestate of the submitting producer span (NULL: none).';
 
 
 --
@@ -304,6 +320,22 @@ ALTER TABLE ONLY public.photo_jobs
 
 ALTER TABLE public.photo_jobs
     ADD CONSTRAINT photo_jobs_prior_attempts_check CHECK ((prior_attempts >= 0)) NOT VALID;
+
+
+--
+-- Name: photo_jobs photo_jobs_traceparent_length; Type: CHECK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE public.photo_jobs
+    ADD CONSTRAINT photo_jobs_traceparent_length CHECK ((length(traceparent) <= 128)) NOT VALID;
+
+
+--
+-- Name: photo_jobs photo_jobs_tracestate_length; Type: CHECK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE public.photo_jobs
+    ADD CONSTRAINT photo_jobs_tracestate_length CHECK ((length(tracestate) <= 512)) NOT VALID;
 
 
 --
@@ -409,4 +441,5 @@ INSERT INTO public.reactor_migrations (version, name) VALUES
     (12, 'refuse_nonfinite_timestamps'),
     (13, 'route_liveness_by_backend'),
     (14, 'allow_cancelled_state'),
-    (15, 'notify_types_only');
+    (15, 'notify_types_only'),
+    (16, 'add_trace_context');

@@ -138,3 +138,13 @@ def leaks_password(photo_id: str) -> None:
     _record(photo_id, "error")
     url = "https://svc:" + "S3cret" + "PW@photos.example/"
     raise RuntimeError(f"cannot fetch {url}{photo_id}")
+
+
+def traced(photo_id: str) -> None:
+    """Makes a span of its own (which must nest under the worker's `process` span); fails for
+    ids starting with `fail`."""
+    from opentelemetry import trace
+
+    with trace.get_tracer("tests.handlers").start_as_current_span("handler work"):
+        if photo_id.startswith("fail"):
+            raise RuntimeError(f"cannot process {photo_id}")

@@ -256,6 +256,20 @@ def test_compose_wiring() -> None:
     # `docker compose up` starts these; the `monitoring` profile's: tests/test_deploy.py.
     services = {k: v for k, v in compose["services"].items() if "profiles" not in v}
     assert set(services) == {"postgres", "redis", "migrate", "reactor", "worker", "producer"}
+    every = compose["services"]
+    traced = {"jaeger", "reactor-traced", "worker-traced", "producer-traced"}
+    # The tracing profile: its own type and queue (so the plain flow's processes, which also
+    # run under that profile, never take its rows), every process under opentelemetry-instrument.
+    assert all(every[name]["profiles"] == ["tracing"] for name in traced)
+    assert every["reactor-traced"]["command"][-1].startswith("photo.traced=")
+    assert every["reactor-traced"]["command"][-1].endswith("@photo-traced")
+    assert every["worker-traced"]["command"] == ["worker", "photo-traced"]
+    assert "--type photo.traced" in every["producer-traced"]["command"][0]
+    assert "opentelemetry-instrument reactor submit" in every["producer-traced"]["command"][0]
+    for name in ("reactor-traced", "worker-traced"):
+        assert every[name]["entrypoint"] == ["opentelemetry-instrument", "reactor"]
+        assert every[name]["build"]["args"]["EXTRAS"] == "[otel]"
+        assert every[name]["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://jaeger:4318"
     for name in ("postgres", "redis"):
         assert "image" in services[name] and "healthcheck" in services[name]
     for name in ("migrate", "reactor", "worker", "producer"):
@@ -285,12 +299,15 @@ def test_compose_wiring() -> None:
     assert (
         services["worker"]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
     )
-    known = cli_env_vars() | {"DATABASE_URL", "REDIS_URL"}
+    known = cli_env_vars() | {"DATABASE_URL", "REDIS_URL", "REACTOR_TRACE_RELATIONSHIP"}
     for name, service in services.items():
-        if service.get("build") != ".":
+        if "build" not in service:
             continue
         for var in service.get("environment", {}):
-            assert var in known, f"{name} sets {var}, which nothing reads"
+            # OTEL_*: read by opentelemetry-instrument.
+            assert var in known or var.startswith("OTEL_"), (
+                f"{name} sets {var}, which nothing reads"
+            )
     # The worker's queue is the default route's queue.
     assert "photo-process" in services["worker"]["command"]
     dockerfile = (ROOT / "Dockerfile").read_text()

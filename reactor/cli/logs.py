@@ -2,7 +2,9 @@
 
 Two formats: `text` for people, `json` (one object per line) for log pipelines. Every record's
 message starts with an event name (`batch_dispatched`, `connection_lost`, ...); the JSON form
-puts it in its own field. Messages pass through `redact`, so no password reaches a log.
+puts it in its own field, and, when the record was written inside a valid span (`reactor.tracing`),
+the `trace_id` and `span_id` of that span. Messages pass through `redact`, so no password reaches
+a log.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import json
 import logging
 import sys
 
+from reactor import tracing
 from reactor.redact import redact
 
 __all__ = ["configure_logging"]
@@ -32,6 +35,9 @@ class _JsonFormatter(logging.Formatter):
             "event": event,
             "message": rest,
         }
+        ids = tracing.current_ids()
+        if ids is not None:  # the record joins the trace of the span it was written in
+            payload["trace_id"], payload["span_id"] = ids
         if record.exc_info:
             payload["exc"] = redact(self.formatException(record.exc_info))
         return json.dumps(payload, ensure_ascii=False)

@@ -39,6 +39,7 @@ from typing import Any
 
 from psycopg.pq import TransactionStatus
 
+from reactor import tracing
 from reactor.dispatcher.metrics import Metrics
 from reactor.dispatcher.prefetch import Prefetch, Row
 from reactor.errors import DatabaseError, RedisUnavailableError, StatementError
@@ -148,27 +149,34 @@ class Dispatcher:
         return rows
 
     def _deliver(self, conn: Connection, rows: list[Row]) -> BatchResult:
-        """Enqueue the claimed rows left `active`, then COMMIT; roll back if the enqueue fails."""
+        """Enqueue the claimed rows left `active`, then COMMIT; roll back if the enqueue fails.
+        One span (`reactor.tracing.publishing`), linked to the rows' stored contexts, which
+        their jobs carry."""
         metrics = self._metrics
-        refs = [JobRef(t, p, a) for t, p, a, state in rows if state == "active"]
-        started = time.perf_counter()
-        try:
-            result = self._enqueuer.enqueue(refs)
-        except RedisUnavailableError:
-            metrics.enqueue_failures.inc()
-            db.abandon(conn)
-            raise
-        except BaseException:
-            db.abandon(conn)
-            raise
-        if refs:
-            metrics.enqueue_seconds.observe(time.perf_counter() - started)
-        try:
-            with db.translating("COMMIT failed", conn):
-                conn.commit()
-        except (DatabaseError, StatementError):
-            db.abandon(conn)
-            raise
+        refs = [
+            JobRef(t, p, a, *tracing.stored_context(tp, ts))
+            for t, p, a, state, tp, ts in rows
+            if state == "active"
+        ]
+        with tracing.publishing(refs):
+            started = time.perf_counter()
+            try:
+                result = self._enqueuer.enqueue(refs)
+            except RedisUnavailableError:
+                metrics.enqueue_failures.inc()
+                db.abandon(conn)
+                raise
+            except BaseException:
+                db.abandon(conn)
+                raise
+            if refs:
+                metrics.enqueue_seconds.observe(time.perf_counter() - started)
+            try:
+                with db.translating("COMMIT failed", conn):
+                    conn.commit()
+            except (DatabaseError, StatementError):
+                db.abandon(conn)
+                raise
         for job_type, count in result.by_type.items():
             metrics.dispatched.labels(job_type).inc(count)
         if result.already_enqueued:
@@ -181,8 +189,9 @@ class Dispatcher:
         )
 
     def _dispatch(self, conn: Connection, query: str, params: Mapping[str, Any]) -> BatchResult:
-        """Run one claiming UPDATE (returning type, photo_id, token, state), enqueue the rows
-        it left `active`, and COMMIT; roll back everything if the enqueue fails.
+        """Run one claiming UPDATE (returning type, photo_id, token, state and the stored trace
+        context), enqueue the rows it left `active`, and COMMIT; roll back everything if the
+        enqueue fails.
 
         Raises:
             RedisUnavailableError: Redis failed (the claim was rolled back).

@@ -21,8 +21,8 @@ __all__ = ["PREFETCH_RETRY_SECONDS", "Prefetch", "Row"]
 
 logger = logging.getLogger(__name__)
 
-#: A claimed row: type, photo id, token, state.
-Row = tuple[str, str, int, str]
+#: A claimed row: type, photo id, token, state, traceparent, tracestate.
+Row = tuple[str, str, int, str, str | None, str | None]
 
 #: After the prefetch connection of a backlog drain could not be opened, drain on one
 #: connection for this long before trying again.

@@ -6,7 +6,8 @@
 
 -- name: CLAIM_DUE
 -- Claim up to `limit` due pending rows of one type: a new attempt each, now `active`, returned
--- with its token (`prior_attempts + attempts`, the number its job id carries). A row
+-- with its token (`prior_attempts + attempts`, the number its job id carries) and its stored
+-- trace context (the job carries it). A row
 -- whose attempts are already spent (max_attempts lowered by hand) is failed instead, never
 -- counted past its limit: it comes back with state `failed` and is not enqueued. Nothing
 -- while the type is paused (the check does not depend on the row, so it is planned as a
@@ -28,7 +29,7 @@ UPDATE photo_jobs AS j
           LIMIT %(limit)s
             FOR UPDATE SKIP LOCKED))
    AND j.state = 'pending'
-RETURNING j.type, j.photo_id, j.prior_attempts + j.attempts, j.state
+RETURNING j.type, j.photo_id, j.prior_attempts + j.attempts, j.state, j.traceparent, j.tracestate
 
 -- name: NEXT_DUE_IN
 -- Seconds until the earliest pending row of the given types becomes due (NULL if none).
@@ -93,7 +94,7 @@ UPDATE photo_jobs AS j
                  OR a.updated_at < now() - make_interval(secs => %(stale_after)s::float8))
             FOR UPDATE SKIP LOCKED))
    AND j.state = 'active'
-RETURNING j.type, j.photo_id, j.prior_attempts + j.attempts, j.state
+RETURNING j.type, j.photo_id, j.prior_attempts + j.attempts, j.state, j.traceparent, j.tracestate
 
 -- name: PENDING_TYPES
 -- The distinct types that have pending rows (a loose index scan: O(types), not O(rows)).
@@ -671,15 +672,18 @@ UPDATE photo_jobs
 -- name: SUBMIT_MANY
 -- Insert the given photos' jobs of one type (`reactor.producer`), in the caller's transaction.
 -- A pending/active row is left as it is (idempotent); a done/failed/cancelled row is re-armed:
--- a new life
--- at attempts 0, due from now (or `run_at`), its attempts added to prior_attempts so that the
--- fencing token goes on growing. The row count is the rows inserted or re-armed. One statement
--- for any number of ids: the triggers send one notification per type for all of them.
-INSERT INTO photo_jobs AS j (photo_id, type, next_retry_at, max_attempts)
-SELECT p.photo_id, %(type)s::text, %(run_at)s::timestamptz, coalesce(%(max_attempts)s::int, 5)
+-- a new life at attempts 0, due from now (or `run_at`), its attempts added to prior_attempts
+-- so that the fencing token goes on growing. The row count is the rows inserted or re-armed. One statement
+-- for any number of ids: the triggers send one notification per type for all of them. Every
+-- row inserted or re-armed gets the producer's trace context (NULL: none).
+INSERT INTO photo_jobs AS j (photo_id, type, next_retry_at, max_attempts, traceparent, tracestate)
+SELECT p.photo_id, %(type)s::text, %(run_at)s::timestamptz, coalesce(%(max_attempts)s::int, 5),
+       %(traceparent)s::text, %(tracestate)s::text
   FROM unnest(%(photo_ids)s::text[]) AS p(photo_id)
     ON CONFLICT (photo_id, type) DO UPDATE
    SET state = 'pending',
+       traceparent = EXCLUDED.traceparent,
+       tracestate = EXCLUDED.tracestate,
        prior_attempts = j.prior_attempts + j.attempts,
        attempts = 0,
        next_retry_at = coalesce(EXCLUDED.next_retry_at, now()),

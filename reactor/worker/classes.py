@@ -62,6 +62,7 @@ from rq.job import Job
 from rq.queue import Queue
 from rq.worker.base import BaseWorker
 
+from reactor import tracing
 from reactor.errors import ConfigError, DatabaseError, StatementError
 from reactor.jobs import ENTRY_POINT, JobRef
 from reactor.pg import db, registry
@@ -207,25 +208,24 @@ class _Lifecycle(SystemdNotify, StartupChecks, KeyRenewal, BaseWorker):
             # Unimportable, or the recorded routes unreadable: a failed attempt that says so.
             return Handoff(ref, "run", failure=exc), started
 
-    def _finish(self, ref: JobRef, outcome: lifecycle.Outcome) -> None:
+    def _finish(self, ref: JobRef, outcome: lifecycle.Outcome) -> bool | None:
         """Write the outcome: `done` as a prepared statement (confirming the one sent when the
         handler returned, in-process), the rest, and a `done` that found the connection
-        broken, on the store, retried."""
+        broken, on the store, retried. Whether it changed the row (None: not written)."""
         if outcome.kind == "ok":
             # In flight here can only be the `done` sent when the handler returned.
             if not self._inflight.in_flight:
                 self._inflight.send(DONE, self._attempt_params(ref))
             written = self._inflight.receive()  # None too if it could not be sent
             if written is not None:
-                lifecycle.note_done(ref, written.rows)
-                return
+                return lifecycle.note_done(ref, written.rows)
         else:
             self._inflight.receive()  # never leave a result unread before the store's statements
         started = self._started
         if started is None:
-            return  # never started: there is no outcome of ours to write
+            return None  # never started: there is no outcome of ours to write
         try:
-            lifecycle.finish(self._store, self.settings, ref, started, outcome)
+            return lifecycle.finish(self._store, self.settings, ref, started, outcome)
         except (DatabaseError, StatementError) as exc:
             logger.error(
                 "outcome_lost %s error=%s (the row is rescued after stale_after)",
@@ -234,6 +234,7 @@ class _Lifecycle(SystemdNotify, StartupChecks, KeyRenewal, BaseWorker):
             )
         except Exception:
             logger.exception("outcome_lost %s", lifecycle.describe(ref))
+        return None
 
     def _attempt_params(self, ref: JobRef) -> dict[str, Any]:
         return lifecycle.attempt_params(self.settings, ref, _FRESHNESS)
@@ -290,15 +291,30 @@ class _Lifecycle(SystemdNotify, StartupChecks, KeyRenewal, BaseWorker):
         self._started = None
         hand_over(handoff)
         self._running, self._job = handoff, job
-        try:
-            super().execute_job(job, queue)
-        finally:
-            hand_over(None)
-            self._running = self._job = None
-            handoff.wait()  # RQ may have failed the job before it ran
-            if handoff.action == "run":
-                self._heartbeat.pause()
-                self._finish(handoff.ref, self._collect(handoff))
+        # Made here, in the worker process, and current while RQ runs the job: a forked
+        # horse inherits it as the parent of the handler's own spans (and flushes those).
+        with tracing.processing(handoff.ref, job.meta, self.settings.trace_relationship) as span:
+            try:
+                super().execute_job(job, queue)
+            finally:
+                hand_over(None)
+                self._running = self._job = None
+                handoff.wait()  # RQ may have failed the job before it ran
+                self._trace(span, handoff)
+
+    def _trace(self, span: tracing.Processing, handoff: Handoff) -> None:
+        """Write the outcome of a job that ran (telling its span), or tell why it did not."""
+        if handoff.action != "run":
+            span.skipped("superseded or finished" if handoff.action == "skip" else "start failed")
+            return
+        self._heartbeat.pause()
+        outcome = self._collect(handoff)
+        started = self._started
+        if started is not None:
+            span.started(started.attempt)
+            span.ended(outcome.kind, outcome.error, outcome.kind == "error" and not started.last)
+        if self._finish(handoff.ref, outcome) is False:
+            span.superseded()
 
     def _before_fork(self, handoff: Handoff) -> None:
         """In the worker process, before the fork: settle the start (no query is in flight

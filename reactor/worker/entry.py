@@ -19,6 +19,10 @@ handler raised propagates after the outcome is known, so RQ shows the job in its
 registry; on the plain path its text is re-raised with passwords masked when it held one (the
 worker classes mask RQ's stored traceback instead). Handlers run at least once per attempt
 and may run again after a worker dies mid-job: they must be idempotent.
+
+Traced (`reactor.tracing`): on the plain path the job makes its CONSUMER span `process {type}`
+itself; under the worker classes the worker process makes it before the fork, so the handler's
+spans are its children. A forked horse exports its spans before it leaves.
 """
 
 from __future__ import annotations
@@ -31,6 +35,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, NoReturn
 
+from rq import get_current_job
+
+from reactor import tracing
 from reactor.errors import PermanentError
 from reactor.jobs import JobRef
 from reactor.pg.registry import routes_in_use
@@ -177,7 +184,13 @@ def perform(job_type: str, photo_id: str, token: int, *, handler: str) -> str:
     handoff = _handoff
     ref = JobRef(job_type, photo_id, token)
     if handoff is not None and handoff.ref == ref:
-        return _run_handed_over(handoff, photo_id)
+        try:
+            return _run_handed_over(handoff, photo_id)
+        finally:
+            if handoff.report_fd is not None:
+                # A forked horse leaves with os._exit: export the handler's spans (once the
+                # outcome is reported, so the worker process writes it meanwhile).
+                tracing.flush()
     return _run_lifecycle(ref, handler)
 
 
@@ -259,10 +272,24 @@ def _process_own_routes(settings: WorkerSettings, store: Store) -> OwnRoutes:
 
 def _run_lifecycle(ref: JobRef, handler: str) -> str:
     settings = WorkerSettings.from_env()
+    job = get_current_job()
+    meta = job.meta if job is not None else {}
+    try:
+        with tracing.processing(ref, meta, settings.trace_relationship) as span:
+            return _run_traced(ref, handler, settings, span)
+    finally:
+        tracing.flush()  # a forked horse leaves with os._exit: export this job's spans
+
+
+def _run_traced(
+    ref: JobRef, handler: str, settings: WorkerSettings, span: tracing.Processing
+) -> str:
     store = _process_store(settings)
     started = start(store, settings, ref)
     if started is None:
+        span.skipped("superseded or finished")
         return "skipped"
+    span.started(started.attempt)
     try:
         # Checked, then imported, inside the fence: a handler this worker does not run, or
         # cannot find, is a failed attempt with a last_error that says so (retried, since a
@@ -281,11 +308,17 @@ def _run_lifecycle(ref: JobRef, handler: str) -> str:
         finally:
             beats.pause()  # returns once no beat is in flight: the outcome write comes next
     except PermanentError as exc:
-        finish(store, settings, ref, started, Outcome("permanent", error_text(exc)))
+        span.ended("permanent", error_text(exc), retried=False)
+        if not finish(store, settings, ref, started, Outcome("permanent", error_text(exc))):
+            span.superseded()
         _reraise(exc)
     except Exception as exc:
-        finish(store, settings, ref, started, Outcome("error", error_text(exc)))
+        span.ended("error", error_text(exc), retried=not started.last)
+        if not finish(store, settings, ref, started, Outcome("error", error_text(exc))):
+            span.superseded()
         _reraise(exc)
+    span.ended("ok", None, retried=False)
     if not finish(store, settings, ref, started, Outcome("ok")):
+        span.superseded()
         return "skipped"
     return "done"

@@ -1,0 +1,266 @@
+"""OpenTelemetry spans of a photo's way: submitted, published to RQ, processed.
+
+Optional: with `opentelemetry-api` installed (the `photo-reactor[otel]` extra) the producer,
+the reactor and the workers make spans through the global tracer provider (an SDK configured
+by `opentelemetry-instrument`, or by the application); without it nothing imports
+OpenTelemetry and every function here is a no-op; with the API but no SDK, the API's no-ops.
+
+The trace context travels with the row, in W3C form (`traceparent`, `tracestate`), whatever
+propagators the process configured: `submit()` stores the context of its PRODUCER span
+`send {type}` in the row; the reactor's claim-and-enqueue of a batch is one PRODUCER span
+`publish {type}` that links to each row's stored context (distinct contexts, at most
+`MAX_BATCH_LINKS`); the RQ job carries the row's context in `job.meta`; the worker's CONSUMER
+span `process {type}` links to it (`link`), is its child (`child`) or neither (`none`). Names
+and attributes follow the OpenTelemetry messaging semantic conventions.
+
+A stored context is a producer's input: `stored_context` keeps it only when it has the W3C
+form within the columns' bounds, and everything that reads it here gives up quietly on a
+malformed one (no link, no parent); nothing a row holds can fail a dispatch or a job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from reactor.jobs import JobRef
+
+try:
+    from opentelemetry import trace
+    from opentelemetry.context import Context
+    from opentelemetry.trace import Link, SpanKind, StatusCode
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+except ImportError:  # the `otel` extra is not installed: every function is a no-op
+    ENABLED = False
+else:
+    ENABLED = True
+    _W3C = TraceContextTextMapPropagator()
+    # A proxy until a provider is set (by `opentelemetry-instrument` or the application),
+    # then that provider's tracer: one for the process, not one per span.
+    _TRACER = trace.get_tracer("reactor")
+
+__all__ = [
+    "ENABLED",
+    "MAX_BATCH_LINKS",
+    "Processing",
+    "current_ids",
+    "flush",
+    "processing",
+    "publishing",
+    "stored_context",
+    "submitting",
+]
+
+#: Links of one batch span at most (the SDK's default span link limit): the rows of a batch
+#: beyond it, with contexts of their own, are counted but not linked.
+MAX_BATCH_LINKS = 128
+#: The columns' bounds (sql/): longer values are never stored.
+MAX_TRACESTATE_CHARS = 512
+_SYSTEM = "photo-reactor"
+_TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+_TRACESTATE = re.compile(r"[\x20-\x7e]*")
+_NO_CONTEXT: dict[str, str | None] = {"traceparent": None, "tracestate": None}
+
+
+def stored_context(traceparent: object, tracestate: object) -> tuple[str | None, str | None]:
+    """The (traceparent, tracestate) of a row or a job as carried on: both None unless the
+    traceparent has the W3C form; the tracestate None unless it is printable and bounded."""
+    if not isinstance(traceparent, str) or not _TRACEPARENT.fullmatch(traceparent):
+        return None, None
+    if (
+        not isinstance(tracestate, str)
+        or len(tracestate) > MAX_TRACESTATE_CHARS
+        or not _TRACESTATE.fullmatch(tracestate)
+    ):
+        return traceparent, None
+    return traceparent, tracestate
+
+
+def _span_context(traceparent: str | None, tracestate: str | None) -> Any:
+    """The valid remote span context of a carried context, or None."""
+    if traceparent is None:
+        return None
+    carrier = {"traceparent": traceparent}
+    if tracestate:
+        carrier["tracestate"] = tracestate
+    try:
+        found = trace.get_current_span(_W3C.extract(carrier)).get_span_context()
+    except Exception:  # a tracestate the API refuses: no link rather than a failed job
+        return None
+    return found if found.is_valid else None
+
+
+def _messaging(operation: str, kind: str, destination: str | None) -> dict[str, Any]:
+    attributes: dict[str, Any] = {
+        "messaging.system": _SYSTEM,
+        "messaging.operation.name": operation,
+        "messaging.operation.type": kind,
+    }
+    if destination is not None:
+        attributes["messaging.destination.name"] = destination
+    return attributes
+
+
+def _error_type(text: str | None) -> str:
+    """`error.type` of an error text `Type: message` (`lifecycle.error_text`)."""
+    head = (text or "").partition(":")[0]
+    return head if head.isidentifier() else "_OTHER"
+
+
+@contextlib.contextmanager
+def submitting(job_type: str, photo_ids: Sequence[str]) -> Iterator[dict[str, str | None]]:
+    """A PRODUCER span `send {job_type}` around the INSERT of `photo_ids`; yields the
+    `traceparent`/`tracestate` parameters to store (None: no valid context)."""
+    if not ENABLED:
+        yield _NO_CONTEXT
+        return
+    attributes = _messaging("send", "send", job_type)
+    attributes["photo_jobs.type"] = job_type
+    if len(photo_ids) == 1:
+        attributes["photo_jobs.photo_id"] = photo_ids[0]
+    else:
+        attributes["messaging.batch.message_count"] = len(photo_ids)
+    with _TRACER.start_as_current_span(
+        f"send {job_type}", kind=SpanKind.PRODUCER, attributes=attributes
+    ) as span:
+        carrier: dict[str, str] = {}
+        _W3C.inject(carrier)  # the context of this span: nothing when it is not valid
+        traceparent, tracestate = stored_context(
+            carrier.get("traceparent"), carrier.get("tracestate")
+        )
+        try:
+            yield {"traceparent": traceparent, "tracestate": tracestate}
+        except Exception as exc:
+            span.set_attribute("error.type", type(exc).__qualname__)
+            raise
+
+
+@contextlib.contextmanager
+def publishing(refs: Sequence[JobRef]) -> Iterator[None]:
+    """A PRODUCER span `publish {type}` around the enqueue and COMMIT of one claimed batch,
+    linked to the distinct stored contexts of its rows (the first `MAX_BATCH_LINKS`)."""
+    if not ENABLED or not refs:
+        yield
+        return
+    links = []
+    seen: set[str] = set()
+    for ref in refs:
+        if ref.traceparent is None or ref.traceparent in seen:
+            continue
+        seen.add(ref.traceparent)
+        found = _span_context(ref.traceparent, ref.tracestate)
+        if found is not None:
+            links.append(Link(found))
+            if len(links) == MAX_BATCH_LINKS:
+                break
+    types = {ref.type for ref in refs}
+    destination = next(iter(types)) if len(types) == 1 else None
+    attributes = _messaging("publish", "send", destination)
+    attributes["messaging.batch.message_count"] = len(refs)
+    name = "publish" if destination is None else f"publish {destination}"
+    with _TRACER.start_as_current_span(
+        name, kind=SpanKind.PRODUCER, links=links, attributes=attributes
+    ) as span:
+        try:
+            yield
+        except Exception as exc:
+            span.set_attribute("error.type", type(exc).__qualname__)
+            raise
+
+
+class Processing:
+    """What a worker tells its `process` span about one attempt (a no-op without tracing)."""
+
+    def __init__(self, span: Any = None) -> None:
+        self._span = span
+
+    def started(self, attempt: int) -> None:
+        if self._span is not None:
+            self._span.set_attribute("photo_jobs.attempt", attempt)
+
+    def ended(self, kind: str, error: str | None, retried: bool) -> None:
+        """The handler's outcome: `ok`, `error` (retried or not) or `permanent`."""
+        span = self._span
+        if span is None:
+            return
+        if kind == "ok":
+            span.set_attribute("photo_jobs.outcome", "done")
+            return
+        span.set_attributes(
+            {
+                "photo_jobs.outcome": "failed",
+                "error.type": _error_type(error),
+                "photo_jobs.retried": retried,
+            }
+        )
+        span.set_status(StatusCode.ERROR, (error or "")[:200])
+
+    def superseded(self) -> None:
+        """The outcome's write changed nothing: the attempt was superseded while it ran."""
+        if self._span is not None:
+            self._span.set_attribute("photo_jobs.superseded", True)
+
+    def skipped(self, why: str) -> None:
+        """The attempt did not run: `why` says so (superseded or finished; unstarted)."""
+        if self._span is not None:
+            self._span.set_attributes(
+                {"photo_jobs.outcome": "skipped", "photo_jobs.skipped_reason": why}
+            )
+
+
+@contextlib.contextmanager
+def processing(ref: JobRef, meta: Mapping[str, Any], relationship: str) -> Iterator[Processing]:
+    """The CONSUMER span `process {type}` of one job, current while it runs, related to the
+    context its `job.meta` carries as `relationship` says (`link`, `child`, `none`)."""
+    if not ENABLED:
+        yield Processing()
+        return
+    remote = None
+    if relationship != "none":
+        remote = _span_context(*stored_context(meta.get("traceparent"), meta.get("tracestate")))
+    parent = Context()  # a new trace unless `child`: a worker has no ambient request
+    links = []
+    if remote is not None and relationship == "child":
+        parent = trace.set_span_in_context(trace.NonRecordingSpan(remote))
+    elif remote is not None:
+        links.append(Link(remote))
+    attributes = _messaging("process", "process", ref.type)
+    attributes.update(
+        {
+            "messaging.message.id": ref.job_id,
+            "photo_jobs.photo_id": ref.photo_id,
+            "photo_jobs.type": ref.type,
+            "photo_jobs.token": ref.token,
+        }
+    )
+    with _TRACER.start_as_current_span(
+        f"process {ref.type}",
+        context=parent,
+        kind=SpanKind.CONSUMER,
+        links=links,
+        attributes=attributes,
+        # The outcome says how the attempt ended; the handler's exception goes on to RQ.
+        record_exception=False,
+        set_status_on_exception=False,
+    ) as span:
+        yield Processing(span)
+
+
+def flush() -> None:
+    """Export the spans this process ended so far (a forked work horse, before it exits)."""
+    if ENABLED:
+        force_flush = getattr(trace.get_tracer_provider(), "force_flush", None)
+        if force_flush is not None:
+            force_flush()
+
+
+def current_ids() -> tuple[str, str] | None:
+    """The (trace_id, span_id) of the current span in hex, or None (no valid span)."""
+    if not ENABLED:
+        return None
+    found = trace.get_current_span().get_span_context()
+    if not found.is_valid:
+        return None
+    return format(found.trace_id, "032x"), format(found.span_id, "016x")
