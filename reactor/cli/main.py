@@ -146,7 +146,7 @@ def run(
 @click.pass_context
 def sweep(ctx: click.Context, /, **options: Any) -> None:
     """Run one sweep round and print its result as JSON (exit 1 if some rows could not be
-    enqueued: they stay pending)."""
+    claimed or enqueued: they stay pending)."""
     settings = replace(reactor_settings(options), doorbell=DoorbellMode.POLL_ONLY)
     reactor = Reactor(settings)
     try:
@@ -155,13 +155,15 @@ def sweep(ctx: click.Context, /, **options: Any) -> None:
     finally:
         reactor.close()
     click.echo(json.dumps(asdict(result)))
+    problems = []
+    if result.claim_failures:
+        problems.append(f"the claim of {result.claim_failures} type(s) failed")
+    if result.claim_refused:
+        problems.append(f"{result.claim_refused} row(s) refused their claim (left pending)")
     if result.enqueue_failures:
-        rows = result.enqueue_failures
-        click.echo(
-            f"reactor: error: {rows} row{'s' if rows != 1 else ''} could not be enqueued "
-            "(no row changed; see the log)",
-            err=True,
-        )
+        problems.append(f"{result.enqueue_failures} row(s) could not be enqueued (no row changed)")
+    if problems:
+        click.echo(f"reactor: error: {'; '.join(problems)}; see the log", err=True)
         ctx.exit(1)
 
 

@@ -87,6 +87,8 @@ class Parts:
             )
             quarantined = dispatcher.quarantined
             health.failing_types = lambda: [(t, q.error) for t, q in list(quarantined.items())]
+            refused = dispatcher.refused
+            health.refused_rows = lambda: [(r.type, r.photo_id, r.error) for r in refused.current()]
             sweeper = Sweeper(
                 conn,
                 dispatcher,
@@ -109,7 +111,11 @@ class Parts:
         if settings.metrics_port is not None:
             try:
                 parts.http = serve(
-                    settings.metrics_port, metrics, health.problem, host=settings.metrics_host
+                    settings.metrics_port,
+                    metrics,
+                    health.problem,
+                    host=settings.metrics_host,
+                    note=health.note,
                 )
             except OSError as exc:
                 raise ConfigError(
