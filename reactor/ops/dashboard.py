@@ -15,16 +15,21 @@ What it guarantees on a shared host and a big table:
 - It holds one Postgres connection (reopened after a failure); one read runs at a time and its
   result (or error) serves every request for `cache_seconds`, so any number of concurrent
   requests cost one backend and at most one read per interval.
-- At most `MAX_CLIENTS` connections are served at once (more are closed at once), and a client
-  that sends nothing for `client_timeout` seconds is dropped: idle sockets cannot pile up
-  threads.
+- At most `MAX_CLIENTS` connections are served at once, and a client that has not sent its
+  whole request within `client_timeout` seconds of connecting is dropped, however it trickles
+  (a header line every few seconds): idle or slow sockets cannot pile up threads. When every
+  slot is taken, a new connection closes the oldest one still sending its request (a client
+  that sends its request at once is never that one for long), so slow clients cannot shut
+  new ones out; only when all are being answered is the new one closed at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
+import socket
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -63,7 +68,8 @@ DEFAULT_REFRESH_SECONDS = 5
 DEFAULT_CACHE_SECONDS = 2.0
 #: How often the count of `done` rows (a scan of the table) is read again.
 DONE_COUNTS_SECONDS = 30.0
-#: A client silent for this long is dropped.
+#: A client that has not sent its whole request this long after connecting (or is silent
+#: this long) is dropped.
 DEFAULT_CLIENT_TIMEOUT_SECONDS = 5.0
 #: Connections served at once; a connection beyond them is closed at once.
 MAX_CLIENTS = 32
@@ -308,31 +314,73 @@ def _charts(found: Overview) -> list[Markup]:
 
 
 class _BoundedServer(ThreadingHTTPServer):
-    """A thread per connection, at most `MAX_CLIENTS` of them: a connection beyond is closed
-    at once (an idle client cannot hold a thread past its handler's socket timeout)."""
+    """A thread per connection, at most `MAX_CLIENTS` of them. A connection still sending its
+    request `request_seconds` after it arrived is closed (checked at every turn of the accept
+    loop, `service_actions`); a new connection beyond the limit closes the oldest one still
+    sending its request, or, when there is none, is closed itself."""
 
     daemon_threads = True
     request_queue_size = MAX_CLIENTS  # connections the kernel holds until they are accepted
 
-    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
-        self._slots = threading.BoundedSemaphore(MAX_CLIENTS)
+    def __init__(
+        self,
+        address: tuple[str, int],
+        handler: type[BaseHTTPRequestHandler],
+        request_seconds: float,
+    ) -> None:
+        self._request_seconds = request_seconds
+        self._lock = threading.Lock()
+        self._open = 0
+        # Connections still sending their request, in arrival order, with their deadline.
+        self._sending: dict[socket.socket, float] = {}
         super().__init__(address, handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)
-            return
+        with self._lock:
+            if self._open >= MAX_CLIENTS:
+                if not self._sending:
+                    self.shutdown_request(request)
+                    return
+                oldest = next(iter(self._sending))
+                del self._sending[oldest]
+                _cut(oldest)
+            self._open += 1
+            self._sending[request] = time.monotonic() + self._request_seconds
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self._slots.release()
+            self._closed(request)
             raise
+
+    def request_read(self, request: socket.socket) -> None:
+        """`request` has sent its whole request: it is being answered."""
+        with self._lock:
+            self._sending.pop(request, None)
+
+    def service_actions(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            late = [sock for sock, deadline in self._sending.items() if deadline <= now]
+            for sock in late:
+                del self._sending[sock]
+                _cut(sock)
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            self._closed(request)
+
+    def _closed(self, request: socket.socket) -> None:
+        with self._lock:
+            self._open -= 1
+            self._sending.pop(request, None)
+
+
+def _cut(sock: socket.socket) -> None:
+    """End a connection's reads at once: its thread's read returns and the thread ends."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
 
 
 def serve_dashboard(
@@ -352,10 +400,11 @@ def serve_dashboard(
     names = allowed_hosts(host, allowed)
 
     class Handler(BaseHTTPRequestHandler):
-        # The socket's timeout: a client that sends nothing (or too slowly) is dropped.
+        # The socket's timeout: a client that sends nothing (or reads nothing) is dropped.
         timeout = client_timeout
 
         def do_GET(self) -> None:
+            server.request_read(self.request)
             name = host_of(self.headers.get("Host", ""))
             path = self.path.split("?", 1)[0]
             if name is None or name not in names:
@@ -380,7 +429,7 @@ def serve_dashboard(
             pass
 
     try:
-        server = _BoundedServer((host, port), Handler)
+        server = _BoundedServer((host, port), Handler, client_timeout)
     except (OSError, OverflowError) as exc:
         raise ConfigError(f"cannot serve the dashboard on {host}:{port}: {exc}") from None
     threading.Thread(target=server.serve_forever, name="reactor-dashboard", daemon=True).start()
