@@ -101,7 +101,7 @@ def test_a_row_whose_claim_fails_is_left_out_and_named_while_its_type_flows(
     assert swept.returncode == 1, swept.stderr
     result = json.loads(swept.stdout)
     assert (result["claimed"], result["claim_refused"], result["claim_failures"]) == (10, 1, 0)
-    assert "1 row(s) refused their claim" in swept.stderr.strip().splitlines()[-1], swept.stderr
+    assert "1 row refused the claim" in swept.stderr.strip().splitlines()[-1], swept.stderr
     assert sum("row_refused" in line for line in swept.stderr.splitlines()) == 1, swept.stderr
     status = run_cli(env, "status")
     assert status.returncode == 0, status.stderr
@@ -137,7 +137,7 @@ def test_a_type_whose_every_claim_fails_is_quarantined_and_sweep_exits_1(
     assert swept.returncode == 1, swept.stderr
     result = json.loads(swept.stdout)
     assert (result["claimed"], result["claim_failures"], result["claim_refused"]) == (0, 1, 0)
-    assert "the claim of 1 type(s) failed" in swept.stderr, swept.stderr
+    assert "the claim of 1 type failed" in swept.stderr, swept.stderr
     port = free_port()
     start_reactor(
         spawn,

@@ -157,14 +157,19 @@ def sweep(ctx: click.Context, /, **options: Any) -> None:
     click.echo(json.dumps(asdict(result)))
     problems = []
     if result.claim_failures:
-        problems.append(f"the claim of {result.claim_failures} type(s) failed")
+        problems.append(f"the claim of {_count(result.claim_failures, 'type')} failed")
     if result.claim_refused:
-        problems.append(f"{result.claim_refused} row(s) refused their claim (left pending)")
+        problems.append(f"{_count(result.claim_refused, 'row')} refused the claim (left pending)")
     if result.enqueue_failures:
-        problems.append(f"{result.enqueue_failures} row(s) could not be enqueued (no row changed)")
+        rows = _count(result.enqueue_failures, "row")
+        problems.append(f"{rows} could not be enqueued (no row changed)")
     if problems:
         click.echo(f"reactor: error: {'; '.join(problems)}; see the log", err=True)
         ctx.exit(1)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 for _command in (*OPS_COMMANDS, worker_command):
