@@ -13,6 +13,9 @@ Guarantees:
   transaction, before COMMIT (or before the claim, for notified rows); if it fails, the
   transaction rolls back and the rows stay as they were (`pending`, or `active` at the old
   attempt for a rescue).
+- One row cannot stop its type: a claim that fails with a statement error is tried again
+  without the rows whose claim fails alone (`reactor.dispatcher.refused`); only a type whose
+  claims fail without such a row is quarantined, and other types keep flowing either way.
 - No double dispatch of one attempt: rows are claimed with `FOR UPDATE SKIP LOCKED`, and if the
   COMMIT is lost after the enqueue, the next claim of the same attempt finds the job alive in
   Redis and does not enqueue it again (see `reactor.rq.enqueue`).

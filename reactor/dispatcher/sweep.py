@@ -21,6 +21,10 @@
    by name per sweep and the rest in one line).
 `refresh_backlog_metrics()` (called after each sweep when metrics are served) counts the
 backlog for the gauges (routed types by name, the others under one label).
+RQ's keys are read one by one inside each round trip (`reactor.rq.state`): a key of the wrong
+type leaves only its row alone, logged once (`reactor.dispatcher.sweep_notes`), and makes the
+round's `rescue_error` (counted in `reactor_sweep_failures_total`, and in `/healthz` after a
+few rounds in a row); a missing `status` reads as a job gone, an unknown one as a job ended.
 Each step is safe with any number of reactors: every write goes through `FOR UPDATE SKIP
 LOCKED` and re-checks the row's state and attempt under the lock.
 
