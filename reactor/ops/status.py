@@ -164,7 +164,7 @@ def read_status(
             if quiet and not stale
         ]
         refused = [
-            (str(t), str(p), str(e))
+            (str(t), str(p), str(e).removeprefix(CLAIM_REFUSED_PREFIX))
             for t, p, e in conn.execute(
                 queries.CLAIM_REFUSED_ROWS,
                 {"prefix": CLAIM_REFUSED_PREFIX, "limit": MAX_REFUSED_SHOWN},
