@@ -16,8 +16,8 @@ Bounded length: a part whose encoding is longer than `MAX_ENCODED_PART` characte
 `_h` followed by the 64 hex digits of the SHA-256 of its UTF-8 form. The encoding never
 produces `_h` (an escape is `_` and two hex digits), so a hashed part never equals an encoded
 one, and two hashed parts are equal only for equal inputs (barring a SHA-256 collision). A job
-id is thus at most 2 x 200 + 12 characters, whatever the photo id holds; `parse_job_id`
-cannot invert a hashed part (`job.meta` carries the photo id).
+id is thus at most 2 x 200 + 21 characters (a token has at most 19 digits), whatever the
+photo id holds; `parse_job_id` cannot invert a hashed part (`job.meta` carries the photo id).
 """
 
 from __future__ import annotations

@@ -15,9 +15,10 @@ is touched (`InvalidJobError`); any other object gets a `TypeError` that says wh
 
 Idempotent: a `pending` or `active` row is left as it is; a `done`, `failed` or `cancelled`
 row is re-armed (a new life at attempts 0, due from now, its attempts added to
-`prior_attempts` so that the fencing token goes on growing). `cancel` and `cancel_async` move
-a pending or active row to `cancelled` in the caller's transaction, through the same
-connection kinds.
+`prior_attempts` by the table's trigger so that the fencing token goes on growing). `cancel`
+and `cancel_async` move a pending or active row to `cancelled` in the caller's transaction,
+through the same connection kinds. The counts returned are read from the statement's result,
+so they are true in psycopg's pipeline mode too.
 
 Traced (`reactor.tracing`, with the `otel` extra): each call makes a PRODUCER span `send
 {type}` around its statement and stores that span's W3C context in the rows it inserts or
@@ -35,7 +36,7 @@ import psycopg
 from reactor import tracing
 from reactor.errors import InvalidJobError
 from reactor.pg import queries
-from reactor.validate import check_job_type, check_photo_id
+from reactor.validate import check_job_type, check_max_attempts, check_photo_id
 
 __all__ = [
     "DEFAULT_JOB_TYPE",
@@ -176,7 +177,7 @@ def cancel(
         TypeError: `conn` is not a connection this function can use (as for `submit`).
         Exception: the driver's own error when the statement fails.
     """
-    changed: int = _sync_runner(conn)(queries.CANCEL_PHOTOS, _cancel_params(photo_id, type))
+    changed: int = _sync_runner(conn)(queries.CANCEL_COUNTED, _cancel_params(photo_id, type))
     return changed == 1
 
 
@@ -191,23 +192,23 @@ async def cancel_async(
         InvalidJobError, TypeError: see `cancel`.
         Exception: the driver's own error when the statement fails.
     """
-    return await _run_async(conn, queries.CANCEL_PHOTOS, _cancel_params(photo_id, type)) == 1
+    return await _run_async(conn, queries.CANCEL_COUNTED, _cancel_params(photo_id, type)) == 1
 
 
 async def _run_async(conn: Any, query: str, params: Mapping[str, Any]) -> int:
-    """Run `query` on an async connection, in its transaction; the row count."""
+    """Run `query` on an async connection, in its transaction; the count in its one-row result."""
     kind = _kind(conn)
     if kind == "psycopg async":
         async with conn.cursor() as cursor:
             await cursor.execute(query, params)
-            return int(cursor.rowcount)
+            return _count(await cursor.fetchone())
     if kind == "sqlalchemy async":
         if hasattr(conn, "registry"):  # an async_scoped_session: the session of this scope
             conn = conn()
         target = conn if hasattr(conn, "exec_driver_sql") else await conn.connection()
         _check_sqlalchemy_dialect(target.dialect, conn)
         result = await target.exec_driver_sql(query, params)
-        return int(result.rowcount)
+        return _count(result.fetchone())
     raise _unusable(
         conn,
         "submit_async() needs an async Postgres connection: a psycopg AsyncConnection, or a "
@@ -232,10 +233,8 @@ def _params(
     check_job_type(job_type)
     if run_at is not None and (not isinstance(run_at, datetime) or run_at.utcoffset() is None):
         raise InvalidJobError(f"run_at must be a timezone-aware datetime, got {run_at!r:.60}")
-    if max_attempts is not None and (
-        isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1
-    ):
-        raise InvalidJobError(f"max_attempts must be an integer of 1 or more, got {max_attempts!r}")
+    if max_attempts is not None:
+        check_max_attempts(max_attempts)
     return {"photo_ids": ids, "type": job_type, "run_at": run_at, "max_attempts": max_attempts}
 
 
@@ -271,16 +270,17 @@ def _kind(conn: object) -> str:
 
 
 def _sync_runner(conn: Any) -> Any:
-    """A function (statement, params) -> rowcount that runs on `conn` in its transaction."""
+    """A function (statement, params) -> the count in its one-row result, run on `conn` in its
+    transaction."""
     kind = _kind(conn)
     if kind == "psycopg":
-        return lambda query, params: int(conn.execute(query, params).rowcount)
+        return lambda query, params: _count(conn.execute(query, params).fetchone())
     if kind == "sqlalchemy":
         if hasattr(conn, "registry"):  # a scoped_session: the session of this scope
             conn = conn()
         target = conn if hasattr(conn, "exec_driver_sql") else conn.connection()
         _check_sqlalchemy_dialect(target.dialect, conn)
-        return lambda query, params: int(target.exec_driver_sql(query, params).rowcount)
+        return lambda query, params: _count(target.exec_driver_sql(query, params).fetchone())
     if kind == "django":
         if conn.vendor != "postgresql":
             raise TypeError(f"submit() needs a Postgres database; Django's is {conn.vendor}")
@@ -288,12 +288,16 @@ def _sync_runner(conn: Any) -> Any:
         def run(query: str, params: Mapping[str, Any]) -> int:
             with conn.cursor() as cursor:
                 cursor.execute(query, params)
-                return int(cursor.rowcount)
+                return _count(cursor.fetchone())
 
         return run
     if kind in ("psycopg async", "sqlalchemy async"):
         raise _unusable(conn, "an async connection needs submit_async() / submit_many_async()")
     raise _unusable(conn, "submit() needs a Postgres connection: psycopg, SQLAlchemy or Django")
+
+
+def _count(row: Any) -> int:
+    return int(row[0])
 
 
 def _check_sqlalchemy_dialect(dialect: Any, conn: object) -> None:

@@ -2,22 +2,28 @@
 
 The bounds are the table's own (its CHECK constraints enforce them too): a photo id is 1 to
 `MAX_PHOTO_ID_BYTES` bytes of UTF-8 without NUL; a type is 1 to `MAX_TYPE_LENGTH` characters
-of `[A-Za-z0-9_.-]` (it is the NOTIFY payload and names an RQ queue). A photo id of whitespace
-alone is refused here too (a slip of a shell script, never a photo). Error texts show at most
-the first few dozen characters of the value, so a huge id cannot flood a terminal or a log.
+of `[A-Za-z0-9_.-]` (it is the NOTIFY payload and names an RQ queue); `max_attempts` is 1 to
+`MAX_ATTEMPTS` (so a row's token, `prior_attempts + attempts`, cannot overflow). A photo id
+that is blank (whitespace and invisible format characters such as U+200B alone: a slip of a
+shell script, never a photo) or that no UTF-8 can encode (a lone surrogate) is refused here
+too. Error texts show at most the first few dozen characters of the value, so a huge id
+cannot flood a terminal or a log.
 """
 
 from __future__ import annotations
 
 import re
+import unicodedata
 
 from reactor.errors import InvalidJobError
 
 __all__ = [
+    "MAX_ATTEMPTS",
     "MAX_ERROR_CHARS",
     "MAX_PHOTO_ID_BYTES",
     "MAX_TYPE_LENGTH",
     "check_job_type",
+    "check_max_attempts",
     "check_photo_id",
     "is_valid_type",
     "validate_job",
@@ -28,6 +34,8 @@ MAX_PHOTO_ID_BYTES = 255
 #: reads out of one for a page.
 MAX_ERROR_CHARS = 2000
 MAX_TYPE_LENGTH = 128
+#: Highest `max_attempts` of a row (the table's photo_jobs_max_attempts_bound_check).
+MAX_ATTEMPTS = 1_000_000
 
 _TYPE = re.compile(rf"[A-Za-z0-9_.-]{{1,{MAX_TYPE_LENGTH}}}")
 _SHOWN_CHARS = 40
@@ -48,9 +56,14 @@ def check_photo_id(photo_id: object) -> None:
     InvalidJobError: `photo_id` is not a non-empty string, is too long, or holds a NUL."""
     if not isinstance(photo_id, str) or not photo_id:
         raise InvalidJobError(f"invalid photo id {_show(photo_id)}: must be a non-empty string")
-    if photo_id.isspace():
+    if _is_blank(photo_id):
         raise InvalidJobError(f"invalid photo id {_show(photo_id)}: must not be blank")
-    size = len(photo_id.encode("utf-8", "surrogatepass"))
+    try:
+        size = len(photo_id.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidJobError(
+            f"invalid photo id {_show(photo_id)}: not valid Unicode text (a lone surrogate)"
+        ) from None
     if size > MAX_PHOTO_ID_BYTES:
         raise InvalidJobError(
             f"invalid photo id {_show(photo_id)}: {size} bytes long, "
@@ -58,6 +71,24 @@ def check_photo_id(photo_id: object) -> None:
         )
     if "\x00" in photo_id:
         raise InvalidJobError(f"invalid photo id {_show(photo_id)}: must not contain NUL")
+
+
+def _is_blank(text: str) -> bool:
+    # Format characters (category Cf: U+200B, U+2060, U+FEFF, ...) show as nothing at all.
+    return all(c.isspace() or unicodedata.category(c) == "Cf" for c in text)
+
+
+def check_max_attempts(max_attempts: object) -> None:
+    """Raises:
+    InvalidJobError: `max_attempts` is not an integer from 1 to `MAX_ATTEMPTS`."""
+    if (
+        isinstance(max_attempts, bool)
+        or not isinstance(max_attempts, int)
+        or not 1 <= max_attempts <= MAX_ATTEMPTS
+    ):
+        raise InvalidJobError(
+            f"max_attempts must be an integer from 1 to {MAX_ATTEMPTS:,}, got {_show(max_attempts)}"
+        )
 
 
 def check_job_type(job_type: object) -> None:

@@ -44,6 +44,22 @@ CREATE FUNCTION public.photo_jobs_doorbell_stripes() RETURNS integer
 
 
 --
+-- Name: photo_jobs_new_life(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.photo_jobs_new_life() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+BEGIN
+    NEW.prior_attempts := OLD.prior_attempts + OLD.attempts;
+    NEW.attempts := 0;
+    RETURN NEW;
+END;
+$$;
+
+
+--
 -- Name: photo_jobs_notify_inserted(); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -200,10 +216,12 @@ CREATE TABLE public.photo_jobs (
     CONSTRAINT photo_jobs_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT photo_jobs_attempts_max_check CHECK ((attempts <= max_attempts)),
     CONSTRAINT photo_jobs_created_at_finite_check CHECK (isfinite(created_at)),
+    CONSTRAINT photo_jobs_max_attempts_bound_check CHECK ((max_attempts <= 1000000)),
     CONSTRAINT photo_jobs_max_attempts_check CHECK ((max_attempts >= 1)),
     CONSTRAINT photo_jobs_next_retry_at_finite_check CHECK (isfinite(next_retry_at)),
     CONSTRAINT photo_jobs_photo_id_check CHECK ((photo_id <> ''::text)),
     CONSTRAINT photo_jobs_photo_id_length_check CHECK ((octet_length(photo_id) <= 255)),
+    CONSTRAINT photo_jobs_prior_attempts_bound_check CHECK ((prior_attempts <= '1000000000000000000'::bigint)),
     CONSTRAINT photo_jobs_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'active'::text, 'done'::text, 'failed'::text, 'cancelled'::text]))),
     CONSTRAINT photo_jobs_type_check CHECK ((type ~ '^[A-Za-z0-9_.-]{1,128}$'::text)),
     CONSTRAINT photo_jobs_updated_at_finite_check CHECK (isfinite(updated_at))
@@ -391,6 +409,13 @@ CREATE INDEX photo_jobs_pending_due_idx ON public.photo_jobs USING btree (type, 
 
 
 --
+-- Name: photo_jobs photo_jobs_new_life; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER photo_jobs_new_life BEFORE UPDATE OF state ON public.photo_jobs FOR EACH ROW WHEN (((old.state = ANY (ARRAY['done'::text, 'failed'::text, 'cancelled'::text])) AND (new.state = 'pending'::text))) EXECUTE FUNCTION public.photo_jobs_new_life();
+
+
+--
 -- Name: photo_jobs photo_jobs_notify_inserted; Type: TRIGGER; Schema: public; Owner: -
 --
 
@@ -442,4 +467,6 @@ INSERT INTO public.reactor_migrations (version, name) VALUES
     (13, 'route_liveness_by_backend'),
     (14, 'allow_cancelled_state'),
     (15, 'notify_types_only'),
-    (16, 'add_trace_context');
+    (16, 'add_trace_context'),
+    (17, 'bound_attempt_counters'),
+    (18, 'validate_attempt_bounds');

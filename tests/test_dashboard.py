@@ -802,6 +802,57 @@ def test_a_client_beyond_the_limit_closes_the_oldest_idle_one(
             sock.close()
 
 
+def test_slow_clients_shut_no_one_out(env: Env, spawn: Callable[..., Process]) -> None:
+    """More slow clients than slots, each sending a header line every 3 s (never silent for
+    the 5 s client timeout): every other request is still answered, and each slow client is
+    dropped once it has not sent a whole request within the timeout of connecting."""
+    timeout = 5.0
+    _, base = start_dashboard(spawn)
+    port = int(base.rsplit(":", 1)[1])
+    stop = threading.Event()
+    slow = [socket.create_connection(("127.0.0.1", port)) for _ in range(MAX_CLIENTS + 1)]
+    dropped: dict[int, bool] = {}
+
+    def trickle() -> None:
+        for sock in slow:
+            sock.sendall(b"GET /api/overview HTTP/1.1\r\n")
+        while not stop.wait(3.0):
+            for i, sock in enumerate(slow):
+                try:
+                    sock.sendall(b"X-Slow: 1\r\n")
+                except OSError:
+                    dropped[i] = True
+
+    started = threading.Thread(target=trickle, daemon=True)
+    started.start()
+    try:
+        answered = 0
+        for _ in range(20):  # about 2 s of requests while the slow ones hold on
+            status, _body, _ = get(base + "/api/overview")
+            assert status == 200
+            answered += 1
+
+        def all_dropped() -> bool:
+            for i, sock in enumerate(slow):
+                sock.settimeout(0)
+                try:
+                    if sock.recv(1024) == b"":
+                        dropped[i] = True
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    dropped[i] = True
+            return len(dropped) == len(slow)
+
+        wait_for(all_dropped, timeout=timeout + 10, what="the slow clients dropped")
+        assert answered == 20
+    finally:
+        stop.set()
+        started.join(timeout=10)
+        for sock in slow:
+            sock.close()
+
+
 @pytest.fixture(autouse=True)
 def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """urllib must talk to 127.0.0.1 directly, whatever the environment's proxy settings."""

@@ -254,12 +254,13 @@ def test_status_without_redis_still_answers_and_says_liveness_is_unknown(
     env: Env, conn: psycopg.Connection[Any]
 ) -> None:
     submit(conn, "p1")
-    # An active row without a write for an hour: its job's worker is looked up in Redis.
+    # An active row without a write for a minute (past gone_after, not stale yet): its job's
+    # worker is looked up in Redis.
     with conn.transaction():
         conn.execute("SET LOCAL session_replication_role = replica")  # keep updated_at as given
         conn.execute(
             "UPDATE photo_jobs SET state = 'active', attempts = 1,"
-            " updated_at = now() - interval '1 hour'"
+            " updated_at = now() - interval '1 minute'"
         )
     unreachable = {"REDIS_URL": "redis://127.0.0.1:1/0"}
     text = run_cli(env, "status", extra_env=unreachable)

@@ -159,23 +159,16 @@ def test_a_malformed_recorded_route_is_refused_in_one_line_and_no_row_is_lost(
     assert states(conn) == {"pending": 1}
 
 
-def readme_grants(owner_conn: psycopg.Connection[Any], worker: str, producer: str) -> list[str]:
-    """The GRANT statements of README's Security section, for these roles. Without the
-    `prior_attempts` column (added by a later migration) it is left out of the list."""
+def readme_grants(worker: str, producer: str) -> list[str]:
+    """The GRANT statements of README's Security section, for these roles."""
     text = (ROOT / "README.md").read_text()
     block = re.search(r"```sql\n(GRANT .*?)```", text, re.S)
     assert block is not None, "README has no ```sql block of GRANTs"
-    has_prior = owner_conn.execute(
-        "SELECT 1 FROM information_schema.columns"
-        " WHERE table_name = 'photo_jobs' AND column_name = 'prior_attempts'"
-    ).fetchone()
     statements = []
     for text in block.group(1).split(";"):
         statement = re.sub(r"--[^\n]*", "", text).strip()
         if not statement:
             continue
-        if not has_prior:
-            statement = statement.replace(", prior_attempts", "")
         statement = statement.replace("photo_worker", f'"{worker}"')
         statements.append(statement.replace("photo_producer", f'"{producer}"'))
     return statements
@@ -186,7 +179,7 @@ def test_workers_and_producers_work_with_readmes_grants_and_workers_cannot_write
 ) -> None:
     owner = env.connect()
     with throwaway_role(env) as worker_role, throwaway_role(env) as producer_role:
-        grants = readme_grants(owner, worker_role, producer_role)
+        grants = readme_grants(worker_role, producer_role)
         assert any("reactor_routes" in g for g in grants), grants
         for grant in grants:
             owner.execute(grant.encode())
@@ -217,7 +210,19 @@ def test_workers_and_producers_work_with_readmes_grants_and_workers_cannot_write
             ):
                 with pytest.raises(psycopg.errors.InsufficientPrivilege):
                     as_worker.execute(statement)
+        # A producer writes no attempt counter (a huge prior_attempts stopped its type's
+        # claims) and no state but a re-arm's.
+        for statement in (
+            "UPDATE photo_jobs SET prior_attempts = 9223372036854775807",
+            "UPDATE photo_jobs SET attempts = 0",
+            "INSERT INTO photo_jobs (photo_id, type, prior_attempts) VALUES ('p9', 'photo.process', 1)",
+            "INSERT INTO photo_jobs (photo_id, type, state) VALUES ('p9', 'photo.process', 'done')",
+        ):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege), producer.transaction():
+                producer.execute(statement)
         producer.close()
+        found = owner.execute("SELECT prior_attempts, attempts FROM photo_jobs").fetchone()
+        assert found == (1, 1)  # the re-arm carried the first life's attempt into the token
 
 
 def test_a_worker_following_the_recorded_routes_runs_a_route_changed_on_purpose(

@@ -150,7 +150,7 @@ def run(
 @click.pass_context
 def sweep(ctx: click.Context, /, **options: Any) -> None:
     """Run one sweep round and print its result as JSON (exit 1 if some rows could not be
-    enqueued: they stay pending)."""
+    claimed or enqueued: they stay pending)."""
     settings = replace(reactor_settings(options), doorbell=DoorbellMode.POLL_ONLY)
     reactor = Reactor(settings)
     try:
@@ -159,14 +159,21 @@ def sweep(ctx: click.Context, /, **options: Any) -> None:
     finally:
         reactor.close()
     click.echo(json.dumps(asdict(result)))
+    problems = []
+    if result.claim_failures:
+        problems.append(f"the claim of {_count(result.claim_failures, 'type')} failed")
+    if result.claim_refused:
+        problems.append(f"{_count(result.claim_refused, 'row')} refused the claim (left pending)")
     if result.enqueue_failures:
-        rows = result.enqueue_failures
-        click.echo(
-            f"reactor: error: {rows} row{'s' if rows != 1 else ''} could not be enqueued "
-            "(no row changed; see the log)",
-            err=True,
-        )
+        rows = _count(result.enqueue_failures, "row")
+        problems.append(f"{rows} could not be enqueued (no row changed)")
+    if problems:
+        click.echo(f"reactor: error: {'; '.join(problems)}; see the log", err=True)
         ctx.exit(1)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 for _command in (*OPS_COMMANDS, worker_command):

@@ -35,7 +35,7 @@ from reactor.producer import DEFAULT_JOB_TYPE, submit_many
 from reactor.routes import Route, given_routes
 from reactor.settings import DEFAULT_DASHBOARD_PORT
 from reactor.signals import Stopper
-from reactor.validate import validate_job
+from reactor.validate import MAX_ATTEMPTS, check_photo_id, validate_job
 
 __all__ = ["OPS_COMMANDS"]
 
@@ -127,9 +127,13 @@ def requeue(
     job_type: str | None,
 ) -> None:
     """Move done/failed/cancelled rows back to pending (attempts 0): PHOTO_ID... or --failed.
-    Photo ids with no row are reported (exit 1); the others are requeued."""
+    `-` reads photo ids from standard input, one a line (empty lines are skipped). Photo ids
+    with no row are reported (exit 1); the others are requeued."""
     if bool(photo_ids) == all_failed:
         raise click.UsageError("give PHOTO_IDs or --failed (one of them)")
+    photo_ids = tuple(dict.fromkeys(_with_stdin(photo_ids)))
+    for photo_id in photo_ids:
+        check_photo_id(photo_id)
     missing: list[str] = []
     with connect_migrated(database_url, "requeue") as conn:
         if all_failed:
@@ -244,7 +248,7 @@ def _with_stdin(photo_ids: tuple[str, ...]) -> Iterator[str]:
 @click.option("--type", "job_type", default=DEFAULT_JOB_TYPE, show_default=True)
 @click.option(
     "--max-attempts",
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=1, max=MAX_ATTEMPTS),
     default=None,
     help="Attempts before a row fails (new rows: 5; re-armed rows keep theirs).",
 )

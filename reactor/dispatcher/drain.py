@@ -12,6 +12,9 @@ Guarantees:
   transaction, before COMMIT; if it fails (whatever it raises), the
   transaction rolls back and the rows stay as they were (`pending`, or `active` at the old
   attempt for a rescue).
+- One row cannot stop its type: a claim that fails with a statement error is tried again
+  without the rows whose claim fails alone (`reactor.dispatcher.refused`); only a type whose
+  claims fail without such a row is quarantined, and other types keep flowing either way.
 - No double dispatch of one attempt: rows are claimed with `FOR UPDATE SKIP LOCKED`, and if the
   COMMIT is lost after the enqueue, the next claim of the same attempt finds the job alive in
   Redis and does not enqueue it again (see `reactor.rq.enqueue`).
@@ -42,6 +45,7 @@ from psycopg.pq import TransactionStatus
 from reactor import tracing
 from reactor.dispatcher.metrics import Metrics
 from reactor.dispatcher.prefetch import Prefetch, Row
+from reactor.dispatcher.refused import RefusedRows
 from reactor.errors import DatabaseError, RedisUnavailableError, StatementError
 from reactor.jobs import JobRef, warm_up_ref
 from reactor.pg import db, queries
@@ -129,6 +133,8 @@ class Dispatcher:
         self._prefetch = Prefetch(database_url, idle_in_transaction_seconds)
         #: Types whose claim failed with a statement error, and until when they are skipped.
         self.quarantined: dict[str, Quarantine] = {}
+        #: Rows whose claim failed alone, left out of their type's claims for a while.
+        self.refused = RefusedRows()
 
     # -- one transaction, in two halves ----------------------------------------------------
 
@@ -200,10 +206,18 @@ class Dispatcher:
         return self._deliver(conn, self._claim(conn, query, params))
 
     def _claim_type(self, conn: Connection, job_type: str) -> list[Row]:
-        """Claim a batch of `job_type`; a statement error quarantines the type (logged once)
-        and claims nothing, so one row the claim cannot handle does not stop the others."""
+        """Claim a batch of `job_type`. After a statement error, the rows whose claim fails
+        alone are found and left out (`reactor.dispatcher.refused`) and the batch is claimed
+        without them; when that fails too, the type is quarantined (logged once) and nothing
+        is claimed, so a type the claim cannot handle does not stop the others."""
         try:
-            rows = self._claim(conn, queries.CLAIM_DUE, self._claim_params(job_type))
+            try:
+                rows = self._claim(conn, queries.CLAIM_DUE, self._claim_params(job_type))
+            except StatementError:
+                if not self.refused.search(conn, job_type, self._batch_size):
+                    raise
+                rows = self._claim(conn, queries.CLAIM_DUE, self._claim_params(job_type))
+            self.refused.claimed(job_type, rows)
         except StatementError as exc:
             previous = self.quarantined.get(job_type)
             failures = 1 if previous is None else previous.failures + 1
@@ -236,7 +250,7 @@ class Dispatcher:
         db.rehearse(conn, row, lambda work: work.execute(queries.CLAIM_DUE, params))
 
     def _claim_params(self, job_type: str) -> dict[str, Any]:
-        return {"type": job_type, "limit": self._batch_size}
+        return {"type": job_type, "limit": self._batch_size, "skip": self.refused.skipped(job_type)}
 
     # -- re-dispatching (the sweep's rescues) ------------------------------------------------
 

@@ -173,6 +173,12 @@ class HealthCheck:
         self.failing_types: Callable[[], list[tuple[str, str]]] = list
         #: Told of every turn; the loop waits at most its `max_wait()` between turns.
         self.watchdog = Notifier(None, None)
+        #: Rows left out of claims because theirs fails (set by the loop): (type, photo id,
+        #: error) triples. Their types flow: said in the 200 answer, not a 503.
+        self.refused_rows: Callable[[], list[tuple[str, str, str]]] = list
+        #: Sweeps in a row whose rescue step failed (a Redis read of the active rows' jobs).
+        self.rescue_failures = 0
+        self.last_rescue_error = ""
 
     def turned(self) -> None:
         self.last_turn = time.monotonic()
@@ -194,14 +200,37 @@ class HealthCheck:
     def sweep_succeeded(self) -> None:
         self.sweep_failures = 0
 
+    def rescue_failed(self, error: str) -> None:
+        """A sweep's rescue step failed (its other steps went on)."""
+        self.rescue_failures += 1
+        self.last_rescue_error = error
+
+    def rescue_succeeded(self) -> None:
+        self.rescue_failures = 0
+
+    def note(self) -> str | None:
+        """What is wrong without making the reactor unhealthy (None: nothing)."""
+        refused = self.refused_rows()
+        if not refused:
+            return None
+        job_type, photo_id, error = refused[0]
+        return (
+            f"{len(refused)} row(s) left out of claims (their types flow), e.g. type {job_type}"
+            f" photo_id {photo_id[:64]!r}: {error}"
+        )
+
     def problem(self) -> str | None:
         """None when healthy, else the reason."""
         if self._listening and not self.listener_connected:
             return "listener disconnected"
         if self.failures >= FAILURES_BEFORE_UNHEALTHY:
             return f"{self.failures} failed drains or sweeps in a row: {self.last_error}"
-        if self.sweep_failures >= FAILURES_BEFORE_UNHEALTHY:
-            return f"{self.sweep_failures} failed sweeps in a row: {self.last_sweep_error}"
+        for count, what, error in (
+            (self.sweep_failures, "failed sweeps", self.last_sweep_error),
+            (self.rescue_failures, "sweeps whose rescue step failed", self.last_rescue_error),
+        ):
+            if count >= FAILURES_BEFORE_UNHEALTHY:
+                return f"{count} {what} in a row: {error}"
         failing = self.failing_types()
         if failing:
             names = ",".join(sorted(t for t, _ in failing)[:5])
@@ -229,21 +258,29 @@ class _MetricsServer(BoundedHTTPServer):
 
 
 def serve(
-    port: int, metrics: Metrics, health: Callable[[], str | None], host: str = DEFAULT_HOST
+    port: int,
+    metrics: Metrics,
+    health: Callable[[], str | None],
+    host: str = DEFAULT_HOST,
+    note: Callable[[], str | None] = lambda: None,
 ) -> ThreadingHTTPServer:
-    """Serve `/metrics` and `/healthz` on `host:port` in a daemon thread; returns the server."""
+    """Serve `/metrics` and `/healthz` on `host:port` in a daemon thread; returns the server.
+    `/healthz` answers 503 with `health()`'s reason, else 200 `ok` (and `note()`, if any)."""
 
     class Handler(BaseHTTPRequestHandler):
         # A socket timeout: a client idle or slow for this long (reading or writing) is dropped.
         timeout = CLIENT_TIMEOUT_SECONDS
 
         def do_GET(self) -> None:
+            server.request_read(self.request)
             if self.path == "/metrics":
                 self._send(200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST)
             elif self.path == "/healthz":
                 problem = health()
                 if problem is None:
-                    self._send(200, b"ok\n", "text/plain")
+                    said = note()
+                    body = "ok\n" if said is None else f"ok; {said}\n"
+                    self._send(200, body.encode(errors="backslashreplace"), "text/plain")
                 else:
                     self._send(503, f"unhealthy: {problem}\n".encode(), "text/plain")
             else:
@@ -263,6 +300,6 @@ def serve(
         def log_message(self, format: str, *args: object) -> None:  # noqa: A002
             pass  # scrapes every few seconds would drown the log
 
-    server = _MetricsServer((host, port), Handler)
+    server = _MetricsServer((host, port), Handler, CLIENT_TIMEOUT_SECONDS)
     threading.Thread(target=server.serve_forever, name="reactor-metrics", daemon=True).start()
     return server

@@ -82,6 +82,8 @@ class Parts:
             )
             quarantined = dispatcher.quarantined
             health.failing_types = lambda: [(t, q.error) for t, q in list(quarantined.items())]
+            refused = dispatcher.refused
+            health.refused_rows = lambda: [(r.type, r.photo_id, r.error) for r in refused.current()]
             sweeper = Sweeper(
                 dispatcher,
                 RqState(client, routes),
@@ -105,7 +107,11 @@ class Parts:
         if settings.metrics_port is not None:
             try:
                 parts.http = serve(
-                    settings.metrics_port, metrics, health.problem, host=settings.metrics_host
+                    settings.metrics_port,
+                    metrics,
+                    health.problem,
+                    host=settings.metrics_host,
+                    note=health.note,
                 )
             except OSError as exc:
                 raise ConfigError(

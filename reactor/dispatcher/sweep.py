@@ -21,6 +21,10 @@
    by name per sweep and the rest in one line).
 `refresh_backlog_metrics()` (called after each sweep when metrics are served) counts the
 backlog for the gauges (routed types by name, the others under one label).
+RQ's keys are read one by one inside each round trip (`reactor.rq.state`): a key of the wrong
+type leaves only its row alone, logged once (`reactor.dispatcher.sweep_notes`), and makes the
+round's `rescue_error` (counted in `reactor_sweep_failures_total`, and in `/healthz` after a
+few rounds in a row); a missing `status` reads as a job gone, an unknown one as a job ended.
 Each step is safe with any number of reactors: every write goes through `FOR UPDATE SKIP
 LOCKED` and re-checks the row's state and attempt under the lock.
 
@@ -40,12 +44,13 @@ from typing import Any
 
 from reactor.dispatcher.drain import BatchResult, Dispatcher
 from reactor.dispatcher.metrics import HealthCheck, Metrics
+from reactor.dispatcher.sweep_notes import SweepNotes
 from reactor.errors import RedisUnavailableError, StatementError
 from reactor.jobs import JobRef, short_id
 from reactor.pg import queries
 from reactor.pg.db import Connection, translating
 from reactor.routes import Route
-from reactor.rq.state import ALIVE_STATUSES, FAILED, QUEUED, STARTED, RqState
+from reactor.rq.state import ALIVE_STATUSES, FAILED, QUEUED, STARTED, UNREADABLE, RqState
 from reactor.settings import DEFAULT_GONE_AFTER_SECONDS
 from reactor.throttle import LogThrottle
 
@@ -55,13 +60,6 @@ logger = logging.getLogger(__name__)
 
 #: The `type` label of the backlog of every type no route covers.
 OTHER_TYPES_LABEL = "(unrouted)"
-#: Unrouted types remembered (so each is warned about once), logged by name per sweep, and
-#: listed in a `SweepResult`.
-MAX_REMEMBERED_UNROUTED = 1000
-MAX_UNROUTED_LOGGED = 10
-MAX_UNROUTED_REPORTED = 100
-#: The line about unrouted types not named is written at most this often.
-UNROUTED_SUMMARY_SECONDS = 600.0
 #: Failed sweeps logged per `SWEEP_FAILED_LOG_SECONDS` (the rest are counted in the next line).
 SWEEP_FAILED_LOG_BURST = 3
 SWEEP_FAILED_LOG_SECONDS = 60.0
@@ -95,6 +93,14 @@ class SweepResult:
     more: bool = False
     #: Rows whose re-dispatch failed alone (left as they were, for the next sweep).
     rescue_refused: int = 0
+    #: Types whose claim fails (left out of drains with backoff) and rows whose claim fails
+    #: alone (left out, their types flow): `reactor sweep` exits 1 when either is not 0.
+    claim_failures: int = 0
+    claim_refused: int = 0
+    #: Redis keys the rescue step could not read (a job or queue key of the wrong type: only
+    #: their rows are left alone), and why the rescue step failed (None: it did not).
+    unreadable_keys: int = 0
+    rescue_error: str | None = None
 
 
 class Sweeper:
@@ -121,8 +127,7 @@ class Sweeper:
         self._batch_size = batch_size
         self._stale_after = stale_after_seconds
         self._gone_after = min(gone_after_seconds, stale_after_seconds)
-        self._warned_unrouted: set[str] = set()
-        self._unrouted_log = LogThrottle(burst=1, interval_seconds=UNROUTED_SUMMARY_SECONDS)
+        self._notes = SweepNotes()
         self._refused = 0  # rows whose re-dispatch failed alone, this sweep
         self._refused_log = LogThrottle(burst=10, interval_seconds=60.0)
         self.metrics = metrics or Metrics()
@@ -148,6 +153,7 @@ class Sweeper:
         self._conn = conn
         self._refused = 0
         more = False
+        rescue_error: str | None = None
         try:
             drained = self._dispatcher.drain(conn, self._types, should_stop, slice_seconds)
             claimed, enqueued, more = drained.claimed, drained.enqueued, drained.more
@@ -158,13 +164,22 @@ class Sweeper:
             rescued, lost, rescue_failed = self._rescue(should_stop)
         except RedisUnavailableError as exc:
             failures += exc.rows
+            rescue_error = str(exc)
             logger.warning("sweep_enqueue_failed step=rescue error=%s", exc)
+        unreadable = self._rq.take_unreadable()
+        self._notes.unreadable(unreadable)
+        if unreadable and rescue_error is None:
+            key, error = next(iter(unreadable.items()))
+            rescue_error = f"{len(unreadable)} Redis key(s) unreadable, e.g. {key}: {error}"
         unrouted = self._unrouted_types()
         metrics = self.metrics
         metrics.sweeps.inc()
+        if rescue_error is not None:
+            metrics.sweep_failures.inc()
         metrics.rescued.labels("stale").inc(rescued)
         metrics.rescued.labels("lost").inc(lost)
         metrics.rescue_failed.inc(rescue_failed)
+        dispatcher = self._dispatcher
         result = SweepResult(
             claimed,
             enqueued,
@@ -175,6 +190,10 @@ class Sweeper:
             tuple(unrouted),
             more,
             rescue_refused=self._refused,
+            claim_failures=sum(t in dispatcher.quarantined for t in self._types),
+            claim_refused=sum(r.type in self._routes for r in dispatcher.refused.current()),
+            unreadable_keys=len(unreadable),
+            rescue_error=rescue_error,
         )
         if claimed or rescued or rescue_failed or lost or failures or self._refused:
             logger.info(
@@ -235,14 +254,20 @@ class Sweeper:
                 failed_in_rq: list[JobRef] = []
                 # Started or ended, quiet but not stale yet: rescued now if its worker is gone.
                 unsure = [
-                    ref
+                    (ref, status)
                     for ref, status, (*_, stale, quiet) in zip(refs, statuses, page, strict=True)
-                    if quiet and not stale and status is not None and status != QUEUED
+                    if quiet and not stale
                 ]
-                gone_workers = self._rq.workers_gone(unsure)
-                worker_gone = {ref for ref, lost in zip(unsure, gone_workers, strict=True) if lost}
+                gone_workers = self._rq.worker_gone_rows(
+                    [ref for ref, _ in unsure], [status for _, status in unsure]
+                )
+                worker_gone = {
+                    ref for (ref, _), lost in zip(unsure, gone_workers, strict=True) if lost
+                }
                 dead_gone: list[JobRef] = []
                 for ref, status, (*_, stale, _quiet) in zip(refs, statuses, page, strict=True):
+                    if status == UNREADABLE:
+                        continue  # its key is reported; the row waits until it can be read
                     if status is None:
                         gone.append(ref)
                     elif status not in ALIVE_STATUSES:
@@ -378,22 +403,7 @@ class Sweeper:
         conn = self._conn
         with translating("pending-types query failed", conn), conn.transaction():
             types = [row[0] for row in conn.execute(queries.PENDING_TYPES)]
-        unrouted = [t for t in types if t not in self._routes]
-        new = [t for t in unrouted if t not in self._warned_unrouted]
-        # Bounded memory and log: names are remembered up to a cap, a few are logged by name,
-        # and the rest are one summary line (junk types must not flood the log).
-        room = max(0, MAX_REMEMBERED_UNROUTED - len(self._warned_unrouted))
-        self._warned_unrouted.update(new[:room])
-        named = new[: min(room, MAX_UNROUTED_LOGGED)]
-        for job_type in named:
-            logger.warning("unrouted_type type=%s (its pending rows are left alone)", job_type)
-        if len(new) > len(named) and self._unrouted_log.allow():
-            logger.warning(
-                "unrouted_types count=%d not_named=%d (their pending rows are left alone)",
-                len(unrouted),
-                len(new) - len(named),
-            )
-        return unrouted[:MAX_UNROUTED_REPORTED]
+        return self._notes.unrouted(types, self._routes)
 
 
 def guarded_round(
@@ -425,4 +435,8 @@ def guarded_round(
             )
         return None
     health.sweep_succeeded()
+    if result.rescue_error is None:
+        health.rescue_succeeded()
+    else:
+        health.rescue_failed(result.rescue_error)
     return result

@@ -29,6 +29,8 @@ DEFAULT_ADMIN_BATCH = 5000
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+#: The longest duration taken (100 years): Postgres cannot subtract much more from now().
+MAX_DURATION_DAYS = 36_500
 
 
 def parse_duration(text: str) -> float:
@@ -36,14 +38,17 @@ def parse_duration(text: str) -> float:
     retention setting meant days to its writer and deleted a week of rows as seconds.
 
     Raises:
-        ConfigError: not a duration with a unit.
+        ConfigError: not a duration with a unit, or longer than `MAX_DURATION_DAYS`.
     """
     match = _DURATION.fullmatch(text.strip().lower())
     if not match:
         raise ConfigError(
             f"bad duration {text[:40]!r}: give a number and a unit (s, m, h, d, w), e.g. 7d"
         )
-    return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    if seconds > MAX_DURATION_DAYS * 86400:
+        raise ConfigError(f"bad duration {text[:40]!r}: at most {MAX_DURATION_DAYS}d (100 years)")
+    return seconds
 
 
 def _batched(conn: Connection, query: str, params: dict[str, object], limit: int) -> int:

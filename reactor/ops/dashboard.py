@@ -16,9 +16,11 @@ What it guarantees on a shared host and a big table:
 - It holds one Postgres connection (reopened after a failure); one read runs at a time and its
   result (or error) serves every request for `cache_seconds`, so any number of concurrent
   requests cost one backend and at most one read per interval.
-- At most `MAX_CLIENTS` connections are served at once (a new one closes the oldest:
-  `reactor.http_server`), and a client that sends nothing for `client_timeout` seconds is
-  dropped: idle sockets cannot pile up threads.
+- At most `MAX_CLIENTS` connections are served at once, and a client that has not sent its
+  whole request within `client_timeout` seconds of connecting is dropped, however it trickles
+  (a header line every few seconds): idle or slow sockets cannot pile up threads. When every
+  slot is taken, a new connection closes the oldest one still sending its request
+  (`reactor.http_server`), so slow clients cannot shut new ones out.
 """
 
 from __future__ import annotations
@@ -65,7 +67,8 @@ DEFAULT_REFRESH_SECONDS = 5
 DEFAULT_CACHE_SECONDS = 2.0
 #: How often the count of `done` rows (a scan of the table) is read again.
 DONE_COUNTS_SECONDS = 30.0
-#: A client silent for this long is dropped.
+#: A client that has not sent its whole request this long after connecting (or is silent
+#: this long) is dropped.
 DEFAULT_CLIENT_TIMEOUT_SECONDS = 5.0
 #: Postgres connections the dashboard holds, however many requests come.
 DATABASE_CONNECTIONS = 1
@@ -330,10 +333,11 @@ def serve_dashboard(
     csp = _CSP if actions is None else _CSP.replace("form-action 'none'", "form-action 'self'")
 
     class Handler(BaseHTTPRequestHandler):
-        # The socket's timeout: a client that sends nothing (or too slowly) is dropped.
+        # The socket's timeout: a client that sends nothing (or reads nothing) is dropped.
         timeout = client_timeout
 
         def do_GET(self) -> None:
+            server.request_read(self.request)
             name = host_of(self.headers.get("Host", ""))
             path = self.path.split("?", 1)[0]
             if name is None or name not in names:
@@ -353,6 +357,7 @@ def serve_dashboard(
             self._send(page)
 
         def do_POST(self) -> None:
+            server.request_read(self.request)
             name = host_of(self.headers.get("Host", ""))
             if name is None or name not in names:
                 page = Page(421, _MISDIRECTED, "text/plain; charset=utf-8")
@@ -379,7 +384,7 @@ def serve_dashboard(
             pass
 
     try:
-        server = BoundedHTTPServer((host, port), Handler)
+        server = BoundedHTTPServer((host, port), Handler, client_timeout)
     except (OSError, OverflowError) as exc:
         raise ConfigError(f"cannot serve the dashboard on {host}:{port}: {exc}") from None
     threading.Thread(target=server.serve_forever, name="reactor-dashboard", daemon=True).start()

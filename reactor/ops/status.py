@@ -1,11 +1,12 @@
 """`reactor status`: what the table holds, for people and (as JSON) for scripts.
 
 Counts by type and state, the age of the oldest due pending row, the next scheduled retry,
-stale `active` rows, `active` rows whose RQ worker is gone (the job's worker key expired and
-the row has had no write for `gone_after`: the sweep rescues these at its next pass; read from
-Redis when a client is given, None when not or when Redis failed), paused types, the routes
-recorded by the reactors (and how many running reactors use each), and pending types that no
-route covers. Counting `done` rows scans the table (one statement, which Postgres may run in
+stale `active` rows, `active` rows whose RQ worker is gone (read from Redis when a client is
+given, None when not or when Redis failed: the rows the sweep's next pass re-dispatches for
+that reason, found by the sweep's own query and decision, `reactor.rq.state.worker_gone_rows`),
+pending rows whose claim a reactor found failing (named, with the error), paused types, the
+routes recorded by the reactors (and how many running reactors use each), and pending types
+that no route covers. Counting `done` rows scans the table (one statement, which Postgres may run in
 parallel); every other figure is read through an index. The table for people shows texts from
 the database (who paused a type, a recorded route) with control characters escaped
 (`reactor.ops.terminal`).
@@ -19,6 +20,7 @@ from typing import Any
 
 import redis
 
+from reactor.dispatcher.refused import CLAIM_REFUSED_PREFIX
 from reactor.errors import RedisUnavailableError
 from reactor.jobs import JobRef
 from reactor.ops.pause import PausedType, paused_types
@@ -28,7 +30,7 @@ from reactor.pg.db import Connection, translating
 from reactor.pg.registry import RecordedRoute, read_recorded_routes
 from reactor.redact import redact
 from reactor.routes import format_route
-from reactor.rq.state import STARTED, job_statuses, reading, workers_gone
+from reactor.rq.state import RqState, reading
 from reactor.settings import DEFAULT_GONE_AFTER_SECONDS
 
 __all__ = ["STATES", "Status", "TypeStatus", "format_status", "read_done_counts", "read_status"]
@@ -37,6 +39,8 @@ __all__ = ["STATES", "Status", "TypeStatus", "format_status", "read_done_counts"
 STATES = ("pending", "active", "done", "failed", "cancelled")
 #: Quiet active rows whose RQ worker `reactor status` looks up (the oldest first).
 MAX_WORKER_CHECKS = 10_000
+#: Pending rows whose claim fails, named by `reactor status`.
+MAX_REFUSED_SHOWN = 10
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,8 @@ class Status:
     paused_types: list[PausedType] = field(default_factory=list)
     #: Why the workers' liveness could not be read from Redis (None: it was, or not asked).
     redis_error: str | None = None
+    #: Pending rows whose claim fails (type, photo id, last_error), the latest first.
+    claim_refused: list[tuple[str, str, str]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -85,6 +91,9 @@ class Status:
                 for p in self.paused_types
             ],
             "redis_error": self.redis_error,
+            "claim_refused": [
+                {"type": t, "photo_id": p, "error": e} for t, p, e in self.claim_refused
+            ],
         }
 
 
@@ -135,15 +144,30 @@ def read_status(
         rows = conn.execute(
             queries.STATUS_PER_TYPE, {"types": all_types, "stale_after": stale_after_seconds}
         ).fetchall()
+        # The sweep's page of active rows, its oldest first: the quiet ones not yet stale are
+        # those it re-dispatches when their worker is gone (stale ones are counted as such).
         quiet = [
             JobRef(t, p, int(token))
-            for t, p, token in conn.execute(
-                queries.QUIET_ACTIVE,
+            for t, p, token, _, stale, quiet in conn.execute(
+                queries.LIST_ACTIVE,
                 {
                     "types": all_types,
-                    "gone_after": min(gone_after_seconds, stale_after_seconds),
+                    "until": "infinity",
+                    "after_at": "-infinity",
+                    "after_type": "",
+                    "after_id": "",
                     "limit": MAX_WORKER_CHECKS,
+                    "stale_after": stale_after_seconds,
+                    "gone_after": min(gone_after_seconds, stale_after_seconds),
                 },
+            )
+            if quiet and not stale
+        ]
+        refused = [
+            (str(t), str(p), str(e).removeprefix(CLAIM_REFUSED_PREFIX))
+            for t, p, e in conn.execute(
+                queries.CLAIM_REFUSED_ROWS,
+                {"prefix": CLAIM_REFUSED_PREFIX, "limit": MAX_REFUSED_SHOWN},
             )
         ]
     gone: dict[str, int] | None = None
@@ -169,23 +193,19 @@ def read_status(
         for job_type, age, next_at, stale in rows
     ]
     unrouted = sorted(t for t in pending_types if t not in routed)
-    return Status(types, unrouted, routes, paused, redis_error)
+    return Status(types, unrouted, routes, paused, redis_error, refused)
 
 
 def _workers_gone(client: redis.Redis, refs: list[JobRef]) -> dict[str, int]:
-    """Per type, how many of `refs` have a started job whose RQ worker is gone; the sweep
-    also rescues ended jobs of gone workers, which `reactor status` does not count.
+    """Per type, how many of `refs` (quiet active rows) have a job whose RQ worker is gone.
 
     Raises:
         redis.RedisError, RedisUnavailableError: Redis failed.
     """
-    started = [
-        ref
-        for ref, status in zip(refs, job_statuses(client, refs), strict=True)
-        if status == STARTED
-    ]
+    state = RqState(client, {})
+    statuses = state.job_statuses(refs)
     counts: dict[str, int] = {}
-    for ref, lost in zip(started, workers_gone(client, started), strict=True):
+    for ref, lost in zip(refs, state.worker_gone_rows(refs, statuses), strict=True):
         if lost:
             counts[ref.type] = counts.get(ref.type, 0) + 1
     return counts
@@ -235,5 +255,7 @@ def format_status(status: Status) -> str:
         lines.append(f"paused: {p.type} since {p.paused_at.isoformat()} by {p.paused_by}")
     if status.redis_error is not None:
         lines.append(f"workers' liveness unknown (Redis: {status.redis_error})")
+    for job_type, photo_id, error in status.claim_refused:
+        lines.append(f"claim refused: {job_type} {photo_id!r}: {error}")
     # Every line is one line on the screen, whatever a value from the database holds.
     return "\n".join(visible(line) for line in lines)

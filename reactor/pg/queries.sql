@@ -11,7 +11,8 @@
 -- whose attempts are already spent (max_attempts lowered by hand) is failed instead, never
 -- counted past its limit: it comes back with state `failed` and is not enqueued. Nothing
 -- while the type is paused (the check does not depend on the row, so it is planned as a
--- one-time filter: one primary-key probe per claim, no extra round trip).
+-- one-time filter: one primary-key probe per claim, no extra round trip). Rows whose claim
+-- failed alone (`skip`, photo ids: `reactor.dispatcher.refused`) are left out.
 UPDATE photo_jobs AS j
    SET state = CASE WHEN j.attempts < j.max_attempts THEN 'active' ELSE 'failed' END,
        attempts = CASE WHEN j.attempts < j.max_attempts THEN j.attempts + 1 ELSE j.attempts END,
@@ -25,11 +26,48 @@ UPDATE photo_jobs AS j
             AND p.state = 'pending'
             AND coalesce(p.next_retry_at, p.created_at) <= now()
             AND NOT EXISTS (SELECT FROM reactor_paused_types AS x WHERE x.type = %(type)s)
+            AND p.photo_id <> ALL (%(skip)s::text[])
           ORDER BY coalesce(p.next_retry_at, p.created_at)
           LIMIT %(limit)s
             FOR UPDATE SKIP LOCKED))
    AND j.state = 'pending'
 RETURNING j.type, j.photo_id, j.prior_attempts + j.attempts, j.state, j.traceparent, j.tracestate
+
+-- name: DUE_PHOTO_IDS
+-- The photo ids CLAIM_DUE would take now (locks not taken: a read, for the search of a row
+-- that makes the claim fail).
+SELECT p.photo_id
+  FROM photo_jobs AS p
+ WHERE p.type = %(type)s
+   AND p.state = 'pending'
+   AND coalesce(p.next_retry_at, p.created_at) <= now()
+   AND p.photo_id <> ALL (%(skip)s::text[])
+ ORDER BY coalesce(p.next_retry_at, p.created_at)
+ LIMIT %(limit)s
+
+-- name: CLAIM_PROBE
+-- CLAIM_DUE's UPDATE and RETURNING (keep them in step) on the given pending rows of one type,
+-- run in a transaction that is always rolled back: does the claim of exactly these rows fail?
+UPDATE photo_jobs AS j
+   SET state = CASE WHEN j.attempts < j.max_attempts THEN 'active' ELSE 'failed' END,
+       attempts = CASE WHEN j.attempts < j.max_attempts THEN j.attempts + 1 ELSE j.attempts END,
+       last_error = CASE WHEN j.attempts < j.max_attempts THEN j.last_error
+                    ELSE format('attempts spent before dispatch: attempt %%s of %%s',
+                                j.attempts, j.max_attempts) END
+ WHERE j.ctid = ANY (ARRAY(
+         SELECT p.ctid
+           FROM photo_jobs AS p
+          WHERE p.type = %(type)s AND p.photo_id = ANY (%(photo_ids)s::text[])
+            AND p.state = 'pending'
+            FOR UPDATE SKIP LOCKED))
+   AND j.state = 'pending'
+RETURNING j.type, j.photo_id, j.prior_attempts + j.attempts, j.state, j.traceparent, j.tracestate
+
+-- name: NOTE_CLAIM_REFUSED
+-- Write why a pending row's claim fails into its last_error (`reactor status` and `reactor
+-- failures` show it); the row stays pending, as due as before.
+UPDATE photo_jobs SET last_error = %(error)s
+ WHERE type = %(type)s AND photo_id = %(photo_id)s AND state = 'pending'
 
 -- name: NEXT_DUE_IN
 -- Seconds until the earliest pending row of the given types becomes due (NULL if none).
@@ -527,23 +565,22 @@ SELECT t.type,
            AND a.updated_at < now() - make_interval(secs => %(stale_after)s::float8))
   FROM unnest(%(types)s::text[]) AS t(type)
 
--- name: QUIET_ACTIVE
--- `reactor status`: up to `limit` active rows of the given types that have had no write for
--- `gone_after` seconds (their jobs' workers are then looked up in RQ).
-SELECT type, photo_id, prior_attempts + attempts
+-- name: CLAIM_REFUSED_ROWS
+-- `reactor status`: pending rows whose claim a reactor found failing (their last_error starts
+-- with `prefix`), the latest first.
+SELECT type, photo_id, last_error
   FROM photo_jobs
- WHERE state = 'active' AND type = ANY (%(types)s::text[])
-   AND updated_at < now() - make_interval(secs => %(gone_after)s::float8)
- ORDER BY updated_at
+ WHERE state = 'pending' AND starts_with(last_error, %(prefix)s)
+ ORDER BY updated_at DESC
  LIMIT %(limit)s
 
 -- name: REQUEUE_FAILED
 -- Move up to `limit` failed rows (of `type`, if not NULL) back to pending: a new life, at
--- attempts 0, whose attempts of earlier lives are added to prior_attempts (the token goes on),
--- due from now (so the age of the oldest due row counts from the requeue, not the insert).
+-- attempts 0, whose attempts of earlier lives are added to prior_attempts (the token goes on:
+-- the trigger photo_jobs_new_life does both), due from now (so the age of the oldest due row
+-- counts from the requeue, not the insert).
 UPDATE photo_jobs
-   SET state = 'pending', prior_attempts = prior_attempts + attempts, attempts = 0,
-       next_retry_at = now(), last_error = NULL
+   SET state = 'pending', next_retry_at = now(), last_error = NULL
  WHERE ctid = ANY (ARRAY(
          SELECT ctid FROM photo_jobs
           WHERE state = 'failed' AND (%(type)s::text IS NULL OR type = %(type)s)
@@ -555,8 +592,7 @@ UPDATE photo_jobs
 -- Move the done/failed/cancelled rows of the given photos (of `type`, if not NULL) back to
 -- pending, as REQUEUE_FAILED does.
 UPDATE photo_jobs
-   SET state = 'pending', prior_attempts = prior_attempts + attempts, attempts = 0,
-       next_retry_at = now(), last_error = NULL
+   SET state = 'pending', next_retry_at = now(), last_error = NULL
  WHERE photo_id = ANY (%(photo_ids)s::text[])
    AND (%(type)s::text IS NULL OR type = %(type)s)
    AND state IN ('done', 'failed', 'cancelled')
@@ -575,6 +611,18 @@ UPDATE photo_jobs
    AND (%(type)s::text IS NULL OR type = %(type)s)
    AND state IN ('pending', 'active')
 RETURNING type, photo_id, prior_attempts + attempts
+
+-- name: CANCEL_COUNTED
+-- CANCEL_PHOTOS for `reactor.cancel()` (keep the two in step): how many rows it cancelled, as
+-- a one-row result (true in psycopg's pipeline mode, where a cursor's rowcount is -1).
+WITH cancelled AS (
+     UPDATE photo_jobs
+        SET state = 'cancelled', next_retry_at = NULL, last_error = %(reason)s
+      WHERE photo_id = ANY (%(photo_ids)s::text[])
+        AND (%(type)s::text IS NULL OR type = %(type)s)
+        AND state IN ('pending', 'active')
+     RETURNING 1)
+SELECT count(*) FROM cancelled
 
 -- name: CANCEL_PENDING
 -- Cancel up to `limit` pending rows of `type`, as CANCEL_PHOTOS does: one range of the pending
@@ -672,25 +720,30 @@ UPDATE photo_jobs
 -- name: SUBMIT_MANY
 -- Insert the given photos' jobs of one type (`reactor.producer`), in the caller's transaction.
 -- A pending/active row is left as it is (idempotent); a done/failed/cancelled row is re-armed:
--- a new life at attempts 0, due from now (or `run_at`), its attempts added to prior_attempts
--- so that the fencing token goes on growing. The row count is the rows inserted or re-armed. One statement
--- for any number of ids: the triggers send one notification per type for all of them. Every
--- row inserted or re-armed gets the producer's trace context (NULL: none).
-INSERT INTO photo_jobs AS j (photo_id, type, next_retry_at, max_attempts, traceparent, tracestate)
-SELECT p.photo_id, %(type)s::text, %(run_at)s::timestamptz, coalesce(%(max_attempts)s::int, 5),
-       %(traceparent)s::text, %(tracestate)s::text
-  FROM unnest(%(photo_ids)s::text[]) AS p(photo_id)
-    ON CONFLICT (photo_id, type) DO UPDATE
-   SET state = 'pending',
-       traceparent = EXCLUDED.traceparent,
-       tracestate = EXCLUDED.tracestate,
-       prior_attempts = j.prior_attempts + j.attempts,
-       attempts = 0,
-       next_retry_at = coalesce(EXCLUDED.next_retry_at, now()),
-       last_error = NULL,
-       max_attempts = CASE WHEN %(max_attempts)s::int IS NULL THEN j.max_attempts
-                           ELSE EXCLUDED.max_attempts END
- WHERE j.state IN ('done', 'failed', 'cancelled')
+-- pending again, due from now (or `run_at`); the table's trigger (photo_jobs_new_life) starts
+-- its new life, at attempts 0 with its attempts added to prior_attempts, so the fencing token
+-- goes on growing and producers need no grant on either column. Every row inserted or re-armed
+-- gets the producer's trace context (NULL: none). Returns one row: how many rows were inserted
+-- or re-armed (a count read as a result, which psycopg's pipeline mode delivers too, where the
+-- cursor's rowcount is -1). One statement for any number of ids: the triggers send one
+-- notification per type for all of them.
+WITH submitted AS (
+     INSERT INTO photo_jobs AS j (photo_id, type, next_retry_at, max_attempts, traceparent,
+                                  tracestate)
+     SELECT p.photo_id, %(type)s::text, %(run_at)s::timestamptz,
+            coalesce(%(max_attempts)s::int, 5), %(traceparent)s::text, %(tracestate)s::text
+       FROM unnest(%(photo_ids)s::text[]) AS p(photo_id)
+         ON CONFLICT (photo_id, type) DO UPDATE
+        SET state = 'pending',
+            traceparent = EXCLUDED.traceparent,
+            tracestate = EXCLUDED.tracestate,
+            next_retry_at = coalesce(EXCLUDED.next_retry_at, now()),
+            last_error = NULL,
+            max_attempts = CASE WHEN %(max_attempts)s::int IS NULL THEN j.max_attempts
+                                ELSE EXCLUDED.max_attempts END
+      WHERE j.state IN ('done', 'failed', 'cancelled')
+     RETURNING 1)
+SELECT count(*) FROM submitted
 
 -- name: MAY_INSERT_ROWS
 -- Whether this role may insert into photo_jobs (workers may run as a role that cannot).

@@ -71,8 +71,8 @@ def _from_hash(raw: bytes | None) -> str | None:
 
 
 def read_failure_texts(client: redis.Redis, refs: Sequence[JobRef]) -> list[str | None]:
-    """For each attempt's job, the last line of the error RQ recorded (None: none found), in
-    one round trip.
+    """For each attempt's job, the last line of the error RQ recorded (None: none found, or
+    its keys cannot be read), in one round trip.
 
     Raises:
         redis.RedisError: Redis failed.
@@ -81,9 +81,13 @@ def read_failure_texts(client: redis.Redis, refs: Sequence[JobRef]) -> list[str 
         for ref in refs:
             pipe.xrevrange(_results_key(ref.job_id), "+", "-", count=1)
             pipe.hget(Job.key_for(ref.job_id), "exc_info")
-        replies = pipe.execute()
+        # A key of the wrong type only loses its own text.
+        replies = [
+            None if isinstance(r, redis.ResponseError) else r
+            for r in pipe.execute(raise_on_error=False)
+        ]
     texts: list[str | None] = []
     for i in range(0, len(replies), 2):
-        text = _from_result(replies[i]) or _from_hash(replies[i + 1])
+        text = _from_result(replies[i] or []) or _from_hash(replies[i + 1])
         texts.append(last_line(text) if text else None)
     return texts

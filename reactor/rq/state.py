@@ -6,6 +6,12 @@ plain commands (`HGET` of a job's status or worker name, `EXISTS` of a worker's 
 of a queue, RQ's error text through `reactor.rq.job_errors`), in one round trip per call (two
 for `workers_gone`): whoever can write to Redis chooses what a
 job's pickled fields hold, so the reactor never decodes them. Nothing here writes to Redis.
+
+`RqState`'s reads fail key by key: a key of the wrong type (`SET rq:job:<id> junk`) gives its
+job the status `UNREADABLE` (a queue list: its jobs are taken as not orphaned) and is kept in
+`take_unreadable()` for the caller to report, so one bad key never hides the others. Whether
+a row's RQ worker is gone is decided in one place, `worker_gone_rows`, for the sweep and for
+`reactor status` alike.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ __all__ = [
     "FAILED",
     "QUEUED",
     "STARTED",
+    "UNREADABLE",
     "RqState",
     "job_statuses",
     "reading",
@@ -43,6 +50,9 @@ QUEUED = b"queued"
 FAILED = b"failed"
 #: RQ statuses of a job that will still run or is running.
 ALIVE_STATUSES = frozenset({b"queued", b"started", b"scheduled", b"deferred", b"rate_limited"})
+#: What `RqState.job_statuses` gives for a job whose key cannot be read (not a hash); no RQ
+#: status is written in parentheses.
+UNREADABLE = b"(unreadable)"
 
 
 def job_statuses(client: redis.Redis, refs: Sequence[JobRef]) -> list[bytes | None]:
@@ -62,12 +72,15 @@ def job_statuses(client: redis.Redis, refs: Sequence[JobRef]) -> list[bytes | No
         ) from exc
 
 
-def workers_gone(client: redis.Redis, refs: Sequence[JobRef]) -> list[bool]:
+def workers_gone(
+    client: redis.Redis, refs: Sequence[JobRef], unreadable: dict[str, str] | None = None
+) -> list[bool]:
     """For each attempt's job: is the RQ worker that took it gone? That is, the job names a
     worker (RQ stores it when the worker starts the job) and that worker's key no longer
     exists: a worker renews its key while it lives (the worker classes every heartbeat while
     they run an attempt), so the key expires only once it has stopped (killed, paused, cut off
-    from Redis). A job that names no worker (never started) is not counted as gone.
+    from Redis). A job that names no worker (never started) is not counted as gone; nor is one
+    whose key cannot be read (noted in `unreadable`, key -> error, when given).
 
     Raises:
         redis.RedisError: Redis failed.
@@ -77,7 +90,11 @@ def workers_gone(client: redis.Redis, refs: Sequence[JobRef]) -> list[bool]:
     with client.pipeline(transaction=False) as pipe:
         for ref in refs:
             pipe.hget(Job.key_for(ref.job_id), "worker_name")
-        names: list[bytes | None] = pipe.execute()
+        replies = pipe.execute(raise_on_error=False)
+    names: list[bytes | None] = [
+        _readable(Job.key_for(ref.job_id), reply, None, unreadable)
+        for ref, reply in zip(refs, replies, strict=True)
+    ]
     known = sorted({name for name in names if name})
     if not known:
         return [False] * len(refs)
@@ -89,6 +106,41 @@ def workers_gone(client: redis.Redis, refs: Sequence[JobRef]) -> list[bool]:
     return [name is not None and name in alive and not alive[name] for name in names]
 
 
+def worker_gone_rows(
+    client: redis.Redis,
+    refs: Sequence[JobRef],
+    statuses: Sequence[bytes | None],
+    unreadable: dict[str, str] | None = None,
+) -> list[bool]:
+    """ "Worker gone", decided once for the sweep and `reactor status`: for each ref of a row
+    that has had no write for `gone_after` (the caller's choice) with its job's status, the
+    job was taken by a worker (started, or ended: neither missing, queued nor unreadable) and
+    that worker's key is gone (`workers_gone`). The sweep re-dispatches exactly those rows
+    (unless they are stale already: rescued as such).
+
+    Raises:
+        redis.RedisError: Redis failed.
+    """
+    taken = [i for i, status in enumerate(statuses) if status not in (None, QUEUED, UNREADABLE)]
+    gone = workers_gone(client, [refs[i] for i in taken], unreadable)
+    result = [False] * len(refs)
+    for i, lost in zip(taken, gone, strict=True):
+        result[i] = lost
+    return result
+
+
+def _readable(
+    key: str | bytes, reply: object, instead: bytes | None, unreadable: dict[str, str] | None
+) -> bytes | None:
+    """A pipelined reply, or `instead` when the command failed on its key (noted)."""
+    if isinstance(reply, redis.ResponseError):
+        if unreadable is not None:
+            name = key.decode(errors="backslashreplace") if isinstance(key, bytes) else key
+            unreadable[name] = redact(str(reply))
+        return instead
+    return reply if reply is None or isinstance(reply, bytes) else bytes(str(reply), "utf-8")
+
+
 class RqState:
     """The sweep's view of RQ: job statuses, RQ's errors, and orphaned jobs."""
 
@@ -98,23 +150,45 @@ class RqState:
         self._queues: dict[str, Queue] = {}
         # Jobs the last orphan check found `queued` in an intermediate list only.
         self._in_limbo: set[str] = set()
+        self._unreadable: dict[str, str] = {}
+
+    def take_unreadable(self) -> dict[str, str]:
+        """The keys that reads since the last call could not read (key -> error)."""
+        found, self._unreadable = self._unreadable, {}
+        return found
 
     def job_statuses(self, refs: Sequence[JobRef]) -> list[bytes | None]:
-        """The RQ status of each attempt's job (None: no such job), in one round trip.
+        """The RQ status of each attempt's job (None: no such job; `UNREADABLE`: its key is
+        not a hash), in one round trip.
 
         Raises:
             RedisUnavailableError: Redis failed.
         """
-        return job_statuses(self._client, refs)
+        keys = [Job.key_for(ref.job_id) for ref in refs]
+        try:
+            with self._client.pipeline(transaction=False) as pipe:
+                for key in keys:
+                    pipe.hget(key, "status")
+                replies = pipe.execute(raise_on_error=False)
+        except redis.RedisError as exc:
+            raise RedisUnavailableError(
+                f"Redis status check failed: {redact(str(exc))}", rows=len(refs)
+            ) from exc
+        return [
+            _readable(key, reply, UNREADABLE, self._unreadable)
+            for key, reply in zip(keys, replies, strict=True)
+        ]
 
-    def workers_gone(self, refs: Sequence[JobRef]) -> list[bool]:
-        """`workers_gone` for each ref.
+    def worker_gone_rows(
+        self, refs: Sequence[JobRef], statuses: Sequence[bytes | None]
+    ) -> list[bool]:
+        """`worker_gone_rows` for each ref and its job's status.
 
         Raises:
             RedisUnavailableError: Redis failed.
         """
         try:
-            return workers_gone(self._client, refs)
+            return worker_gone_rows(self._client, refs, statuses, self._unreadable)
         except redis.RedisError as exc:
             raise RedisUnavailableError(
                 f"Redis worker check failed: {redact(str(exc))}", rows=len(refs)
@@ -159,24 +233,38 @@ class RqState:
                 queue = self._queue(name)
                 lists_of[name] = (queue.key, queue.intermediate_queue_key)
         lists = sorted({key for pair in lists_of.values() for key in pair})
+        keys = [Job.key_for(ref.job_id) for ref in refs]
         try:
             with self._client.pipeline(transaction=True) as pipe:
-                for ref in refs:
-                    pipe.hget(Job.key_for(ref.job_id), "status")
+                for key in keys:
+                    pipe.hget(key, "status")
                 for key in lists:
                     pipe.lrange(key, 0, -1)
-                replies = pipe.execute()
+                replies = pipe.execute(raise_on_error=False)
         except redis.RedisError as exc:
             raise RedisUnavailableError(f"Redis queue check failed: {redact(str(exc))}") from exc
-        listed = {key: set(ids) for key, ids in zip(lists, replies[len(refs) :], strict=True)}
+        # A list that cannot be read (not a list) holds nothing we can know of: its jobs are
+        # taken as listed, hence not orphaned, and the key is reported.
+        listed: dict[str, set[bytes] | None] = {}
+        for key, ids in zip(lists, replies[len(refs) :], strict=True):
+            if isinstance(ids, redis.ResponseError):
+                self._unreadable[key] = redact(str(ids))
+                listed[key] = None
+            else:
+                listed[key] = set(ids)
         result = []
         in_limbo: set[str] = set()
-        for ref, status in zip(refs, replies[: len(refs)], strict=True):
+        statuses = [
+            _readable(key, reply, UNREADABLE, self._unreadable)
+            for key, reply in zip(keys, replies[: len(refs)], strict=True)
+        ]
+        for ref, status in zip(refs, statuses, strict=True):
             member = ref.job_id.encode()
             queue_key, intermediate_key = lists_of[self._routes[ref.type].queue]
-            if status != QUEUED or member in listed[queue_key]:
+            queued, limbo = listed[queue_key], listed[intermediate_key]
+            if status != QUEUED or queued is None or limbo is None or member in queued:
                 result.append(False)
-            elif member in listed[intermediate_key]:
+            elif member in limbo:
                 in_limbo.add(ref.job_id)
                 result.append(ref.job_id in self._in_limbo)
             else:

@@ -1,0 +1,121 @@
+"""One bad Redis key fails only its own row: the sweep reads job statuses, workers and queues
+key by key, rescues every other row of the pass, logs the bad key once, and counts the failed
+rescue step in `reactor_sweep_failures_total` and `/healthz`.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import psycopg
+from rq.job import Job
+
+from reactor.jobs import JobRef
+from tests.support.cli import run_cli
+from tests.support.env import Env
+from tests.support.metrics import metric, scrape
+from tests.support.processes import Process, start_reactor
+from tests.support.servers import free_port
+from tests.support.waiting import wait_for
+
+HOUR_AGO = datetime.now(timezone.utc) - timedelta(hours=1)
+
+
+def _stale_active(conn: psycopg.Connection[Any], photo_id: str, job_type: str) -> JobRef:
+    """An active row at attempt 1 without a write for an hour (no trigger stamps it)."""
+    with conn.transaction():
+        conn.execute("SET LOCAL session_replication_role = replica")
+        conn.execute(
+            "INSERT INTO photo_jobs (photo_id, type, state, attempts, updated_at)"
+            " VALUES (%s, %s, 'active', 1, %s)",
+            [photo_id, job_type, HOUR_AGO],
+        )
+    return JobRef(job_type, photo_id, 1)
+
+
+def _attempts(conn: psycopg.Connection[Any]) -> dict[str, tuple[str, int]]:
+    return {
+        r[0]: (r[1], r[2]) for r in conn.execute("SELECT photo_id, state, attempts FROM photo_jobs")
+    }
+
+
+def _health(port: int) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as response:
+            return int(response.status), response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), exc.read().decode()
+
+
+def _job_key(ref: JobRef) -> str:
+    key = Job.key_for(ref.job_id)
+    return key.decode() if isinstance(key, bytes) else str(key)
+
+
+def test_one_bad_job_key_fails_only_its_row(env: Env) -> None:
+    conn, client = env.connect(), env.redis()
+    bad = _stale_active(conn, "wrongtype", "photo.process")
+    client.set(_job_key(bad), "notahash")
+    no_status = _stale_active(conn, "nostatus", "photo.process")
+    client.hset(_job_key(no_status), "origin", "photo-process")
+    unknown = _stale_active(conn, "unknown", "photo.process")
+    client.hset(_job_key(unknown), "status", "weird")
+    ghost = _stale_active(conn, "ghost", "photo.process")
+    client.hset(_job_key(ghost), mapping={"status": "started", "worker_name": "nobody"})
+    _stale_active(conn, "lost", "photo.process")  # no job at all
+    swept = run_cli(env, "sweep", "--stale-after", "60")
+    result = json.loads(swept.stdout)
+    # Every row but the one whose key cannot be read is re-dispatched as attempt 2.
+    assert _attempts(conn) == {
+        "wrongtype": ("active", 1),
+        "nostatus": ("active", 2),
+        "unknown": ("active", 2),
+        "ghost": ("active", 2),
+        "lost": ("active", 2),
+    }, swept.stderr
+    assert result["unreadable_keys"] == 1, result
+    assert _job_key(bad) in result["rescue_error"], result
+    logged = [line for line in swept.stderr.splitlines() if "redis_key_unreadable" in line]
+    assert len(logged) == 1 and _job_key(bad) in logged[0], swept.stderr
+
+
+def test_a_bad_queue_key_counts_as_a_failed_rescue_and_health_says_so(
+    env: Env, spawn: Callable[..., Process]
+) -> None:
+    conn, client = env.connect(), env.redis()
+    # A job waiting in a queue whose key is not a list: the orphan check cannot read it.
+    waiting = _stale_active(conn, "waiting", "photo.thumb")
+    client.hset(_job_key(waiting), "status", "queued")
+    client.set("rq:queue:thumbs", "junk")
+    lost = _stale_active(conn, "lost", "photo.process")
+    port = free_port()
+    reactor = start_reactor(
+        spawn,
+        "--route",
+        "photo.process=reactor.demo.process_photo",
+        "--route",
+        "photo.thumb=reactor.demo.process_photo@thumbs",
+        "--sweep-interval",
+        "0.5",
+        "--stale-after",
+        "60",
+        "--metrics-port",
+        str(port),
+    )
+    wait_for(lambda: _health(port)[0] == 503, timeout=30, what="/healthz 503")
+    body = _health(port)[1]
+    assert "rescue step failed" in body and "rq:queue:thumbs" in body, body
+    assert metric(scrape(port), "reactor_sweep_failures_total") >= 3
+    # The rest of the pass was rescued; the waiting row is left as it is.
+    assert _attempts(conn) == {"waiting": ("active", 1), "lost": ("active", 2)}
+    assert client.exists(Job.key_for(JobRef(lost.type, lost.photo_id, 2).job_id))
+    logged = [line for line in reactor.lines if "redis_key_unreadable" in line]
+    assert len(logged) == 1, reactor.output()
+    # The key repaired: the next sweeps succeed and health is 200 again.
+    client.delete("rq:queue:thumbs")
+    wait_for(lambda: _health(port)[0] == 200, timeout=30, what="/healthz 200")
