@@ -45,6 +45,7 @@ from reactor.worker.lifecycle import (
     describe,
     error_text,
     finish,
+    outcome_of,
     start,
 )
 from reactor.worker.own_routes import HandlerRefusedError, OwnRoutes
@@ -280,11 +281,8 @@ def _run_lifecycle(ref: JobRef, handler: str) -> str:
             func(ref.photo_id)
         finally:
             beats.pause()  # returns once no beat is in flight: the outcome write comes next
-    except PermanentError as exc:
-        finish(store, settings, ref, started, Outcome("permanent", error_text(exc)))
-        _reraise(exc)
     except Exception as exc:
-        finish(store, settings, ref, started, Outcome("error", error_text(exc)))
+        finish(store, settings, ref, started, outcome_of(exc))
         _reraise(exc)
     if not finish(store, settings, ref, started, Outcome("ok")):
         return "skipped"
