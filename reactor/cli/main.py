@@ -32,6 +32,7 @@ from reactor.dispatcher.doorbell import DoorbellMode
 from reactor.dispatcher.loop import Reactor
 from reactor.errors import ConfigError, DatabaseError
 from reactor.pg import db
+from reactor.pg.migrate import load_migrations, unapplied
 from reactor.pg.migrate import migrate as apply_migrations
 from reactor.redact import redact
 from reactor.settings import (
@@ -72,12 +73,36 @@ def cli(ctx: click.Context, debug: bool, log_level: str, log_format: str) -> Non
 
 @cli.command()
 @database_option
-def migrate(database_url: str) -> None:
+@click.option(
+    "--sql",
+    "print_sql",
+    is_flag=True,
+    help="Print the SQL of the migrations not applied yet (each file as it is), for another "
+    "migration tool to apply, instead of applying them.",
+)
+@click.option(
+    "--all",
+    "all_files",
+    is_flag=True,
+    help="With --sql: every migration, for a new database (connects to none).",
+)
+def migrate(database_url: str, print_sql: bool, all_files: bool) -> None:
     """Apply the SQL migrations that are not applied yet."""
+    if all_files and not print_sql:
+        raise click.UsageError("--all goes with --sql")
+    if all_files:
+        click.echo("".join(m.sql for m in load_migrations()), nl=False)
+        return
     try:
-        conn = db.connect(database_url, autocommit=True, purpose="migrate")
+        conn = db.connect(
+            database_url, autocommit=True, purpose="migrate", read_write=not print_sql
+        )
     except DatabaseError as exc:
         raise ConfigError(str(exc)) from None
+    if print_sql:
+        with conn:
+            click.echo("".join(m.sql for m in unapplied(conn)), nl=False)
+        return
     with conn:
         result = apply_migrations(conn)
     if result.applied:
