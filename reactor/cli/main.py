@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -196,11 +197,11 @@ for _command in (*OPS_COMMANDS, worker_command):
 _GLOBAL_OPTIONS = frozenset(opt for param in cli.params for opt in param.opts)
 
 
-def main() -> None:
-    """Console-script entry point: click's own errors (usage, bad option values) are one line
-    too, like ours."""
+def main(args: Sequence[str] | None = None, prog_name: str = "reactor") -> None:
+    """Console-script entry point (`args`: the command line, else `sys.argv[1:]`): click's
+    own errors (usage, bad option values) are one line too, like ours."""
     try:
-        code = cli.main(prog_name="reactor", standalone_mode=False)
+        code = cli.main(args=args, prog_name=prog_name, standalone_mode=False)
     except click.UsageError as exc:
         if type(exc).__name__ == "NoArgsIsHelpError":  # bare `reactor`: the help, as click shows it
             exc.show()

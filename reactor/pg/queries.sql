@@ -502,6 +502,15 @@ SELECT coalesce(max(version), 0) FROM reactor_migrations
 -- The migrate session's search_path (`search_path`), for the whole session.
 SELECT pg_catalog.set_config('search_path', %(search_path)s, false)
 
+-- name: SEARCH_PATH_NOW
+-- The session's search_path, to be put back after a migration file set its own (SET LOCAL)
+-- inside a transaction that goes on (Django's migration, which records itself after).
+SELECT pg_catalog.current_setting('search_path')
+
+-- name: SET_LOCAL_SEARCH_PATH
+-- `search_path` for the rest of this transaction only.
+SELECT pg_catalog.set_config('search_path', %(search_path)s, true)
+
 -- name: MIGRATION_LOCK
 -- The advisory lock `reactor migrate` holds while it applies files (`key`).
 SELECT pg_advisory_lock(%(key)s)
