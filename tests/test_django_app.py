@@ -138,3 +138,18 @@ def test_manage_migrate_on_a_database_reactor_migrated(env: Env) -> None:
 def test_one_django_migration_per_sql_file() -> None:
     migrations = sorted(p.stem for p in (ROOT / "reactor/contrib/django/migrations").glob("0*.py"))
     assert migrations == sorted(p.stem for p in (ROOT / "sql").glob("[0-9][0-9][0-9][0-9]_*.sql"))
+
+
+def test_the_projects_own_tests_use_the_kit(make_empty_database: Callable[[], str]) -> None:
+    """`manage.py test`: Django's runner migrates its test database through the app, and each
+    TestCase test (in its own transaction) submits, runs and retries with the kit."""
+    out = manage(make_empty_database(), "manage.py", "test", "photos", "--noinput")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "Ran 3 tests" in out.stderr
+    assert "\n\nOK\n" in out.stderr
+
+
+def test_the_documented_tests_are_the_projects() -> None:
+    docs = (ROOT / "docs" / "testing.md").read_text()
+    tests = (PROJECT / "photos" / "tests.py").read_text()
+    assert f"```python\n{tests}```" in docs

@@ -9,6 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
+from sqlalchemy import create_engine
+from sqlalchemy.engine import make_url
 
 from tests.support.cli import run_cli
 from tests.support.db import schema_dump
@@ -73,3 +75,25 @@ def test_sql_on_an_unreachable_database_is_one_line(make_empty_database: Callabl
     assert unreachable.returncode == 2
     assert unreachable.stdout == ""
     assert len(unreachable.stderr.strip().splitlines()) == 1, unreachable.stderr
+
+
+def test_the_alembic_recipe_builds_the_schema(
+    make_empty_database: Callable[[], str], database_url: str
+) -> None:
+    """docs/testing.md's revision body, with the SQLAlchemy connection Alembic's
+    `op.get_bind()` returns (Alembic itself is not a dependency)."""
+    out = run_cli(None, "migrate", "--sql", "--all")
+    assert out.returncode == 0, out.stderr
+    url = make_empty_database()
+    engine = create_engine(
+        make_url(url).set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
+    )
+    try:
+        with engine.begin() as bind:  # Alembic runs a revision in a transaction
+            bind.connection.cursor().execute(out.stdout)
+    finally:
+        engine.dispose()
+    assert schema_dump(url) == schema_dump(database_url)
+    assert (
+        "op.get_bind().connection.cursor().execute(sql)" in (ROOT / "docs/testing.md").read_text()
+    )
