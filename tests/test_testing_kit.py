@@ -24,7 +24,8 @@ import reactor
 from reactor import testing
 from reactor.errors import ConfigError
 from reactor.settings import DEFAULT_RETRY_BASE_SECONDS
-from tests.support.processes import child_environ
+from tests.support.env import Env
+from tests.support.processes import Process, child_environ, start_worker
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -285,3 +286,90 @@ def test_pytest_plugin_fixture(database_url: str, tmp_path: Path) -> None:
     assert "1 failed, 1 passed" in out.stdout, out.stdout + out.stderr
     assert "no photo.process job for photo 'IMG_7'; submitted:" in out.stdout
     assert rows_seen_outside(database_url) == 0  # each test's transaction rolled back
+
+
+def transient(photo_id: str) -> None:
+    raise RuntimeError("transient")
+
+
+def corrupt(photo_id: str) -> None:
+    raise reactor.PermanentError("corrupt")
+
+
+PARITY_ROUTES = {
+    "photo.process": "tests.test_testing_kit.done_handler",
+    "photo.flaky": "tests.test_testing_kit.transient",
+    "photo.broken": "tests.test_testing_kit.corrupt",
+}
+
+
+def done_handler(photo_id: str) -> None:
+    pass
+
+
+def parity_rows(url: str, prefix: str) -> dict[tuple[str, str], tuple[Any, ...]]:
+    with psycopg.connect(url) as conn:
+        found = conn.execute(
+            "SELECT photo_id, type, state, attempts, prior_attempts, last_error,"
+            " extract(epoch FROM next_retry_at - updated_at)"
+            " FROM photo_jobs WHERE photo_id LIKE %s",
+            [prefix + "%"],
+        )
+        return {(r[0].removeprefix(prefix), r[1]): tuple(r[2:]) for r in found}
+
+
+@pytest.mark.parametrize("worker_class", ["plain rq worker", "reactor.SimpleWorker"])
+def test_the_kit_writes_what_a_worker_writes(
+    env: Env, spawn: Callable[..., Process], worker_class: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same rows, run once by a real worker (through RQ) and once by the kit, end the
+    same: state, attempts, token, last_error, and a retry due within the backoff (of a base
+    long enough that the worker's retry is not due again when the kit runs)."""
+    base = 600.0
+    monkeypatch.setenv("REACTOR_RETRY_BASE_SECONDS", str(base))
+    with env.connect() as conn:
+        for prefix in ("w-", "k-"):
+            reactor.submit(conn, prefix + "p", "photo.process")
+            reactor.submit(conn, prefix + "p", "photo.flaky", max_attempts=2)
+            reactor.submit(conn, prefix + "p", "photo.broken")
+    routes = ",".join(f"{t}={h}" for t, h in PARITY_ROUTES.items())
+    # The worker's rows first: the kit then finds them not due (done, failed, or retried later).
+    with env.connect() as conn:
+        conn.execute(
+            "UPDATE photo_jobs SET next_retry_at = now() + interval '1 hour' WHERE photo_id = 'k-p'"
+        )
+    swept = env.cli_json(
+        "sweep", *(a for t, h in PARITY_ROUTES.items() for a in ("--route", f"{t}={h}"))
+    )
+    assert swept["enqueued"] == 3
+    extra = ("-w", "reactor.SimpleWorker") if worker_class != "plain rq worker" else ()
+    worker = start_worker(
+        spawn,
+        env,
+        "photo-process",
+        "photo-flaky",
+        "photo-broken",
+        burst=True,
+        extra_args=extra,
+        REACTOR_ROUTES=routes,
+        REACTOR_RETRY_BASE_SECONDS=str(base),
+    )
+    assert worker.proc.wait(timeout=120) == 0, worker.output()
+    with env.connect() as conn:
+        conn.execute("UPDATE photo_jobs SET next_retry_at = NULL WHERE photo_id = 'k-p'")
+    with psycopg.connect(env.database_url) as conn:
+        results = testing.run_jobs(conn, handlers=PARITY_ROUTES)
+        assert sorted((r.photo_id, r.type) for r in results) == [
+            ("k-p", t) for t in sorted(PARITY_ROUTES)
+        ]
+        conn.commit()
+    by_worker, by_kit = parity_rows(env.database_url, "w-"), parity_rows(env.database_url, "k-")
+    assert by_worker.keys() == by_kit.keys()
+    for key, row in by_worker.items():
+        if key[1] == "photo.flaky":  # pending after the backoff, uniform in [base/2, base]
+            for seen in (row, by_kit[key]):
+                assert seen[:4] == ("pending", 1, 0, "RuntimeError: transient")
+                assert base / 2 - 0.1 <= seen[4] <= base
+        else:
+            assert (key, by_kit[key]) == (key, row)
+    assert by_worker[("p", "photo.broken")][:4] == ("failed", 1, 0, "PermanentError: corrupt")
