@@ -27,7 +27,7 @@ re-arms, in the same statement.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -40,17 +40,27 @@ from reactor.validate import check_job_type, check_max_attempts, check_photo_id
 
 __all__ = [
     "DEFAULT_JOB_TYPE",
+    "AsyncExecute",
+    "Executed",
+    "SyncExecute",
+    "async_executor",
     "cancel",
     "cancel_async",
     "submit",
     "submit_async",
     "submit_many",
     "submit_many_async",
+    "sync_executor",
 ]
 
 DEFAULT_JOB_TYPE = "photo.process"
 #: The `last_error` of a row cancelled by `cancel()` (`reactor cancel` names who).
 CANCELLED_BY_CALLER = "cancelled by reactor.cancel()"
+
+#: What a statement run on the caller's connection gave: the row count and the rows returned.
+Executed = tuple[int, list[tuple[Any, ...]]]
+SyncExecute = Callable[[str, Mapping[str, Any]], Executed]
+AsyncExecute = Callable[[str, Mapping[str, Any]], Coroutine[Any, Any, Executed]]
 
 #: SQLAlchemy drivers whose parameter style (`%(name)s`) the statement is written in.
 _SQLALCHEMY_DRIVERS = frozenset({"psycopg", "psycopg2", "psycopg_async"})
@@ -105,11 +115,11 @@ def submit_many(
         Exception: the driver's own error when the statement fails.
     """
     params = _params(photo_ids, type, run_at, max_attempts)
-    run = _sync_runner(conn)
+    run = sync_executor(conn)
     if not params["photo_ids"]:
         return 0
     with tracing.submitting(type, params["photo_ids"]) as context:
-        return int(run(queries.SUBMIT_MANY, {**params, **context}))
+        return _count(run(queries.SUBMIT_MANY, {**params, **context}))
 
 
 async def submit_async(
@@ -149,11 +159,11 @@ async def submit_many_async(
         Exception: the driver's own error when the statement fails.
     """
     params = _params(photo_ids, type, run_at, max_attempts)
-    kind = _kind(conn)
-    if not params["photo_ids"] and kind in ("psycopg async", "sqlalchemy async"):
+    run = async_executor(conn)
+    if not params["photo_ids"]:
         return 0
     with tracing.submitting(type, params["photo_ids"]) as context:
-        return await _run_async(conn, queries.SUBMIT_MANY, {**params, **context})
+        return _count(await run(queries.SUBMIT_MANY, {**params, **context}))
 
 
 def cancel(
@@ -177,8 +187,8 @@ def cancel(
         TypeError: `conn` is not a connection this function can use (as for `submit`).
         Exception: the driver's own error when the statement fails.
     """
-    changed: int = _sync_runner(conn)(queries.CANCEL_COUNTED, _cancel_params(photo_id, type))
-    return changed == 1
+    run = sync_executor(conn)
+    return _count(run(queries.CANCEL_COUNTED, _cancel_params(photo_id, type))) == 1
 
 
 async def cancel_async(
@@ -192,28 +202,8 @@ async def cancel_async(
         InvalidJobError, TypeError: see `cancel`.
         Exception: the driver's own error when the statement fails.
     """
-    return await _run_async(conn, queries.CANCEL_COUNTED, _cancel_params(photo_id, type)) == 1
-
-
-async def _run_async(conn: Any, query: str, params: Mapping[str, Any]) -> int:
-    """Run `query` on an async connection, in its transaction; the count in its one-row result."""
-    kind = _kind(conn)
-    if kind == "psycopg async":
-        async with conn.cursor() as cursor:
-            await cursor.execute(query, params)
-            return _count(await cursor.fetchone())
-    if kind == "sqlalchemy async":
-        if hasattr(conn, "registry"):  # an async_scoped_session: the session of this scope
-            conn = conn()
-        target = conn if hasattr(conn, "exec_driver_sql") else await conn.connection()
-        _check_sqlalchemy_dialect(target.dialect, conn)
-        result = await target.exec_driver_sql(query, params)
-        return _count(result.fetchone())
-    raise _unusable(
-        conn,
-        "submit_async() needs an async Postgres connection: a psycopg AsyncConnection, or a "
-        "SQLAlchemy AsyncConnection or AsyncSession",
-    )
+    run = async_executor(conn)
+    return _count(await run(queries.CANCEL_COUNTED, _cancel_params(photo_id, type))) == 1
 
 
 # -- parameters ----------------------------------------------------------------------------
@@ -269,35 +259,85 @@ def _kind(conn: object) -> str:
     return "unknown"
 
 
-def _sync_runner(conn: Any) -> Any:
-    """A function (statement, params) -> the count in its one-row result, run on `conn` in its
-    transaction."""
+def _rows(cursor: Any) -> Executed:
+    return int(cursor.rowcount), list(cursor.fetchall()) if cursor.description else []
+
+
+def sync_executor(conn: Any) -> SyncExecute:
+    """A function (statement, params) -> (rowcount, rows) that runs on `conn`, in its current
+    transaction (`reactor.testing` runs the lifecycle's statements through it too).
+
+    Raises:
+        TypeError: `conn` is not a connection `submit()` can use.
+    """
     kind = _kind(conn)
     if kind == "psycopg":
-        return lambda query, params: _count(conn.execute(query, params).fetchone())
+        return lambda query, params: _rows(conn.execute(query, params))
     if kind == "sqlalchemy":
         if hasattr(conn, "registry"):  # a scoped_session: the session of this scope
             conn = conn()
         target = conn if hasattr(conn, "exec_driver_sql") else conn.connection()
         _check_sqlalchemy_dialect(target.dialect, conn)
-        return lambda query, params: _count(target.exec_driver_sql(query, params).fetchone())
+
+        def run_sqlalchemy(query: str, params: Mapping[str, Any]) -> Executed:
+            result = target.exec_driver_sql(query, dict(params))
+            return int(result.rowcount), [tuple(r) for r in result] if result.returns_rows else []
+
+        return run_sqlalchemy
     if kind == "django":
         if conn.vendor != "postgresql":
             raise TypeError(f"submit() needs a Postgres database; Django's is {conn.vendor}")
 
-        def run(query: str, params: Mapping[str, Any]) -> int:
+        def run_django(query: str, params: Mapping[str, Any]) -> Executed:
             with conn.cursor() as cursor:
                 cursor.execute(query, params)
-                return _count(cursor.fetchone())
+                return _rows(cursor)
 
-        return run
+        return run_django
     if kind in ("psycopg async", "sqlalchemy async"):
         raise _unusable(conn, "an async connection needs submit_async() / submit_many_async()")
     raise _unusable(conn, "submit() needs a Postgres connection: psycopg, SQLAlchemy or Django")
 
 
-def _count(row: Any) -> int:
-    return int(row[0])
+def _count(executed: Executed) -> int:
+    """The count a statement returns as its one-row result (true in psycopg's pipeline mode,
+    where a cursor's rowcount is -1)."""
+    return int(executed[1][0][0])
+
+
+def async_executor(conn: Any) -> AsyncExecute:
+    """`sync_executor` for a psycopg `AsyncConnection` or a SQLAlchemy `AsyncConnection` or
+    `AsyncSession`.
+
+    Raises:
+        TypeError: `conn` is not a connection `submit_async()` can use.
+    """
+    kind = _kind(conn)
+    if kind == "psycopg async":
+
+        async def run_psycopg(query: str, params: Mapping[str, Any]) -> Executed:
+            async with conn.cursor() as cursor:
+                await cursor.execute(query, params)
+                rows = await cursor.fetchall() if cursor.description else []
+                return int(cursor.rowcount), list(rows)
+
+        return run_psycopg
+    if kind == "sqlalchemy async":
+        holder = conn
+
+        async def run_sqlalchemy(query: str, params: Mapping[str, Any]) -> Executed:
+            session = holder() if hasattr(holder, "registry") else holder  # async_scoped_session
+            target = session if hasattr(session, "exec_driver_sql") else await session.connection()
+            _check_sqlalchemy_dialect(target.dialect, session)
+            result = await target.exec_driver_sql(query, dict(params))
+            return int(result.rowcount), [tuple(r) for r in result] if result.returns_rows else []
+
+        return run_sqlalchemy
+    raise _unusable(
+        conn,
+        "submit_async() needs an async Postgres connection: a psycopg AsyncConnection, or a "
+        "SQLAlchemy AsyncConnection or AsyncSession",
+    )
 
 
 def _check_sqlalchemy_dialect(dialect: Any, conn: object) -> None:

@@ -165,3 +165,13 @@ def reap() -> Iterator[list[int]]:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def database_url(pg_server_url: str, template_db: str) -> Iterator[str]:
+    """A migrated database of this test's own, and no Redis (for what must work without it)."""
+    name = db.clone_template(pg_server_url, template_db)
+    try:
+        yield with_path(pg_server_url, name)
+    finally:
+        db.drop_database(pg_server_url, name)

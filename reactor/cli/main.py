@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -32,6 +33,7 @@ from reactor.dispatcher.doorbell import DoorbellMode
 from reactor.dispatcher.loop import Reactor
 from reactor.errors import ConfigError, DatabaseError, StatementError
 from reactor.pg import db
+from reactor.pg.migrate import load_migrations, unapplied
 from reactor.pg.migrate import migrate as apply_migrations
 from reactor.redact import redact
 from reactor.sdnotify import Notifier
@@ -73,12 +75,36 @@ def cli(ctx: click.Context, debug: bool, log_level: str, log_format: str) -> Non
 
 @cli.command()
 @database_option
-def migrate(database_url: str) -> None:
+@click.option(
+    "--sql",
+    "print_sql",
+    is_flag=True,
+    help="Print the SQL of the migrations not applied yet (each file as it is), for another "
+    "migration tool to apply, instead of applying them.",
+)
+@click.option(
+    "--all",
+    "all_files",
+    is_flag=True,
+    help="With --sql: every migration, for a new database (connects to none).",
+)
+def migrate(database_url: str, print_sql: bool, all_files: bool) -> None:
     """Apply the SQL migrations that are not applied yet."""
+    if all_files and not print_sql:
+        raise click.UsageError("--all goes with --sql")
+    if all_files:
+        click.echo("".join(m.sql for m in load_migrations()), nl=False)
+        return
     try:
-        conn = db.connect(database_url, autocommit=True, purpose="migrate")
+        conn = db.connect(
+            database_url, autocommit=True, purpose="migrate", read_write=not print_sql
+        )
     except (DatabaseError, StatementError) as exc:
         raise ConfigError(str(exc)) from None
+    if print_sql:
+        with conn:
+            click.echo("".join(m.sql for m in unapplied(conn)), nl=False)
+        return
     with conn:
         result = apply_migrations(conn)
     if result.applied:
@@ -182,11 +208,11 @@ for _command in (*OPS_COMMANDS, worker_command):
 _GLOBAL_OPTIONS = frozenset(opt for param in cli.params for opt in param.opts)
 
 
-def main() -> None:
-    """Console-script entry point: click's own errors (usage, bad option values) are one line
-    too, like ours."""
+def main(args: Sequence[str] | None = None, prog_name: str = "reactor") -> None:
+    """Console-script entry point (`args`: the command line, else `sys.argv[1:]`): click's
+    own errors (usage, bad option values) are one line too, like ours."""
     try:
-        code = cli.main(prog_name="reactor", standalone_mode=False)
+        code = cli.main(args=args, prog_name=prog_name, standalone_mode=False)
     except click.UsageError as exc:
         if type(exc).__name__ == "NoArgsIsHelpError":  # bare `reactor`: the help, as click shows it
             exc.show()

@@ -31,6 +31,7 @@ __all__ = [
     "Migration",
     "load_migrations",
     "migrate",
+    "unapplied",
 ]
 
 #: The current schema in one file beside the migrations, for new databases (not a migration).
@@ -100,6 +101,23 @@ def _applied_versions(conn: Connection) -> set[int]:
     if row is None or not row[0]:
         return set()
     return {row[0] for row in conn.execute(queries.APPLIED_VERSIONS)}
+
+
+def unapplied(conn: Connection) -> list[Migration]:
+    """The migrations not applied to `conn`'s database yet, in order (for another migration
+    tool to apply: `reactor migrate --sql`).
+
+    Raises:
+        MigrationError: the files are missing or misnamed.
+        DatabaseError: the connection failed.
+    """
+    migrations = load_migrations()
+    try:
+        conn.execute(queries.SET_SEARCH_PATH, {"search_path": SEARCH_PATH})
+        done = _applied_versions(conn)
+    except psycopg.Error as exc:
+        raise DatabaseError(f"cannot read the applied migrations: {describe_error(exc)}") from exc
+    return [m for m in migrations if m.version not in done]
 
 
 def migrate(conn: Connection) -> MigrateResult:

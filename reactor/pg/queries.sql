@@ -512,6 +512,15 @@ SELECT coalesce(max(version), 0) FROM reactor_migrations
 -- The migrate session's search_path (`search_path`), for the whole session.
 SELECT pg_catalog.set_config('search_path', %(search_path)s, false)
 
+-- name: SEARCH_PATH_NOW
+-- The session's search_path, to be put back after a migration file set its own (SET LOCAL)
+-- inside a transaction that goes on (Django's migration, which records itself after).
+SELECT pg_catalog.current_setting('search_path')
+
+-- name: SET_LOCAL_SEARCH_PATH
+-- `search_path` for the rest of this transaction only.
+SELECT pg_catalog.set_config('search_path', %(search_path)s, true)
+
 -- name: MIGRATION_LOCK
 -- The advisory lock `reactor migrate` holds while it applies files (`key`).
 SELECT pg_advisory_lock(%(key)s)
@@ -755,3 +764,22 @@ SELECT has_table_privilege('photo_jobs', 'INSERT')
 -- loaded then). The rollback leaves nothing behind.
 INSERT INTO photo_jobs (photo_id, type, state, attempts)
 VALUES (%(photo_id)s, %(type)s, %(state)s, %(attempts)s)
+
+-- the test kit (`reactor.testing`), on the caller's connection ------------------------------
+
+-- name: KIT_SUBMITTED
+-- Every row (of `type`, if not NULL), due or not, oldest due time first: what a test's code
+-- submitted, as its own transaction sees it. `run_at` is when the row is due.
+SELECT photo_id, type, state, attempts, max_attempts,
+       coalesce(next_retry_at, created_at) AS run_at,
+       coalesce(next_retry_at, created_at) <= now() AS due, last_error
+  FROM photo_jobs
+ WHERE %(type)s::text IS NULL OR type = %(type)s
+ ORDER BY coalesce(next_retry_at, created_at), type, photo_id
+
+-- name: KIT_ADVANCE
+-- What waiting `seconds` would do to the pending rows (of `type`, if not NULL): each comes
+-- due that much sooner, so a test runs a retry without sleeping.
+UPDATE photo_jobs
+   SET next_retry_at = coalesce(next_retry_at, created_at) - make_interval(secs => %(seconds)s)
+ WHERE state = 'pending' AND (%(type)s::text IS NULL OR type = %(type)s)

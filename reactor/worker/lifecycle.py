@@ -46,7 +46,7 @@ from typing import Any, Literal
 
 import tenacity
 
-from reactor.errors import DatabaseError, StatementError
+from reactor.errors import DatabaseError, PermanentError, StatementError
 from reactor.jobs import JobRef, short_id, warm_up_ref
 from reactor.pg import db, queries
 from reactor.redact import redact
@@ -65,6 +65,7 @@ __all__ = [
     "error_text",
     "finish",
     "note_done",
+    "outcome_of",
     "recheck",
     "start",
     "warm_up",
@@ -127,6 +128,12 @@ def backoff_seconds(attempt: int, base: float, cap: float) -> float:
 def error_text(exc: BaseException) -> str:
     """`Type: message` of an exception, password masked, at most `MAX_ERROR_CHARS`."""
     return redact(f"{type(exc).__name__}: {exc}")[:MAX_ERROR_CHARS]
+
+
+def outcome_of(exc: BaseException) -> Outcome:
+    """How an attempt whose handler raised `exc` ended: `permanent` for a `PermanentError`,
+    else `error` (retried while attempts remain)."""
+    return Outcome("permanent" if isinstance(exc, PermanentError) else "error", error_text(exc))
 
 
 def describe(ref: JobRef) -> str:

@@ -1,0 +1,1 @@
+"""Integrations with application frameworks, each optional (installed through its extra)."""

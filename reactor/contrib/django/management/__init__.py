@@ -1,0 +1,1 @@
+"""The app's management commands."""

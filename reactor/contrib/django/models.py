@@ -1,0 +1,35 @@
+"""`PhotoJob`: the rows of `photo_jobs`, unmanaged (the SQL migrations own the table).
+
+The table's key is (photo_id, type); Django's admin takes only a one-column key, so
+`photo_id` stands in for it here: query with both (`PhotoJob.objects.filter(photo_id=...,
+type=...)`), since `.get(pk=...)` finds several rows for a photo of several types. Write rows
+through `reactor.submit()` and the admin's actions, never `save()`: those keep the fence.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+STATES = [(s, s) for s in ("pending", "active", "done", "failed")]
+
+
+class PhotoJob(models.Model):
+    photo_id = models.TextField(primary_key=True)
+    type = models.TextField()
+    state = models.TextField(choices=STATES)
+    attempts = models.IntegerField()
+    max_attempts = models.IntegerField()
+    prior_attempts = models.BigIntegerField()
+    next_retry_at = models.DateTimeField(null=True)
+    last_error = models.TextField(null=True)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        managed = False
+        db_table = "photo_jobs"
+        verbose_name = "photo job"
+        ordering = ("-updated_at",)
+
+    def __str__(self) -> str:
+        return f"{self.type} {self.photo_id} ({self.state})"

@@ -1,0 +1,71 @@
+"""The pytest plugin of `reactor.testing`, loaded by the package's `pytest11` entry point.
+
+Two fixtures:
+- `reactor_connection`: the connection the kit works on. By default a psycopg connection to
+  `DATABASE_URL`, in a transaction rolled back after the test; override it to hand the kit the
+  connection your code under test writes on (Django's `connection`, a SQLAlchemy session).
+- `reactor_jobs`: the kit bound to that connection (`ReactorJobs`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from reactor import testing
+from reactor.producer import DEFAULT_JOB_TYPE
+
+__all__ = ["ReactorJobs", "reactor_connection", "reactor_jobs"]
+
+
+class ReactorJobs:
+    """`reactor.testing`'s functions on one connection."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    def submitted(self, type: str | None = None) -> list[testing.Submitted]:  # noqa: A002
+        return testing.submitted(self.conn, type)
+
+    def assert_submitted(
+        self,
+        photo_id: str,
+        type: str = DEFAULT_JOB_TYPE,  # noqa: A002
+        **expected: Any,
+    ) -> testing.Submitted:
+        return testing.assert_submitted(self.conn, photo_id, type, **expected)
+
+    def run(
+        self,
+        *,
+        handlers: testing.Handlers | None = None,
+        types: Iterable[str] | None = None,
+        limit: int | None = None,
+    ) -> list[testing.JobResult]:
+        return testing.run_jobs(self.conn, handlers=handlers, types=types, limit=limit)
+
+    def advance(self, seconds: float, type: str | None = None) -> int:  # noqa: A002
+        return testing.advance(self.conn, seconds, type)
+
+
+@pytest.fixture
+def reactor_connection() -> Iterator[Any]:
+    """A psycopg connection to `DATABASE_URL`, its transaction rolled back after the test."""
+    url = os.environ.get("DATABASE_URL")
+    if not url:
+        pytest.fail("reactor_connection: set DATABASE_URL, or override this fixture")
+    with psycopg.connect(url) as conn:
+        try:
+            yield conn
+        finally:
+            conn.rollback()
+
+
+@pytest.fixture
+def reactor_jobs(reactor_connection: Any) -> ReactorJobs:
+    """The kit on `reactor_connection`."""
+    return ReactorJobs(reactor_connection)

@@ -1,0 +1,375 @@
+"""`reactor.testing` on every kind of connection `submit()` takes, with no Redis anywhere:
+rows submitted in an open transaction are listed and run there, through the worker's own
+lifecycle (done, a retry after its backoff, failed), and the rollback leaves nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from sqlalchemy import create_engine
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+from sqlalchemy.orm import Session
+
+import reactor
+from reactor import testing
+from reactor.errors import ConfigError
+from reactor.settings import DEFAULT_RETRY_BASE_SECONDS
+from tests.support.env import Env
+from tests.support.processes import Process, child_environ, start_worker
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def flaky(photo_id: str) -> None:
+    raise RuntimeError(f"{photo_id} not yet")
+
+
+def broken(photo_id: str) -> None:
+    raise reactor.PermanentError(f"{photo_id} is not a photo")
+
+
+HANDLERS: dict[str, Callable[[str], object]] = {
+    "photo.process": lambda photo_id: None,
+    "photo.flaky": flaky,
+    "photo.broken": broken,
+}
+
+
+def rows_seen_outside(url: str) -> int:
+    with psycopg.connect(url) as other:
+        row = other.execute("SELECT count(*) FROM photo_jobs").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def exercise(conn: Any) -> None:
+    """Submit, list, run, advance and run again on `conn`, in its open transaction."""
+    reactor.submit(conn, "ok")
+    reactor.submit(conn, "flaky", "photo.flaky", max_attempts=2)
+    reactor.submit(conn, "broken", "photo.broken")
+    later = datetime.now(timezone.utc) + timedelta(hours=1)
+    reactor.submit(conn, "later", run_at=later)
+    testing.assert_submitted(conn, "ok", state="pending", attempts=0, due=True)
+    testing.assert_submitted(conn, "later", due=False, max_attempts=5)
+    assert [r.photo_id for r in testing.submitted(conn, "photo.flaky")] == ["flaky"]
+
+    first = testing.run_jobs(conn, handlers=HANDLERS)
+    assert sorted((r.photo_id, r.outcome, r.attempt) for r in first) == [
+        ("broken", "failed", 1),
+        ("flaky", "retry", 1),
+        ("ok", "done", 1),
+    ]
+    assert {r.photo_id: r.error for r in first}["broken"] == (
+        "PermanentError: broken is not a photo"
+    )
+    testing.assert_submitted(conn, "ok", state="done", attempts=1)
+    testing.assert_submitted(conn, "broken", "photo.broken", state="failed", attempts=1)
+    retried = testing.assert_submitted(
+        conn,
+        "flaky",
+        "photo.flaky",
+        state="pending",
+        attempts=1,
+        due=False,
+        last_error="RuntimeError: flaky not yet",
+    )
+    # The lifecycle's backoff after attempt 1: uniform in [base/2, base] after the
+    # transaction's now (which the rows submitted in it were created at).
+    now = testing.assert_submitted(conn, "ok").run_at
+    delay = (retried.run_at - now).total_seconds()
+    assert DEFAULT_RETRY_BASE_SECONDS / 2 <= delay <= DEFAULT_RETRY_BASE_SECONDS
+    assert testing.run_jobs(conn, handlers=HANDLERS) == []  # nothing due: no sleeping here
+
+    assert testing.advance(conn, DEFAULT_RETRY_BASE_SECONDS) == 2  # flaky, and later
+    second = testing.run_jobs(conn, handlers=HANDLERS, types=["photo.flaky"])
+    assert [(r.photo_id, r.outcome, r.attempt) for r in second] == [("flaky", "failed", 2)]
+    testing.assert_submitted(conn, "flaky", "photo.flaky", state="failed", attempts=2)
+    testing.assert_submitted(conn, "later", state="pending", due=False)
+
+
+def test_psycopg_in_the_callers_transaction(database_url: str) -> None:
+    with psycopg.connect(database_url) as conn:
+        exercise(conn)
+        assert rows_seen_outside(database_url) == 0  # all of it in the open transaction
+        conn.rollback()
+    assert rows_seen_outside(database_url) == 0
+
+
+def test_psycopg_async(database_url: str) -> None:
+    async def run() -> None:
+        async with await psycopg.AsyncConnection.connect(database_url) as conn:
+            await reactor.submit_async(conn, "ok")
+            await reactor.submit_async(conn, "flaky", "photo.flaky")
+            await testing.assert_submitted_async(conn, "ok", state="pending")
+            results = await testing.run_jobs_async(conn, handlers=HANDLERS)
+            assert sorted((r.photo_id, r.outcome) for r in results) == [
+                ("flaky", "retry"),
+                ("ok", "done"),
+            ]
+            assert await testing.advance_async(conn, 3600) == 1
+            again = await testing.run_jobs_async(conn, handlers=HANDLERS)
+            assert [(r.photo_id, r.attempt) for r in again] == [("flaky", 2)]
+            rows = await testing.submitted_async(conn)
+            assert {(r.photo_id, r.state) for r in rows} == {("ok", "done"), ("flaky", "pending")}
+            assert rows_seen_outside(database_url) == 0
+            await conn.rollback()
+
+    asyncio.run(run())
+    assert rows_seen_outside(database_url) == 0
+
+
+def sqlalchemy_url(url: str) -> str:
+    return make_url(url).set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
+
+
+@pytest.mark.parametrize("holder", ["Connection", "Session"])
+def test_sqlalchemy(database_url: str, holder: str) -> None:
+    engine = create_engine(sqlalchemy_url(database_url))
+    try:
+        with engine.connect() as connection:
+            if holder == "Connection":
+                exercise(connection)
+            else:
+                with Session(bind=connection) as session:
+                    exercise(session)
+            assert rows_seen_outside(database_url) == 0
+            connection.rollback()
+    finally:
+        engine.dispose()
+    assert rows_seen_outside(database_url) == 0
+
+
+@pytest.mark.parametrize("holder", ["AsyncConnection", "AsyncSession"])
+def test_sqlalchemy_async(database_url: str, holder: str) -> None:
+    async def run() -> None:
+        engine = create_async_engine(sqlalchemy_url(database_url))
+        try:
+            async with engine.connect() as connection:
+                conn: Any = connection if holder == "AsyncConnection" else AsyncSession(connection)
+                await reactor.submit_async(conn, "flaky", "photo.flaky", max_attempts=1)
+                results = await testing.run_jobs_async(conn, handlers=HANDLERS)
+                assert [(r.photo_id, r.outcome, r.error) for r in results] == [
+                    ("flaky", "failed", "RuntimeError: flaky not yet")  # attempts spent
+                ]
+                await testing.assert_submitted_async(
+                    conn, "flaky", "photo.flaky", state="failed", attempts=1
+                )
+                assert rows_seen_outside(database_url) == 0
+                await connection.rollback()
+        finally:
+            await engine.dispose()
+
+    asyncio.run(run())
+
+
+DJANGO_KIT = textwrap.dedent(
+    """
+    import os, sys
+    from urllib.parse import unquote, urlsplit
+    import django
+    from django.conf import settings
+    url = urlsplit(os.environ["DATABASE_URL"])
+    settings.configure(DATABASES={"default": {
+        "ENGINE": "django.db.backends.postgresql", "NAME": url.path.lstrip("/"),
+        "USER": unquote(url.username or ""), "PASSWORD": unquote(url.password or ""),
+        "HOST": url.hostname, "PORT": str(url.port or 5432)}})
+    django.setup()
+    from django.db import connection, transaction
+    from reactor import testing
+    from tests.test_testing_kit import exercise
+
+    class RolledBack(Exception):
+        pass
+
+    try:
+        with transaction.atomic():  # what a Django TestCase wraps each test in
+            exercise(connection)
+            raise RolledBack
+    except RolledBack:
+        print("exercised")
+    """
+)
+
+
+def test_django_connection(database_url: str) -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", DJANGO_KIT],
+        env=child_environ(DATABASE_URL=database_url),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "exercised"
+    assert rows_seen_outside(database_url) == 0
+
+
+def test_handlers_default_to_reactor_routes(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with psycopg.connect(database_url) as conn:
+        reactor.submit(conn, "p1", "photo.thumb")
+        monkeypatch.delenv("REACTOR_ROUTES", raising=False)
+        with pytest.raises(ConfigError, match=r"give handlers= .* or set REACTOR_ROUTES"):
+            testing.run_jobs(conn)
+        monkeypatch.setenv("REACTOR_ROUTES", "photo.thumb=tests.test_testing_kit.broken@thumbs")
+        [result] = testing.run_jobs(conn)
+        assert (result.photo_id, result.outcome) == ("p1", "failed")
+        with pytest.raises(ValueError, match=r"no handler for types \['photo.other'\]"):
+            testing.run_jobs(conn, types=["photo.other"])
+
+
+def test_assert_submitted_says_what_was_submitted(database_url: str) -> None:
+    with psycopg.connect(database_url) as conn:
+        reactor.submit(conn, "IMG_1")
+        with pytest.raises(AssertionError) as missing:
+            testing.assert_submitted(conn, "IMG_2")
+        assert "no photo.process job for photo 'IMG_2'; submitted:" in str(missing.value)
+        assert "photo_id='IMG_1'" in str(missing.value)
+        with pytest.raises(AssertionError, match=r"state='pending' \(expected 'done'\)"):
+            testing.assert_submitted(conn, "IMG_1", state="done")
+        with pytest.raises(TypeError, match="unknown fields \\['colour'\\]"):
+            testing.assert_submitted(conn, "IMG_1", colour="red")
+
+
+def test_a_row_another_attempt_holds_is_left_alone(database_url: str) -> None:
+    """The kit claims as the reactor does: a row another transaction has locked (a reactor's
+    claim in flight) is skipped, not waited for and not run twice."""
+    with psycopg.connect(database_url, autocommit=True) as setup:
+        reactor.submit(setup, "held")
+        reactor.submit(setup, "free")
+    with psycopg.connect(database_url) as holder, psycopg.connect(database_url) as conn:
+        holder.execute("SELECT FROM photo_jobs WHERE photo_id = 'held' FOR UPDATE")
+        results = testing.run_jobs(conn, handlers=HANDLERS)
+        assert [(r.photo_id, r.outcome) for r in results] == [("free", "done")]
+
+
+PLUGIN_TEST = textwrap.dedent(
+    """
+    import reactor
+
+    def test_submit_then_run(reactor_jobs):
+        reactor.submit(reactor_jobs.conn, "IMG_9")
+        reactor_jobs.assert_submitted("IMG_9", state="pending")
+        [result] = reactor_jobs.run(handlers={"photo.process": lambda photo_id: None})
+        assert result.outcome == "done"
+        reactor_jobs.assert_submitted("IMG_9", state="done")
+
+    def test_fails_with_the_listing(reactor_jobs):
+        reactor.submit(reactor_jobs.conn, "IMG_8")
+        reactor_jobs.assert_submitted("IMG_7")
+    """
+)
+
+
+def test_pytest_plugin_fixture(database_url: str, tmp_path: Path) -> None:
+    (tmp_path / "test_app.py").write_text(PLUGIN_TEST)
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_app.py"],
+        env=child_environ(DATABASE_URL=database_url),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "1 failed, 1 passed" in out.stdout, out.stdout + out.stderr
+    assert "no photo.process job for photo 'IMG_7'; submitted:" in out.stdout
+    assert rows_seen_outside(database_url) == 0  # each test's transaction rolled back
+
+
+def transient(photo_id: str) -> None:
+    raise RuntimeError("transient")
+
+
+def corrupt(photo_id: str) -> None:
+    raise reactor.PermanentError("corrupt")
+
+
+PARITY_ROUTES = {
+    "photo.process": "tests.test_testing_kit.done_handler",
+    "photo.flaky": "tests.test_testing_kit.transient",
+    "photo.broken": "tests.test_testing_kit.corrupt",
+}
+
+
+def done_handler(photo_id: str) -> None:
+    pass
+
+
+def parity_rows(url: str, prefix: str) -> dict[tuple[str, str], tuple[Any, ...]]:
+    with psycopg.connect(url) as conn:
+        found = conn.execute(
+            "SELECT photo_id, type, state, attempts, prior_attempts, last_error,"
+            " extract(epoch FROM next_retry_at - updated_at)"
+            " FROM photo_jobs WHERE photo_id LIKE %s",
+            [prefix + "%"],
+        )
+        return {(r[0].removeprefix(prefix), r[1]): tuple(r[2:]) for r in found}
+
+
+@pytest.mark.parametrize("worker_class", ["plain rq worker", "reactor.SimpleWorker"])
+def test_the_kit_writes_what_a_worker_writes(
+    env: Env, spawn: Callable[..., Process], worker_class: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same rows, run once by a real worker (through RQ) and once by the kit, end the
+    same: state, attempts, token, last_error, and a retry due within the backoff (of a base
+    long enough that the worker's retry is not due again when the kit runs)."""
+    base = 600.0
+    monkeypatch.setenv("REACTOR_RETRY_BASE_SECONDS", str(base))
+    with env.connect() as conn:
+        for prefix in ("w-", "k-"):
+            reactor.submit(conn, prefix + "p", "photo.process")
+            reactor.submit(conn, prefix + "p", "photo.flaky", max_attempts=2)
+            reactor.submit(conn, prefix + "p", "photo.broken")
+    routes = ",".join(f"{t}={h}" for t, h in PARITY_ROUTES.items())
+    # The worker's rows first: the kit then finds them not due (done, failed, or retried later).
+    with env.connect() as conn:
+        conn.execute(
+            "UPDATE photo_jobs SET next_retry_at = now() + interval '1 hour' WHERE photo_id = 'k-p'"
+        )
+    swept = env.cli_json(
+        "sweep", *(a for t, h in PARITY_ROUTES.items() for a in ("--route", f"{t}={h}"))
+    )
+    assert swept["enqueued"] == 3
+    extra = ("-w", "reactor.SimpleWorker") if worker_class != "plain rq worker" else ()
+    worker = start_worker(
+        spawn,
+        env,
+        "photo-process",
+        "photo-flaky",
+        "photo-broken",
+        burst=True,
+        extra_args=extra,
+        REACTOR_ROUTES=routes,
+        REACTOR_RETRY_BASE_SECONDS=str(base),
+    )
+    assert worker.proc.wait(timeout=120) == 0, worker.output()
+    with env.connect() as conn:
+        conn.execute("UPDATE photo_jobs SET next_retry_at = NULL WHERE photo_id = 'k-p'")
+    with psycopg.connect(env.database_url) as conn:
+        results = testing.run_jobs(conn, handlers=PARITY_ROUTES)
+        assert sorted((r.photo_id, r.type) for r in results) == [
+            ("k-p", t) for t in sorted(PARITY_ROUTES)
+        ]
+        conn.commit()
+    by_worker, by_kit = parity_rows(env.database_url, "w-"), parity_rows(env.database_url, "k-")
+    assert by_worker.keys() == by_kit.keys()
+    for key, row in by_worker.items():
+        if key[1] == "photo.flaky":  # pending after the backoff, uniform in [base/2, base]
+            for seen in (row, by_kit[key]):
+                assert seen[:4] == ("pending", 1, 0, "RuntimeError: transient")
+                assert base / 2 - 0.1 <= seen[4] <= base
+        else:
+            assert (key, by_kit[key]) == (key, row)
+    assert by_worker[("p", "photo.broken")][:4] == ("failed", 1, 0, "PermanentError: corrupt")
