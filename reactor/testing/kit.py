@@ -23,6 +23,7 @@ from reactor.pg import queries
 from reactor.producer import Executed, SyncExecute
 from reactor.routes import given_routes
 from reactor.settings import WorkerSettings
+from reactor.tracing import stored_context
 from reactor.worker.entry import load_handler
 from reactor.worker.lifecycle import Outcome, Store, finish, outcome_of, start
 
@@ -159,10 +160,12 @@ def run(
             room = CLAIM_BATCH if limit is None else min(CLAIM_BATCH, limit - len(results))
             if room <= 0:
                 break
-            _, claimed = execute(queries.CLAIM_DUE, {"type": job_type, "limit": room})
+            params = {"type": job_type, "limit": room, "skip": []}
+            _, claimed = execute(queries.CLAIM_DUE, params)
             progress = progress or bool(claimed)
-            for row_type, photo_id, token, state in claimed:
-                ref = JobRef(row_type, photo_id, int(token))
+            for row_type, photo_id, token, state, traceparent, tracestate in claimed:
+                context = stored_context(traceparent, tracestate)
+                ref = JobRef(row_type, photo_id, int(token), *context)
                 if state == "failed":  # spent before dispatch: the claim failed it
                     results.append(
                         JobResult(photo_id, row_type, "failed", 0, "attempts spent before dispatch")
