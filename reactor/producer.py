@@ -32,6 +32,7 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
+from psycopg import pq
 
 from reactor import tracing
 from reactor.errors import InvalidJobError
@@ -272,7 +273,16 @@ def sync_executor(conn: Any) -> SyncExecute:
     """
     kind = _kind(conn)
     if kind == "psycopg":
-        return lambda query, params: _rows(conn.execute(query, params))
+
+        def run_psycopg(query: str, params: Mapping[str, Any]) -> Executed:
+            # No parameters: sent as it is (its `%` signs are not placeholders).
+            cursor = conn.execute(query, params or None)
+            if conn.pgconn.pipeline_status != pq.PipelineStatus.OFF:
+                with conn.pipeline():  # in pipeline mode, the result comes at this sync
+                    pass
+            return _rows(cursor)
+
+        return run_psycopg
     if kind == "sqlalchemy":
         if hasattr(conn, "registry"):  # a scoped_session: the session of this scope
             conn = conn()
@@ -280,7 +290,7 @@ def sync_executor(conn: Any) -> SyncExecute:
         _check_sqlalchemy_dialect(target.dialect, conn)
 
         def run_sqlalchemy(query: str, params: Mapping[str, Any]) -> Executed:
-            result = target.exec_driver_sql(query, dict(params))
+            result = target.exec_driver_sql(query, dict(params) or None)
             return int(result.rowcount), [tuple(r) for r in result] if result.returns_rows else []
 
         return run_sqlalchemy
@@ -290,7 +300,7 @@ def sync_executor(conn: Any) -> SyncExecute:
 
         def run_django(query: str, params: Mapping[str, Any]) -> Executed:
             with conn.cursor() as cursor:
-                cursor.execute(query, params)
+                cursor.execute(query, params or None)
                 return _rows(cursor)
 
         return run_django
@@ -317,7 +327,10 @@ def async_executor(conn: Any) -> AsyncExecute:
 
         async def run_psycopg(query: str, params: Mapping[str, Any]) -> Executed:
             async with conn.cursor() as cursor:
-                await cursor.execute(query, params)
+                await cursor.execute(query, params or None)
+                if conn.pgconn.pipeline_status != pq.PipelineStatus.OFF:
+                    async with conn.pipeline():  # in pipeline mode, the result comes here
+                        pass
                 rows = await cursor.fetchall() if cursor.description else []
                 return int(cursor.rowcount), list(rows)
 
@@ -329,7 +342,7 @@ def async_executor(conn: Any) -> AsyncExecute:
             session = holder() if hasattr(holder, "registry") else holder  # async_scoped_session
             target = session if hasattr(session, "exec_driver_sql") else await session.connection()
             _check_sqlalchemy_dialect(target.dialect, session)
-            result = await target.exec_driver_sql(query, dict(params))
+            result = await target.exec_driver_sql(query, dict(params) or None)
             return int(result.rowcount), [tuple(r) for r in result] if result.returns_rows else []
 
         return run_sqlalchemy

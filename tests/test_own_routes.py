@@ -222,7 +222,9 @@ def test_workers_and_producers_work_with_readmes_grants_and_workers_cannot_write
                 producer.execute(statement)
         producer.close()
         found = owner.execute("SELECT prior_attempts, attempts FROM photo_jobs").fetchone()
-        assert found == (1, 1)  # the re-arm carried the first life's attempt into the token
+        # Each re-arm carried the lives' attempts into the token: two dispatched lives, then a
+        # cancelled one that never ran; the row waits at attempts 0 of its fourth life.
+        assert found == (2, 0)
 
 
 def test_a_worker_following_the_recorded_routes_runs_a_route_changed_on_purpose(

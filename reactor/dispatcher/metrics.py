@@ -67,6 +67,8 @@ class Metrics:
             ["kind"],
             registry=r,
         )
+        for kind in ("connection", "statement", "redis"):  # exported at 0 from the start
+            self.turn_failures.labels(kind)
         self.claim_seconds = Histogram(
             "reactor_claim_seconds",
             "Latency of one claim query.",

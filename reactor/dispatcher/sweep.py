@@ -132,9 +132,7 @@ class Sweeper:
         self._refused_log = LogThrottle(burst=10, interval_seconds=60.0)
         self.metrics = metrics or Metrics()
         #: Failed sweeps are logged a few times a minute at most (`guarded_round`).
-        self.failed_log = LogThrottle(
-            burst=SWEEP_FAILED_LOG_BURST, interval_seconds=SWEEP_FAILED_LOG_SECONDS
-        )
+        self.failed_log = LogThrottle(SWEEP_FAILED_LOG_BURST, SWEEP_FAILED_LOG_SECONDS)
 
     def run_once(
         self,
