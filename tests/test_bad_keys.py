@@ -6,8 +6,6 @@ rescue step in `reactor_sweep_failures_total` and `/healthz`.
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -18,7 +16,7 @@ from rq.job import Job
 from reactor.jobs import JobRef
 from tests.support.cli import run_cli
 from tests.support.env import Env
-from tests.support.metrics import metric, scrape
+from tests.support.metrics import health, metric, scrape
 from tests.support.processes import Process, start_reactor
 from tests.support.servers import free_port
 from tests.support.waiting import wait_for
@@ -42,14 +40,6 @@ def _attempts(conn: psycopg.Connection[Any]) -> dict[str, tuple[str, int]]:
     return {
         r[0]: (r[1], r[2]) for r in conn.execute("SELECT photo_id, state, attempts FROM photo_jobs")
     }
-
-
-def _health(port: int) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as response:
-            return int(response.status), response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return int(exc.code), exc.read().decode()
 
 
 def _job_key(ref: JobRef) -> str:
@@ -107,8 +97,8 @@ def test_a_bad_queue_key_counts_as_a_failed_rescue_and_health_says_so(
         "--metrics-port",
         str(port),
     )
-    wait_for(lambda: _health(port)[0] == 503, timeout=30, what="/healthz 503")
-    body = _health(port)[1]
+    wait_for(lambda: health(port)[0] == 503, timeout=30, what="/healthz 503")
+    body = health(port)[1]
     assert "rescue step failed" in body and "rq:queue:thumbs" in body, body
     assert metric(scrape(port), "reactor_sweep_failures_total") >= 3
     # The rest of the pass was rescued; the waiting row is left as it is.
@@ -118,4 +108,4 @@ def test_a_bad_queue_key_counts_as_a_failed_rescue_and_health_says_so(
     assert len(logged) == 1, reactor.output()
     # The key repaired: the next sweeps succeed and health is 200 again.
     client.delete("rq:queue:thumbs")
-    wait_for(lambda: _health(port)[0] == 200, timeout=30, what="/healthz 200")
+    wait_for(lambda: health(port)[0] == 200, timeout=30, what="/healthz 200")

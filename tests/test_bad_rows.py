@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,6 +18,7 @@ import pytest
 
 from tests.support.cli import run_cli
 from tests.support.env import Env
+from tests.support.metrics import health
 from tests.support.paths import ROOT
 from tests.support.processes import Process, start_reactor
 from tests.support.rows import insert_rows
@@ -38,14 +37,6 @@ BEGIN RAISE EXCEPTION 'poisoned row' USING ERRCODE = '22003'; END $$;
 CREATE TRIGGER poison BEFORE UPDATE ON photo_jobs FOR EACH ROW
 WHEN ({when} AND NEW.state = 'active') EXECUTE FUNCTION poison();
 """
-
-
-def _health(port: int) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as response:
-            return int(response.status), response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return int(exc.code), exc.read().decode()
 
 
 def _count(conn: psycopg.Connection[Any], job_type: str, state: str) -> int:
@@ -114,15 +105,15 @@ def test_a_row_whose_claim_fails_is_left_out_and_named_while_its_type_flows(
     reactor = start_reactor(spawn, "--sweep-interval", "1", "--metrics-port", str(port))
     insert_rows(conn, 5, prefix="q")
     wait_for(lambda: _count(conn, "photo.process", "active") == 15, timeout=30, what="q rows")
-    wait_for(lambda: "poison" in _health(port)[1], timeout=30, what="health names the row")
-    code, body = _health(port)
+    wait_for(lambda: "poison" in health(port)[1], timeout=30, what="health names the row")
+    code, body = health(port)
     assert code == 200 and body.startswith("ok; ") and "poisoned row" in body, body
     assert _count(conn, "photo.process", "pending") == 1
     assert jobs_missing(conn, client) == []
     # The cure: the row is tried again with backoff and goes through.
     conn.execute("DROP TRIGGER poison ON photo_jobs")
     wait_for(lambda: _count(conn, "photo.process", "pending") == 0, timeout=90, what="cured")
-    wait_for(lambda: _health(port) == (200, "ok\n"), timeout=30, what="health clear")
+    wait_for(lambda: health(port) == (200, "ok\n"), timeout=30, what="health clear")
     assert sum("row_refused" in line for line in reactor.lines) <= 1, reactor.output()
     assert "type_quarantined" not in reactor.output()
 
@@ -153,8 +144,8 @@ def test_a_type_whose_every_claim_fails_is_quarantined_and_sweep_exits_1(
         " FROM generate_series(1, 20) AS i"
     )
     wait_for(lambda: _count(conn, "photo.thumb", "active") == 20, timeout=30, what="thumbs")
-    wait_for(lambda: _health(port)[0] == 503, timeout=30, what="/healthz 503")
-    assert "photo.process" in _health(port)[1]
+    wait_for(lambda: health(port)[0] == 503, timeout=30, what="/healthz 503")
+    assert "photo.process" in health(port)[1]
     assert _count(conn, "photo.process", "pending") == 10
 
 

@@ -15,8 +15,6 @@ import socket
 import subprocess
 import threading
 import time
-import urllib.error
-import urllib.request
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -34,7 +32,7 @@ from reactor.producer import submit
 from tests.support.cli import run_cli
 from tests.support.doorbell import armed_by
 from tests.support.env import Env
-from tests.support.metrics import metric, scrape
+from tests.support.metrics import health, metric, scrape
 from tests.support.paths import ROOT
 from tests.support.processes import Process, start_reactor
 from tests.support.roles import as_role, throwaway_role
@@ -91,14 +89,6 @@ def test_no_active_row_without_its_job_under_a_connection_limit(
 
 
 # -- 2. a row the dispatcher cannot handle is isolated, and /healthz says so ----------------
-
-
-def _health(port: int) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as response:
-            return int(response.status), response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return int(exc.code), exc.read().decode()
 
 
 def _by_type(conn: psycopg.Connection[Any]) -> dict[tuple[str, str], int]:
@@ -159,8 +149,8 @@ def test_a_poisoned_type_is_isolated_while_other_types_flow(
         timeout=30,
         what="thumbs dispatched",
     )
-    wait_for(lambda: _health(port)[0] == 503, timeout=30, what="/healthz 503")
-    body = _health(port)[1]
+    wait_for(lambda: health(port)[0] == 503, timeout=30, what="/healthz 503")
+    body = health(port)[1]
     assert "photo.process" in body and "integer out of range" in body, body
     assert _by_type(conn)[("photo.process", "pending")] == 11
     spent = conn.execute(
@@ -175,7 +165,7 @@ def test_a_poisoned_type_is_isolated_while_other_types_flow(
         timeout=90,
         what="the poisoned type recovered",
     )
-    wait_for(lambda: _health(port)[0] == 200, timeout=30, what="/healthz 200 again")
+    wait_for(lambda: health(port)[0] == 200, timeout=30, what="/healthz 200 again")
     assert sum("type_quarantined" in line for line in reactor.lines) == 1, reactor.output()
     assert any("type_recovered" in line for line in reactor.lines)
     assert not any("connection_lost" in line for line in reactor.lines), reactor.output()
@@ -357,7 +347,7 @@ def test_idle_http_clients_do_not_starve_health_or_dispatch(
     conn, client = env.connect(), env.redis()
     port = free_port()
     reactor = start_reactor(spawn, "--metrics-port", str(port))  # loopback by default
-    assert _health(port)[0] == 200
+    assert health(port)[0] == 200
     fds_before = _open_fds(reactor.proc.pid)
     idle = []
     try:
@@ -366,7 +356,7 @@ def test_idle_http_clients_do_not_starve_health_or_dispatch(
             idle.append(sock)
         # Held open, sending nothing: health still answers, and rows are still dispatched.
         for i in range(5):
-            assert _health(port) == (200, "ok\n")
+            assert health(port) == (200, "ok\n")
             conn.execute(
                 "INSERT INTO photo_jobs (photo_id, type) VALUES (%s, 'photo.process')", [f"h{i}"]
             )
@@ -384,7 +374,7 @@ def test_idle_http_clients_do_not_starve_health_or_dispatch(
     finally:
         for sock in idle:
             sock.close()
-    assert _health(port)[0] == 200
+    assert health(port)[0] == 200
     assert "Traceback" not in reactor.output()
     assert reactor.proc.poll() is None
 

@@ -34,7 +34,7 @@ from reactor.routes import parse_routes
 from reactor.rq.enqueue import Enqueuer
 from tests.support.cli import run_cli
 from tests.support.env import Env
-from tests.support.metrics import metric, scrape
+from tests.support.metrics import health, metric, scrape
 from tests.support.paths import ROOT
 from tests.support.processes import Process, start_reactor
 from tests.support.rows import states
@@ -48,14 +48,6 @@ CONSTRAINTS = {
     "updated_at": "photo_jobs_updated_at_finite_check",
     "next_retry_at": "photo_jobs_next_retry_at_finite_check",
 }
-
-
-def health(port: int) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as response:
-            return int(response.status), response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return int(exc.code), exc.read().decode()
 
 
 def get(url: str) -> tuple[int, str]:

@@ -1,8 +1,9 @@
-"""Reading a reactor's Prometheus metrics over HTTP."""
+"""Reading a reactor's Prometheus metrics and health over HTTP."""
 
 from __future__ import annotations
 
 import re
+import urllib.error
 import urllib.request
 
 
@@ -26,3 +27,12 @@ def scrape(port: int) -> str:
     """The /metrics text of a reactor serving on 127.0.0.1:`port`."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         return str(response.read().decode())
+
+
+def health(port: int) -> tuple[int, str]:
+    """The status code and body of /healthz on 127.0.0.1:`port` (503 included)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as response:
+            return int(response.status), response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), exc.read().decode()
