@@ -13,6 +13,8 @@ from reactor.dispatcher.doorbell import (
     ARM_BACKOFF_MAX_SECONDS,
     ARM_BACKOFF_SECONDS,
     BUSY_POLL_PAUSE_MAX_SECONDS,
+    BUSY_RING_WINDOW_SECONDS,
+    BUSY_RINGS,
     POLL_PAUSE_SECONDS,
     QUIET_DRAINS,
     RECHECK_SECONDS,
@@ -28,6 +30,14 @@ def quiet(bell: Doorbell, now: float, drains: int = QUIET_DRAINS) -> None:
     """Report `drains` drains of every type that found nothing."""
     for _ in range(drains):
         assert bell.drained(0, started=now, every_type=True) is Action.NOTHING
+
+
+def ring_fast(bell: Doorbell, now: float) -> None:
+    """Report notifications coming as fast as the bell gives its keys back for: `BUSY_RINGS`
+    within the window, the last at `now`."""
+    step = BUSY_RING_WINDOW_SECONDS / BUSY_RINGS
+    for i in range(BUSY_RINGS):
+        bell.rung(routed=True, now=now - (BUSY_RINGS - 1 - i) * step)
 
 
 def armed(mode: DoorbellMode = DoorbellMode.ADAPTIVE, now: float = 0.0) -> Doorbell:
@@ -78,9 +88,23 @@ def test_rows_found_right_after_arming_release_the_adaptive_bell_not_the_plain_o
     assert plain.armed
 
 
-def test_a_notification_while_armed_means_drain_then_release_then_poll() -> None:
+def test_notifications_a_few_ms_apart_keep_the_bell_armed_and_need_no_poll() -> None:
     bell = armed()
-    bell.rung(routed=True)
+    apart = BUSY_RING_WINDOW_SECONDS / (BUSY_RINGS - 1) * 1.01  # just slower than "fast"
+    for i in range(20):
+        now = 1.0 + i * apart
+        bell.rung(routed=True, now=now)
+        assert not bell.should_poll()
+        assert bell.drained(1, started=now, every_type=False) is Action.NOTHING
+        assert bell.armed and bell.wait_seconds(now) is None
+    # Several in one read count as several.
+    bell.rung(routed=True, now=5.0, count=BUSY_RINGS)
+    assert bell.drained(4, started=5.0, every_type=False) is Action.RELEASE
+
+
+def test_notifications_coming_fast_while_armed_mean_drain_then_release_then_poll() -> None:
+    bell = armed()
+    ring_fast(bell, 1.0)
     assert bell.armed, "the keys are given back after the drain, not before"
     assert bell.should_poll()
     assert bell.drained(1, started=1.0, every_type=False) is Action.RELEASE
@@ -95,7 +119,7 @@ def test_a_notification_while_armed_means_drain_then_release_then_poll() -> None
 
 def test_a_notification_whose_drain_finds_nothing_keeps_the_bell_armed() -> None:
     bell = armed()
-    bell.rung(routed=True)
+    ring_fast(bell, 1.0)
     assert bell.drained(0, started=1.0, every_type=False) is Action.NOTHING
     assert bell.armed and not bell.polling
     assert bell.wait_seconds(1.0) is None
@@ -103,10 +127,10 @@ def test_a_notification_whose_drain_finds_nothing_keeps_the_bell_armed() -> None
 
 def test_an_unrouted_notification_changes_nothing_and_a_plain_bell_stays_armed() -> None:
     bell = armed()
-    bell.rung(routed=False)
+    bell.rung(routed=False, now=1.0)
     assert bell.armed and not bell.should_poll()
     plain = armed(DoorbellMode.PLAIN)
-    plain.rung(routed=True)
+    ring_fast(plain, 1.0)
     assert not plain.should_poll()
     assert plain.drained(4, started=1.0, every_type=False) is Action.NOTHING
     assert plain.armed
@@ -155,7 +179,7 @@ def test_busy_arms_back_off_doubling_up_to_the_cap_and_rows_reset_the_backoff() 
     bell.arm_result(ArmOutcome.BUSY, now)
     assert bell.wait_seconds(now) == 2 * POLL_PAUSE_SECONDS
     bell.arm_result(ArmOutcome.HELD_ELSEWHERE, now)
-    bell.rung(routed=True)
+    bell.rung(routed=True, now=1.0)
     assert bell.wait_seconds(now) == POLL_PAUSE_SECONDS
 
 
@@ -179,7 +203,7 @@ def test_keys_held_elsewhere_mean_listen_and_recheck_and_a_notification_means_po
     assert bell.should_arm(5.0 + RECHECK_SECONDS)  # no quiet drains needed to recheck
     bell.arm_result(ArmOutcome.HELD_ELSEWHERE, 5.0 + RECHECK_SECONDS)
     # The holder is woken too and will release: poll until quiet, then arm.
-    bell.rung(routed=False)
+    bell.rung(routed=False, now=1.0)
     assert bell.should_poll()
     assert bell.wait_seconds(6.0) == POLL_PAUSE_SECONDS
     assert not bell.should_arm(100.0)
@@ -189,7 +213,7 @@ def test_keys_held_elsewhere_mean_listen_and_recheck_and_a_notification_means_po
 
 def test_a_lost_connection_resets_everything_to_polling() -> None:
     bell = armed()
-    bell.rung(routed=True)  # a release was due after the drain
+    ring_fast(bell, 1.0)  # a release was due after the drain
     bell.lost()
     assert not bell.armed and bell.polling
     assert bell.drained(1, started=1.0, every_type=True) is Action.NOTHING  # nothing to release

@@ -11,9 +11,12 @@ bell silent and polls; when the table goes quiet it arms the bell and sleeps. Mo
   (waiting a little for writers in flight: every writer that skipped NOTIFY holds its key in
   shared mode until its transaction ends, so once all keys are granted their rows are
   committed and visible), drain once more, then wait for a notification. On a notification,
-  drain, then release the keys, then poll again. (Draining first keeps the release's round
-  trip off the dispatch latency; writers that commit during that drain still notify, which
-  costs them little because the drain is short, and wakes the reactor again at once.)
+  drain the notified types and stay armed, unless notifications come fast (`BUSY_RINGS`
+  within `BUSY_RING_WINDOW_SECONDS`: the rate at which NOTIFY's commit lock starts to cost
+  writers): then drain, release the keys, and poll again. (Draining first keeps the
+  release's round trip off the dispatch latency; writers that commit during that drain
+  still notify, which costs them little because the drain is short.) A few notifications a
+  second thus cost one round trip each, with no release, polls and re-arm between them.
 - plain: take the keys and keep them; writers always notify (the behaviour of sql/0003).
 - poll-only: no LISTEN connection, no keys; a drain of every type starts once per poll
   interval (counted from the start of the previous one, so a slow drain does not stretch the
@@ -36,7 +39,7 @@ so a lost listener connection releases them too) and reports back:
     should_arm(now)              take the keys now? then report arm_result(outcome, now),
                                  which says DRAIN (every type, now) after ARMED
     wait_seconds(now)            how long the loop may wait (None: until a notification)
-    rung(routed)                 a notification arrived
+    rung(routed, now, count)     `count` notifications arrived
     should_poll()                after the wait, with nothing else to do: drain every type?
     drained(claimed, ...)        a drain ended; says RELEASE when the keys must go back now
     lost()                       the LISTEN connection (and the keys with it) is gone
@@ -47,11 +50,14 @@ so a lost listener connection releases them too) and reports back:
 from __future__ import annotations
 
 import enum
+from collections import deque
 
 __all__ = [
     "ARM_BACKOFF_MAX_SECONDS",
     "ARM_BACKOFF_SECONDS",
     "BUSY_POLL_PAUSE_MAX_SECONDS",
+    "BUSY_RINGS",
+    "BUSY_RING_WINDOW_SECONDS",
     "POLL_PAUSE_SECONDS",
     "QUIET_DRAINS",
     "RECHECK_SECONDS",
@@ -74,6 +80,10 @@ RECHECK_SECONDS = 0.5
 ARM_BACKOFF_SECONDS = 0.01
 ARM_BACKOFF_MAX_SECONDS = 1.0
 BUSY_POLL_PAUSE_MAX_SECONDS = 0.01
+#: An armed adaptive reactor gives the keys back (writers stop notifying, it polls) once it
+#: has heard this many notifications within the window: about 400 a second.
+BUSY_RINGS = 4
+BUSY_RING_WINDOW_SECONDS = 0.01
 
 
 class DoorbellMode(str, enum.Enum):
@@ -134,6 +144,7 @@ class Doorbell:
         self._busy = 0  # failed arms in a row
         self._arm_after = 0.0
         self._last_full_drain: float | None = None  # start of the last drain of every type
+        self._rings: deque[float] = deque(maxlen=BUSY_RINGS)  # when the last ones came, armed
 
     # -- what the loop asks --------------------------------------------------------------------
 
@@ -180,6 +191,7 @@ class Doorbell:
         else:
             self._busy = 0
         if outcome is ArmOutcome.ARMED:
+            self._rings.clear()
             self.armed = True
             self.polling = False
             self._recheck_at = None
@@ -192,15 +204,23 @@ class Doorbell:
             self._recheck_at = None
         return Action.NOTHING
 
-    def rung(self, routed: bool) -> None:
-        """A notification arrived (`routed`: it names a type this reactor dispatches)."""
+    def rung(self, routed: bool, now: float, count: int = 1) -> None:
+        """`count` notifications arrived at `now` (`routed`: one names a type this reactor
+        dispatches)."""
         if self.armed:
             if routed and self.mode is DoorbellMode.ADAPTIVE:
-                # Release once drained: writers after that point skip NOTIFY, and the polling
-                # that follows sees their rows.
-                self._release_after_drain = True
-                self.polling = True
-                self._empty = 0
+                self._rings.extend([now] * min(count, BUSY_RINGS))
+                busy = (
+                    len(self._rings) == BUSY_RINGS
+                    and now - self._rings[0] <= BUSY_RING_WINDOW_SECONDS
+                )
+                if busy:
+                    # Release once drained: writers after that point skip NOTIFY, and the
+                    # polling that follows sees their rows.
+                    self._rings.clear()
+                    self._release_after_drain = True
+                    self.polling = True
+                    self._empty = 0
             return
         if self._recheck_at is not None:
             # The holder is being woken too and will release the lock: poll until quiet.
@@ -223,10 +243,10 @@ class Doorbell:
         if claimed:
             self._busy = 0  # rows are coming: poll at full speed
         action = Action.NOTHING
-        # Rows are coming (rung, found right after arming, or by a timer or sweep): stop
-        # ringing and poll.
+        # Rows are coming (notifications came fast, or rows were found by a drain of every
+        # type: right after arming, or by a timer or sweep): stop ringing and poll.
         if self._release_after_drain or (
-            claimed and self.armed and self.mode is DoorbellMode.ADAPTIVE
+            claimed and every_type and self.armed and self.mode is DoorbellMode.ADAPTIVE
         ):
             self._release_after_drain = False
             self.armed = False
@@ -244,3 +264,4 @@ class Doorbell:
         self._release_after_drain = False
         self._busy = 0
         self._arm_after = 0.0
+        self._rings.clear()

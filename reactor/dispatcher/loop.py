@@ -305,7 +305,7 @@ class Reactor:
         waited = time.monotonic() - waiting
         types = self._wakeups.to_drain(self._wakeups.parse(payloads))
         if types or (payloads and not self._wakeups.held):
-            bell.rung(routed=bool(types))
+            bell.rung(routed=bool(types), now=time.monotonic(), count=len(payloads))
         if self.stopper.requested:
             return Turn(waited=waited, notifications=len(payloads), arm=arm)
 
