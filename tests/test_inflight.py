@@ -18,8 +18,7 @@ import psycopg
 import pytest
 
 from reactor.errors import StatementError
-from reactor.pg import queries
-from reactor.worker.inflight import DONE, START, InFlight, Statement
+from reactor.worker.inflight import DONE, START, InFlight
 from reactor.worker.lifecycle import Store
 from tests.support.env import Env
 from tests.support.waiting import wait_for
@@ -45,10 +44,6 @@ def conn(env: Env) -> Iterator[psycopg.Connection[Any]]:
             " VALUES ('p1', 'photo.process', 'active', 2, 7)"
         )
         yield connection
-
-
-#: The whole fenced start, which the worker classes run when the read (`START`) finds no row.
-WHOLE_START = Statement.of(queries.ATTEMPT_START)
 
 
 def params(attempt: int, photo_id: str = "p1") -> dict[str, object]:
@@ -106,9 +101,8 @@ def test_a_start_waits_for_the_claim_that_enqueued_its_job(
     env: Env, store: Store, conn: psycopg.Connection[Any], prepared: bool, ends: str
 ) -> None:
     """The enqueue precedes the claim's COMMIT, so a worker can start a job while its claim is
-    still open: the read (`START`) finds no row at once, and the whole start then waits for
-    the claim, stamps the row (it read the row pending) and runs. Rolled back (its COMMIT
-    lost), the row stays pending and the job does not run."""
+    still open: the start waits for it, then stamps the row (it read the row pending) and
+    runs. Rolled back (its COMMIT lost), the row stays pending and the job does not run."""
     conn.execute("UPDATE photo_jobs SET state = 'pending', attempts = 2 WHERE photo_id = 'p1'")
     inflight = InFlight(store, prepared=prepared)
     session = store.conn.info.backend_pid
@@ -118,9 +112,6 @@ def test_a_start_waits_for_the_claim_that_enqueued_its_job(
             " RETURNING updated_at"
         ).fetchone()
         assert inflight.send(START, params(3))
-        read = inflight.receive()
-        assert read is not None and (read.rows, read.first) == (0, None)
-        assert inflight.send(WHOLE_START, params(3))
         wait_for_lock(conn, session, "the start")
         claim.commit() if ends == "commit" else claim.rollback()
     started = inflight.receive()

@@ -656,18 +656,6 @@ SELECT type, count(*) FROM photo_jobs WHERE state = 'cancelled' GROUP BY type
 -- grows with every dispatch over the row's whole history: a job of an earlier attempt or an
 -- earlier life matches no row here and changes nothing.
 
--- name: ATTEMPT_START_FRESH
--- The fenced start's common case, as a plain read (cheap to plan: the worker classes send it
--- unprepared on every job): the row's (attempts, max_attempts, seconds since its last write)
--- when it is `active` at this token and was written less than `fresh` seconds ago (the claim
--- that enqueued this job stamped it). No row: ATTEMPT_START decides (it also waits for a
--- claim not yet committed).
-SELECT attempts, max_attempts, extract(epoch FROM now() - updated_at)::float8
-  FROM photo_jobs
- WHERE photo_id = %(photo_id)s AND type = %(type)s
-   AND state = 'active' AND prior_attempts + attempts = %(token)s
-   AND updated_at > now() - make_interval(secs => %(fresh)s)
-
 -- name: ATTEMPT_START
 -- The fenced start, in one round trip; returns the row's (attempts, max_attempts, seconds
 -- since the row's last write: 0 when this statement stamped it) when the attempt may run: the

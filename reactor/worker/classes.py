@@ -180,8 +180,7 @@ class _Lifecycle(SystemdNotify, StartupChecks, KeyRenewal, BaseWorker):
                 # Not sent, or no answer: the fenced start on the store (retried).
                 started = lifecycle.start(self._store, self.settings, ref, _FRESHNESS)
             elif answer.first is None:
-                # Not `active` at this token with a fresh stamp (yet): the whole fenced start.
-                started = lifecycle.start(self._store, self.settings, ref, _FRESHNESS)
+                started = lifecycle.recheck(self._store, self.settings, ref, _FRESHNESS)
             else:
                 started = lifecycle.Started.of(answer.first)
         except (DatabaseError, StatementError) as exc:

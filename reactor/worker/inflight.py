@@ -1,8 +1,7 @@
 """A statement sent now and its result read later, on the worker's own thread.
 
 The worker classes overlap a Postgres round trip with RQ's Redis work for the same job: the
-fenced start's common case (`START`, a plain read of a row the claim just stamped) goes out
-before RQ marks the job started, and the `done` write
+fenced start (`START`) goes out before RQ marks the job started, and the `done` write
 (`DONE`) as soon as the handler returned, before RQ records the success. `InFlight.send` hands
 the statement to libpq and returns; `InFlight.receive` waits for its result, polling the socket
 with the GIL released (`poll`, so any descriptor number works). No second thread is involved,
@@ -68,7 +67,7 @@ class Statement:
         return cls(text, tuple(names), f"reactor_{zlib.crc32(text.encode()):08x}")
 
 
-START = Statement.of(queries.ATTEMPT_START_FRESH)
+START = Statement.of(queries.ATTEMPT_START)
 DONE = Statement.of(queries.ATTEMPT_DONE)
 _STATEMENTS = (START, DONE)
 

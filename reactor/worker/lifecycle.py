@@ -19,9 +19,7 @@ writes an outcome; `attempts` still counts per life for `max_attempts` and the b
    handler must not run. A row the claim stamped less than a quarter heartbeat interval ago
    (a whole interval for the worker classes, whose first beat is due an interval after that
    stamp) is only read; any other is stamped (`updated_at`), so the sweep cannot take a job
-   that waited long in the queue for a dead worker's before its first heartbeat. (The worker
-   classes first send only that read, `ATTEMPT_START_FRESH`, which is cheap to plan, and run
-   the whole start when it finds no row.)
+   that waited long in the queue for a dead worker's before its first heartbeat.
 2. `Heartbeater` — one thread per process that touches `updated_at` every
    `heartbeat_seconds` while a handler runs, so the sweep does not rescue a live attempt (for
    the worker classes it also renews the worker's RQ key at each beat, which tells the sweep
@@ -233,7 +231,6 @@ def warm_up(store: Store) -> None:
 
     def attempt(conn: db.Connection) -> None:
         # fresh: only read; then not fresh (0 s): stamped.
-        conn.execute(queries.ATTEMPT_START_FRESH, {**params, "fresh": 1.0})
         for fresh in (1.0, 0.0):
             conn.execute(queries.ATTEMPT_START, {**params, "fresh": fresh})
         for query in (queries.ATTEMPT_HEARTBEAT, queries.ATTEMPT_DONE):
