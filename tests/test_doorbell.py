@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from reactor.dispatcher.doorbell import RECHECK_SECONDS, ArmOutcome
+from reactor.dispatcher.doorbell import BUSY_RINGS, RECHECK_SECONDS, ArmOutcome
 from reactor.dispatcher.listener import Listener
 from reactor.pg.queries import DOORBELL_ARM as LOCK_DOORBELL
 from tests.support.doorbell import armed_by, doorbell_locks, listener_pids
@@ -194,10 +194,14 @@ def test_a_writer_that_skipped_notify_is_dispatched_when_its_commit_lets_the_rea
     for i in range(40):
         writer = env.connect(autocommit=False)
         wait_for(lambda: armed_by(admin) in listener_pids(admin), what="armed reactor")
-        insert_one(bell_ringer, f"ring{i}")  # wakes the reactor: it drains, releases, polls
+        # Notifications back to back: the reactor drains, releases the keys and polls (one
+        # alone would leave it armed).
+        for k in range(BUSY_RINGS):
+            insert_one(bell_ringer, f"ring{i}-{k}")
         # The keys go right after the drain, and the reactor re-arms a few milliseconds later:
         # the writer must start in that window (or try again).
-        wait_for(lambda i=i: is_active(admin, f"ring{i}"), interval=0.0005, what=f"ring{i}")  # type: ignore[misc]
+        last = f"ring{i}-{BUSY_RINGS - 1}"
+        wait_for(lambda last=last: is_active(admin, last), interval=0.0005, what=last)  # type: ignore[misc]
         until = time.monotonic() + 0.05
         while armed_by(admin) is not None and time.monotonic() < until:
             pass  # a window of milliseconds: if it is missed, the writer rings (tried again)
