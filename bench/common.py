@@ -16,10 +16,11 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import redis
 from psycopg import sql
+from rq import Queue, Worker
 
 from reactor.pg.migrate import migrate
 from reactor.routes import DEMO_ROUTE
@@ -147,6 +149,45 @@ def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 
         if time.monotonic() > deadline:
             raise TimeoutError("benchmark condition not reached")
         time.sleep(interval)
+
+
+def stop_processes(procs: Sequence[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM each process, then wait (SIGKILL after 30 s)."""
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextmanager
+def rq_workers(
+    command: Sequence[str], queue: str, count: int, env: Mapping[str, str]
+) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """`count` processes running `command` (RQ workers of `queue`), registered with RQ before
+    this yields, stopped at the end; their output goes to one file, whose tail is printed if
+    the block fails."""
+    logs = tempfile.TemporaryFile()  # noqa: SIM115 - closed in the finally below
+    procs = [
+        subprocess.Popen(list(command), env=dict(env), stdout=logs, stderr=logs)
+        for _ in range(count)
+    ]
+    client = redis_client()
+    try:
+        probe = Queue(queue, connection=client)
+        wait_until(lambda: Worker.count(queue=probe) >= count, timeout=60, interval=0.02)
+        yield procs
+    except BaseException:
+        logs.seek(0)
+        sys.stderr.write(logs.read().decode(errors="replace")[-3000:])
+        raise
+    finally:
+        stop_processes(procs)
+        logs.close()
+        client.close()
 
 
 def armed_by(conn: psycopg.Connection[Any]) -> int | None:

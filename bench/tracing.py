@@ -25,7 +25,16 @@ from typing import Any
 import psycopg
 from rq import Queue, Worker
 
-from bench.common import REDIS_URL, ROOT, Stat, fresh_database, redis_client, reset, table
+from bench.common import (
+    REDIS_URL,
+    ROOT,
+    Stat,
+    fresh_database,
+    redis_client,
+    reset,
+    stop_processes,
+    table,
+)
 from bench.common import wait_until as _wait_until
 
 INSTRUMENT = str(Path(sys.executable).parent / "opentelemetry-instrument")
@@ -87,17 +96,6 @@ def _unfinished(conn: psycopg.Connection[Any]) -> bool:
     return bool(row and row[0])
 
 
-def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    for proc in procs:
-        proc.terminate()
-    for proc in procs:
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def _side(url: str, kind: str, photos: int, traced: bool) -> tuple[float, int]:
     """(jobs/s, spans exported) of one side."""
     reset(url)
@@ -152,7 +150,7 @@ def _side(url: str, kind: str, photos: int, traced: bool) -> tuple[float, int]:
             sys.stderr.write(logs.read().decode(errors="replace")[-3000:])
             raise
         finally:
-            _stop(procs)
+            stop_processes(procs)
         return photos / elapsed, _spans(out) if traced else 0
 
 

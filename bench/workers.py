@@ -34,7 +34,6 @@ import os
 import select
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -42,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from rq import Queue, Worker
+from rq import Queue
 
 from bench.common import (
     REDIS_URL,
@@ -53,6 +52,7 @@ from bench.common import (
     percentile,
     redis_client,
     reset,
+    rq_workers,
     table,
     wait_until,
 )
@@ -99,34 +99,9 @@ def _workers(
     env.pop("REACTOR_PREPARED_STATEMENTS", None)  # the default, unless asked for
     if prepared:
         env["REACTOR_PREPARED_STATEMENTS"] = "1"
-    logs = tempfile.TemporaryFile()  # noqa: SIM115 - closed in the finally below
     command = [sys.executable, "-m", "rq.cli", "worker", "-w", CLASSES[kind, side]]
-    procs = [
-        subprocess.Popen(
-            [*command, queue, "--url", REDIS_URL, "-q"], env=env, stdout=logs, stderr=logs
-        )
-        for _ in range(count)
-    ]
-    client = redis_client()
-    try:
-        probe = Queue(queue, connection=client)
-        wait_until(lambda: Worker.count(queue=probe) >= count, timeout=60, interval=0.02)
+    with rq_workers([*command, queue, "--url", REDIS_URL, "-q"], queue, count, env) as procs:
         yield procs
-    except BaseException:
-        logs.seek(0)
-        sys.stderr.write(logs.read().decode(errors="replace")[-3000:])
-        raise
-    finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        logs.close()
-        client.close()
 
 
 def _cpu_seconds(pid: int, *, reaped: bool = False) -> float:
