@@ -196,19 +196,28 @@ def _is_superuser(env: Env, role: str) -> bool:
     return bool(row[0])
 
 
+def _database_owned_by(
+    env: Env, make_empty_database: Callable[[], str], owner: str
+) -> tuple[str, str]:
+    """A new empty database owned by `owner` (not a superuser): its URL, and the superuser
+    who will run the migrations."""
+    url = make_empty_database()
+    dbname = urlsplit(url).path.lstrip("/")
+    with psycopg.connect(env.pg_server_url, autocommit=True) as admin:
+        admin.execute(
+            sql.SQL("ALTER DATABASE {} OWNER TO {}").format(
+                sql.Identifier(dbname), sql.Identifier(owner)
+            )
+        )
+        superuser = str(admin.execute("SELECT current_user").fetchone()[0])  # type: ignore[index]
+    return url, superuser
+
+
 def test_migrate_refuses_a_ledger_planted_by_the_database_owner(
     env: Env, make_empty_database: Callable[[], str]
 ) -> None:
     with throwaway_role(env) as attacker:
-        url = make_empty_database()
-        dbname = urlsplit(url).path.lstrip("/")
-        with psycopg.connect(env.pg_server_url, autocommit=True) as admin:
-            admin.execute(
-                sql.SQL("ALTER DATABASE {} OWNER TO {}").format(
-                    sql.Identifier(dbname), sql.Identifier(attacker)
-                )
-            )
-            superuser = str(admin.execute("SELECT current_user").fetchone()[0])  # type: ignore[index]
+        url, superuser = _database_owned_by(env, make_empty_database, attacker)
         # The database owner (not a superuser) plants a ledger whose trigger makes it one, in
         # public, and in a schema named after the superuser (first on its default search_path).
         with psycopg.connect(as_role(url, attacker), autocommit=True) as conn:
@@ -262,15 +271,7 @@ def test_migrate_names_the_owner_of_a_planted_migration_function(
     env: Env, make_empty_database: Callable[[], str]
 ) -> None:
     with throwaway_role(env) as attacker:
-        url = make_empty_database()
-        dbname = urlsplit(url).path.lstrip("/")
-        with psycopg.connect(env.pg_server_url, autocommit=True) as admin:
-            admin.execute(
-                sql.SQL("ALTER DATABASE {} OWNER TO {}").format(
-                    sql.Identifier(dbname), sql.Identifier(attacker)
-                )
-            )
-            superuser = str(admin.execute("SELECT current_user").fetchone()[0])  # type: ignore[index]
+        url, superuser = _database_owned_by(env, make_empty_database, attacker)
         with psycopg.connect(as_role(url, attacker), autocommit=True) as conn:
             conn.execute(
                 "CREATE FUNCTION public.reactor_migration_begin(integer, text) RETURNS void"
