@@ -169,16 +169,9 @@ def test_sqlalchemy_async(
 
 DJANGO_PRODUCER = textwrap.dedent(
     """
-    import os, sys
-    from urllib.parse import unquote, urlsplit
-    import django
-    from django.conf import settings
-    url = urlsplit(os.environ["DATABASE_URL"])
-    settings.configure(DATABASES={"default": {
-        "ENGINE": "django.db.backends.postgresql", "NAME": url.path.lstrip("/"),
-        "USER": unquote(url.username or ""), "PASSWORD": unquote(url.password or ""),
-        "HOST": url.hostname, "PORT": str(url.port or 5432)}})
-    django.setup()
+    import sys
+    from tests.support.django_setup import configure
+    configure()
     from django.db import connection, transaction
     import reactor
 

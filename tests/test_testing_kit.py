@@ -174,16 +174,9 @@ def test_sqlalchemy_async(database_url: str, holder: str) -> None:
 
 DJANGO_KIT = textwrap.dedent(
     """
-    import os, sys
-    from urllib.parse import unquote, urlsplit
-    import django
-    from django.conf import settings
-    url = urlsplit(os.environ["DATABASE_URL"])
-    settings.configure(DATABASES={"default": {
-        "ENGINE": "django.db.backends.postgresql", "NAME": url.path.lstrip("/"),
-        "USER": unquote(url.username or ""), "PASSWORD": unquote(url.password or ""),
-        "HOST": url.hostname, "PORT": str(url.port or 5432)}})
-    django.setup()
+    import sys
+    from tests.support.django_setup import configure
+    configure()
     from django.db import connection, transaction
     from reactor import testing
     from tests.test_testing_kit import exercise
