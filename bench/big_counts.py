@@ -38,7 +38,7 @@ _DONE = (
     "INSERT INTO photo_jobs (photo_id, type, state, attempts, created_at, updated_at)"
     " SELECT 'd' || i, 'photo.process', 'done', 1, now() - interval '30 days',"
     "        now() - interval '30 days'"
-    "   FROM generate_series(%s, %s) AS i"
+    "   FROM generate_series(%s::int, %s::int) AS i"
 )
 _LIVE = (
     "INSERT INTO photo_jobs (photo_id, type, state, attempts, last_error)"
