@@ -1,13 +1,14 @@
 """What `reactor status` and `/metrics` say about vacuum of `photo_jobs` (a snapshot held open
 on another connection, named and growing; autovacuum turned off for the table; a role that
 cannot see other roles' sessions, told so in one line), and the finished rows' counts of
-`status` and `prune --dry-run` on a table of more rows than they read (the planner's
-estimate, said so; exact on request). The dashboard's figures are checked with its other
+`status`, the dashboard's page and `prune --dry-run` on a table of more rows than they read
+(the planner's estimate, said so; exact on request). The dashboard's figures are checked with its other
 figures, in tests/test_dashboard.py."""
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -15,7 +16,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from reactor.ops.dashboard import Dashboard
 from reactor.pg.estimates import EXACT_UP_TO
+from reactor.routes import parse_routes
 from tests.support.cli import run_cli
 from tests.support.env import Env
 from tests.support.metrics import metric, scrape
@@ -195,6 +198,22 @@ def test_many_finished_rows_are_estimated_and_said_so(env: Env) -> None:
     assert by_type["photo.thumb"]["counts"]["pending"] == 1
     text = run_cli(env, "status").stdout
     assert "\N{ALMOST EQUAL TO} 1" in text and "planner's estimate" in text, text
+    board = Dashboard(
+        env.database_url,
+        env.redis_url,
+        parse_routes(["photo.process=reactor.demo.process_photo"]),
+        stale_after_seconds=300,
+    )
+    try:
+        html = board.html_page().body.decode()
+    finally:
+        board.close()
+    cell = re.search(r'data-k="count:photo.process:done" title="([^"]*)">([^<]*)<', html)
+    assert cell is not None, html
+    assert cell.group(1).startswith("the planner's estimate: ")
+    assert cell.group(2).startswith("\N{ALMOST EQUAL TO} 1") and cell.group(2).endswith("k")
+    assert 'id="estimated"' in html
+    assert 'data-k="count:photo.process:pending">1<' in html  # exact
     exact = {t["type"]: t for t in env.cli_json("status", "--json", "--exact")["types"]}
     assert exact["photo.process"]["counts"]["done"] == many
     assert exact["photo.process"]["estimated"] == []
