@@ -256,7 +256,8 @@ SELECT DISTINCT photo_id
 -- name: FAILURES
 -- The latest failed and cancelled rows and rows that failed at least once and will be retried
 -- (or are being retried), newest first, of one type or of all (`reactor failures`, the dashboard). Each
--- branch is one walk of the state index, newest first, stopped at the limit. `last_error`
+-- branch is one walk of its state's index, newest first, stopped at the limit (pending and
+-- active rows in arms of their own: `state IN (...)` was planned as a scan of the table). `last_error`
 -- comes whole, or cut to `error_chars` (the dashboard: a hostile row may hold a huge one).
 -- Times are clamped to what Python's datetime holds in any time zone (0001-01-02 to
 -- 9999-12-30 UTC): a row written before sql/0012 may hold 'infinity' or '-infinity'.
@@ -276,7 +277,12 @@ SELECT f.type, f.photo_id, f.state, f.attempts, f.max_attempts,
           ORDER BY updated_at DESC LIMIT %(limit)s)
         UNION ALL
         (SELECT * FROM photo_jobs
-          WHERE state IN ('pending', 'active') AND last_error IS NOT NULL
+          WHERE state = 'pending' AND last_error IS NOT NULL
+            AND (%(type)s::text IS NULL OR type = %(type)s)
+          ORDER BY updated_at DESC LIMIT %(limit)s)
+        UNION ALL
+        (SELECT * FROM photo_jobs
+          WHERE state = 'active' AND last_error IS NOT NULL
             AND (%(type)s::text IS NULL OR type = %(type)s)
           ORDER BY updated_at DESC LIMIT %(limit)s)) AS f
  ORDER BY f.updated_at DESC
@@ -284,11 +290,21 @@ SELECT f.type, f.photo_id, f.state, f.attempts, f.max_attempts,
 
 -- name: FAILURES_COUNT
 -- `reactor failures`: how many rows `FAILURES` would list without its limit.
-SELECT count(*)
-  FROM photo_jobs
- WHERE (state IN ('failed', 'cancelled')
-        OR (state IN ('pending', 'active') AND last_error IS NOT NULL))
-   AND (%(type)s::text IS NULL OR type = %(type)s)
+-- One arm per state, so each reads its own index (an OR of states was a scan of the table).
+SELECT sum(n)::bigint
+  FROM (SELECT count(*) FROM photo_jobs
+         WHERE state = 'failed' AND (%(type)s::text IS NULL OR type = %(type)s)
+        UNION ALL
+        SELECT count(*) FROM photo_jobs
+         WHERE state = 'cancelled' AND (%(type)s::text IS NULL OR type = %(type)s)
+        UNION ALL
+        SELECT count(*) FROM photo_jobs
+         WHERE state = 'pending' AND last_error IS NOT NULL
+           AND (%(type)s::text IS NULL OR type = %(type)s)
+        UNION ALL
+        SELECT count(*) FROM photo_jobs
+         WHERE state = 'active' AND last_error IS NOT NULL
+           AND (%(type)s::text IS NULL OR type = %(type)s)) AS c(n)
 
 -- name: PAUSE_TYPES
 -- Pause the given types (already paused ones are left as they are); returns those paused now.
