@@ -1,5 +1,5 @@
 """`python -m bench [all|latency|drain|sweep|writers|memory|scaleout|operator|workers|dashboard|
-tracing ...] [--quick]`.
+tracing|counts ...] [--quick]`.
 
 Runs the chosen benchmarks against real servers (see bench.common), prints each table, and
 writes bench/results/latest.json and bench/results/latest.md.
@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bench import (
+    big_counts,
     dashboard,
     drain,
     latency,
@@ -40,6 +41,7 @@ SUITES: dict[str, tuple[str, Callable[[bool], dict[str, Any]]]] = {
     "workers": ("Workers end to end", workers.run),
     "dashboard": ("Dashboard on a big table", dashboard.run),
     "tracing": ("Tracing's cost end to end", tracing.run),
+    "counts": ("Operator counts on a big table", big_counts.run),
 }
 
 

@@ -135,6 +135,7 @@ def test_prune_durations_need_a_unit_and_a_dry_run_deletes_nothing(env: Env) -> 
         "would_delete_done": 1,
         "would_delete_failed": 1,
         "would_delete_cancelled": 0,
+        "estimated": [],
     }
     assert states(conn) == {"done": 2, "failed": 1}
     done = run_cli(env, "prune", "--done-older-than", "7d")

@@ -116,9 +116,13 @@ def test_the_kit_covers_what_an_operator_watches() -> None:
         "PhotoReactorRescueSpike",
         "PhotoReactorBacklogGrowing",
         "PhotoReactorOldestDueTooOld",
+        "PhotoReactorXminHorizonHeld",
+        "PhotoReactorDeadTuplesHigh",
+        "PhotoReactorAutovacuumOff",
     }
     titles = {where.rsplit(" ", 1)[0] for where in dashboard_expressions()}
     assert titles >= {"Dispatch rate by type", "Backlog by type", "Oldest due row by type"}
+    assert titles >= {"xmin horizon age", "Dead tuples and autovacuum"}
     assert titles >= {"Rescues", "Failures", "Listener and loop", "Doorbell and wake-ups"}
     assert titles >= {"Claim latency", "Enqueue latency"}
 
@@ -168,7 +172,7 @@ def test_every_series_the_dashboard_and_the_rules_query_is_exposed(
     except AssertionError:
         raise AssertionError(f"queried but not exposed: {missing()}") from None
     assert states(conn) == {"active": 5}  # the old done rows were pruned
-    assert len(set().union(*queried_names().values())) >= 15
+    assert len(set().union(*queried_names().values())) >= 22
 
 
 # -- promtool ---------------------------------------------------------------------------------

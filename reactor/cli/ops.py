@@ -52,11 +52,22 @@ STATUS_REDIS_TIMEOUT_SECONDS = 5.0
 @stale_option
 @gone_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option(
+    "--exact",
+    is_flag=True,
+    help="Count every finished row (a scan), not the planner's estimate (≈) of many rows.",
+)
 def status(
-    database_url: str, redis_url: str, stale_after: float, gone_after: float, as_json: bool
+    *,
+    database_url: str,
+    redis_url: str,
+    stale_after: float,
+    gone_after: float,
+    as_json: bool,
+    exact: bool,
 ) -> None:
     """Show counts by type and state, backlog age, retries, stale rows and rows whose RQ worker
-    is gone, the routes the reactors use, unrouted types."""
+    is gone, the routes the reactors use, unrouted types, what holds back vacuum."""
     from reactor.rq.redis_url import connect_redis  # noqa: PLC0415 - only this command's Redis
 
     client = connect_redis(
@@ -66,7 +77,9 @@ def status(
     )
     try:
         with connect_migrated(database_url, "status", read_write=False) as conn:
-            result = read_status(conn, stale_after, client=client, gone_after_seconds=gone_after)
+            result = read_status(
+                conn, stale_after, client=client, gone_after_seconds=gone_after, exact=exact
+            )
     finally:
         client.close()
     click.echo(json.dumps(result.as_dict()) if as_json else format_status(result))
@@ -205,15 +218,23 @@ def cancel(
 @click.option("--failed-older-than", callback=duration, metavar="DURATION", help="e.g. 30d.")
 @click.option("--cancelled-older-than", callback=duration, metavar="DURATION", help="e.g. 7d.")
 @click.option("--dry-run", is_flag=True, help="Count the rows it would delete; delete nothing.")
+@click.option(
+    "--exact",
+    is_flag=True,
+    help="With --dry-run: count every row (a scan), not the planner's estimate of many rows.",
+)
 def prune(
+    *,
     database_url: str,
     done_older_than: float | None,
     failed_older_than: float | None,
     cancelled_older_than: float | None,
     dry_run: bool,
+    exact: bool,
 ) -> None:
     """Delete done, failed and/or cancelled rows older than a duration, in batches (give at
-    least one)."""
+    least one). A dry run counts up to 100,000 rows of each state exactly and gives the
+    planner's estimate beyond (named in `estimated`), unless --exact."""
     if done_older_than is None and failed_older_than is None and cancelled_older_than is None:
         raise click.UsageError(
             "give --done-older-than, --failed-older-than and/or --cancelled-older-than"
@@ -225,10 +246,14 @@ def prune(
             failed_older_than=failed_older_than,
             cancelled_older_than=cancelled_older_than,
             dry_run=dry_run,
+            exact=exact,
         )
     verb = "would_delete" if dry_run else "deleted"
     counts = {"done": result.done, "failed": result.failed, "cancelled": result.cancelled}
-    click.echo(json.dumps({f"{verb}_{state}": count for state, count in counts.items()}))
+    shown: dict[str, Any] = {f"{verb}_{state}": count for state, count in counts.items()}
+    if dry_run:
+        shown["estimated"] = list(result.estimated)
+    click.echo(json.dumps(shown))
 
 
 def _with_stdin(photo_ids: tuple[str, ...]) -> Iterator[str]:

@@ -24,6 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client.exposition import generate_latest
 
 from reactor.http_server import BoundedHTTPServer
+from reactor.pg.vacuum import HOLDER_KINDS, VacuumHealth
 from reactor.sdnotify import Notifier
 from reactor.throttle import LogThrottle
 
@@ -145,6 +146,48 @@ class Metrics:
             ["type"],
             registry=r,
         )
+        self.horizon_age = Gauge(
+            "reactor_xmin_horizon_age_seconds",
+            "Age of the oldest transaction holding back vacuum of photo_jobs (a session of its "
+            "database, from xact_start, or a prepared transaction), 0 if none; a lower bound "
+            "while reactor_xmin_horizon_hidden_sessions > 0 (refreshed after every sweep).",
+            registry=r,
+        )
+        self.horizon_xids = Gauge(
+            "reactor_xmin_horizon_age_xids",
+            "Age in transactions of the oldest xmin of each kind of holder (backend, "
+            "prepared_xact, replication_slot, replication_slot_catalog: the last holds back "
+            "only the catalogs), 0 if none (refreshed after every sweep).",
+            ["holder"],
+            registry=r,
+        )
+        self.horizon_hidden = Gauge(
+            "reactor_xmin_horizon_hidden_sessions",
+            "Sessions of other roles whose snapshot the reactor's role cannot see (grant it "
+            "pg_monitor), refreshed after every sweep.",
+            registry=r,
+        )
+        self.dead_tuple_ratio = Gauge(
+            "reactor_table_dead_tuple_ratio",
+            "photo_jobs' dead tuples over live and dead (pg_stat_user_tables), 0 if none "
+            "counted (refreshed after every sweep).",
+            registry=r,
+        )
+        self.dead_tuples = Gauge(
+            "reactor_table_dead_tuples", "photo_jobs' dead tuples (n_dead_tup).", registry=r
+        )
+        self.last_autovacuum = Gauge(
+            "reactor_table_last_autovacuum_timestamp_seconds",
+            "Unix time of the last autovacuum of photo_jobs (0: none since the statistics "
+            "were reset).",
+            registry=r,
+        )
+        self.autovacuum_enabled = Gauge(
+            "reactor_table_autovacuum_enabled",
+            "1 when autovacuum can run on photo_jobs (the server's autovacuum and track_counts "
+            "on, the table's autovacuum_enabled not off), else 0.",
+            registry=r,
+        )
         self.listener_connected = Gauge(
             "reactor_listener_connected", "1 while the LISTEN connection is up.", registry=r
         )
@@ -153,6 +196,19 @@ class Metrics:
             "Unix time of the last turn of the main loop.",
             registry=r,
         )
+
+    def record_vacuum(self, health: VacuumHealth) -> None:
+        """Set the horizon and vacuum gauges from one read (`reactor.pg.vacuum`)."""
+        self.horizon_age.set(health.horizon_age_seconds)
+        oldest = {h.kind: h.age_xids for h in health.holders}
+        for kind in HOLDER_KINDS:
+            self.horizon_xids.labels(kind).set(oldest.get(kind, 0))
+        self.horizon_hidden.set(health.hidden_sessions)
+        self.dead_tuple_ratio.set(health.dead_share or 0.0)
+        self.dead_tuples.set(health.dead_tuples)
+        vacuumed = health.last_autovacuum
+        self.last_autovacuum.set(0 if vacuumed is None else vacuumed.timestamp())
+        self.autovacuum_enabled.set(1 if health.autovacuum_enabled else 0)
 
 
 #: `/healthz` turns 503 after this many failed drains or sweeps in a row.

@@ -20,7 +20,8 @@
 3. notes pending rows of types no route covers (left alone; warned about once per type, a few
    by name per sweep and the rest in one line).
 `refresh_backlog_metrics()` (called after each sweep when metrics are served) counts the
-backlog for the gauges (routed types by name, the others under one label).
+backlog for the gauges (routed types by name, the others under one label); then the vacuum
+gauges are read from the catalogs (`reactor.pg.vacuum`: never on the dispatch path).
 RQ's keys are read one by one inside each round trip (`reactor.rq.state`): a key of the wrong
 type leaves only its row alone, logged once (`reactor.dispatcher.sweep_notes`), and makes the
 round's `rescue_error` (counted in `reactor_sweep_failures_total`, and in `/healthz` after a
@@ -49,6 +50,7 @@ from reactor.errors import RedisUnavailableError, StatementError
 from reactor.jobs import JobRef, short_id
 from reactor.pg import queries
 from reactor.pg.db import Connection, translating
+from reactor.pg.vacuum import read_vacuum_health
 from reactor.routes import Route
 from reactor.rq.state import ALIVE_STATUSES, FAILED, QUEUED, STARTED, UNREADABLE, RqState
 from reactor.settings import DEFAULT_GONE_AFTER_SECONDS
@@ -424,6 +426,7 @@ def guarded_round(
         result = sweeper.run_once(conn, should_stop, slice_seconds)
         if refresh_backlog:
             sweeper.refresh_backlog_metrics(conn)
+            sweeper.metrics.record_vacuum(read_vacuum_health(conn))
     except StatementError as exc:
         health.sweep_failed(str(exc))
         sweeper.metrics.sweep_failures.inc()

@@ -109,9 +109,11 @@ def prune(
     cancelled_older_than: float | None = None,
     batch_size: int = DEFAULT_ADMIN_BATCH,
     dry_run: bool = False,
+    exact: bool = False,
 ) -> PruneResult:
     """Delete `done` (and `failed`, `cancelled`) rows last updated longer ago than the given
-    seconds; with `dry_run`, count them and delete nothing."""
+    seconds; with `dry_run`, count them and delete nothing (many rows: the planner's estimate,
+    named in `estimated`, unless `exact`)."""
     given = (("done", done_older_than), ("failed", failed_older_than))
     ages = [
         (state, age)
@@ -119,8 +121,12 @@ def prune(
         if age is not None
     ]
     if dry_run:
-        counts = {state: count_finished(conn, state, age) for state, age in ages}
+        found = {state: count_finished(conn, state, age, exact=exact) for state, age in ages}
+        counts = {state: count.rows for state, count in found.items()}
         return PruneResult(
-            counts.get("done", 0), counts.get("failed", 0), cancelled=counts.get("cancelled", 0)
+            counts.get("done", 0),
+            counts.get("failed", 0),
+            cancelled=counts.get("cancelled", 0),
+            estimated=tuple(state for state, count in found.items() if count.estimated),
         )
     return prune_finished(conn, ages, batch_size)

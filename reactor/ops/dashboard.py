@@ -45,7 +45,7 @@ from reactor.ops.actions import Actions, read_body
 from reactor.ops.charts import per_minute_chart
 from reactor.ops.hosts import allowed_hosts, host_of
 from reactor.ops.overview import Overview, read_overview
-from reactor.ops.status import STATES, read_done_counts
+from reactor.ops.status import STATES, FinishedCounts, read_finished_counts, shown_count
 from reactor.pg import db
 from reactor.redact import redact
 from reactor.routes import Route
@@ -65,7 +65,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_REFRESH_SECONDS = 5
 #: How long one read of the database serves every request.
 DEFAULT_CACHE_SECONDS = 2.0
-#: How often the count of `done` rows (a scan of the table) is read again.
+#: How often the count of `done` rows (the most rows of all) is read again.
 DONE_COUNTS_SECONDS = 30.0
 #: A client that has not sent its whole request this long after connecting (or is silent
 #: this long) is dropped.
@@ -159,12 +159,13 @@ class Dashboard:
         self._conn: db.Connection | None = None
         self._reading = threading.Lock()  # held by the one read in progress
         self._last: _Read | None = None
-        self._done_counts: tuple[float, dict[str, int]] | None = None  # (when read, counts)
+        self._done_counts: tuple[float, FinishedCounts] | None = None  # (when read, counts)
         self._templates = Environment(
             loader=PackageLoader("reactor", "templates"),
             autoescape=select_autoescape(default=True, default_for_string=True),
         )
         self._templates.filters["when"] = shown_time
+        self._templates.filters["rows"] = shown_count
 
     def _connection(self) -> tuple[db.Connection, bool]:
         """The dashboard's connection, and whether it was open already."""
@@ -218,14 +219,15 @@ class Dashboard:
                 except (DatabaseError, StatementError):
                     self._drop_connection()
 
-    def _recent_done_counts(self, conn: db.Connection) -> dict[str, int]:
-        """`done` rows by type, read at most every `DONE_COUNTS_SECONDS`: counting them scans
-        the table (the other figures are index reads), and a total of finished rows a few
+    def _recent_done_counts(self, conn: db.Connection) -> FinishedCounts:
+        """`done` rows by type, read at most every `DONE_COUNTS_SECONDS`: they are most of the
+        table (counted up to a bound, then estimated), and a total of finished rows a few
         seconds old tells an operator as much (the per-minute chart stays current)."""
         now = time.monotonic()
         cached = self._done_counts
         if cached is None or now - cached[0] >= DONE_COUNTS_SECONDS:
-            cached = self._done_counts = (now, read_done_counts(conn))
+            types = tuple(sorted(self._routes))
+            cached = self._done_counts = (now, read_finished_counts(conn, ("done",), types))
         return cached[1]
 
     def _fresh(self) -> _Read | None:
@@ -278,6 +280,7 @@ class Dashboard:
             o=found,
             states=STATES,
             totals={s: sum(t.counts[s] for t in found.status.types) for s in STATES},
+            estimated={s for t in found.status.types for s in t.estimated},
             charts=_charts(found),
             controls=controls,
         )

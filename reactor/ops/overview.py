@@ -1,8 +1,9 @@
 """What the dashboard shows, read in one pass: the table, the reactors' sessions, RQ.
 
-Every figure comes from a source that holds it, nothing is estimated:
+Every figure comes from a source that holds it; only finished rows, once there are many, are
+the planner's estimate (said so: `reactor.ops.status`):
 - per type: `reactor status` (rows by state, the oldest due row's age, the next retry, stale
-  active rows, paused);
+  active rows, paused), and what holds back vacuum of the table (`reactor.pg.vacuum`);
 - per minute over the last hour: rows that finished (now `done` or `failed`) by the minute of
   their last update, and the attempts those rows took (each attempt was one dispatch). A row
   re-submitted or pruned since is no longer counted; dispatches of rows not finished yet are
@@ -27,7 +28,7 @@ from rq import Queue, Worker
 
 from reactor.errors import RedisUnavailableError
 from reactor.ops.failures import Failure, read_failures
-from reactor.ops.status import Status, read_status
+from reactor.ops.status import FinishedCounts, Status, read_status
 from reactor.pg import queries
 from reactor.pg.db import Connection, translating
 from reactor.routes import Route
@@ -152,7 +153,7 @@ def read_overview(
     client: redis.Redis,
     routes: Mapping[str, Route],
     stale_after_seconds: float,
-    done_counts: Mapping[str, int] | None = None,
+    done_counts: FinishedCounts | None = None,
 ) -> Overview:
     """Read everything the dashboard shows (`done_counts`: see `read_status`).
 

@@ -6,15 +6,18 @@ given, None when not or when Redis failed: the rows the sweep's next pass re-dis
 that reason, found by the sweep's own query and decision, `reactor.rq.state.worker_gone_rows`),
 pending rows whose claim a reactor found failing (named, with the error), paused types, the
 routes recorded by the reactors (and how many running reactors use each), and pending types
-that no route covers. Counting `done` rows scans the table (one statement, which Postgres may run in
-parallel); every other figure is read through an index. The table for people shows texts from
-the database (who paused a type, a recorded route) with control characters escaped
-(`reactor.ops.terminal`).
+that no route covers, and what holds back vacuum of the table (`reactor.pg.vacuum`: the xmin
+horizon's oldest holder, the dead-tuple share, whether autovacuum runs on it). Pending and
+active rows are counted exactly through their partial indexes; finished rows (done, failed,
+cancelled) exactly up to `reactor.pg.estimates.EXACT_UP_TO` of each state, beyond that as the
+planner's estimate, named in each type's `estimated` and shown as `≈ 5.0M` (`exact=True`
+counts every row: a scan). So a table of millions of done rows costs about what one of a
+hundred thousand does. The table for people shows texts from the database (who paused a type,
+a recorded route) with control characters escaped (`reactor.ops.terminal`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,16 +30,30 @@ from reactor.ops.pause import PausedType, paused_types
 from reactor.ops.terminal import visible
 from reactor.pg import queries
 from reactor.pg.db import Connection, translating
+from reactor.pg.estimates import counts_by_type
 from reactor.pg.registry import RecordedRoute, read_recorded_routes
+from reactor.pg.vacuum import VacuumHealth, read_vacuum_health
 from reactor.redact import redact
 from reactor.routes import format_route
 from reactor.rq.state import RqState, reading
 from reactor.settings import DEFAULT_GONE_AFTER_SECONDS
 
-__all__ = ["STATES", "Status", "TypeStatus", "format_status", "read_done_counts", "read_status"]
+__all__ = [
+    "FINISHED_STATES",
+    "STATES",
+    "FinishedCounts",
+    "Status",
+    "TypeStatus",
+    "format_status",
+    "read_finished_counts",
+    "read_status",
+    "shown_count",
+]
 
 #: The states of a row, in the order a row moves through them.
 STATES = ("pending", "active", "done", "failed", "cancelled")
+#: The states whose rows pile up (estimated when they are many).
+FINISHED_STATES = ("done", "failed", "cancelled")
 #: Quiet active rows whose RQ worker `reactor status` looks up (the oldest first).
 MAX_WORKER_CHECKS = 10_000
 #: Pending rows whose claim fails, named by `reactor status`.
@@ -56,6 +73,8 @@ class TypeStatus:
     paused: bool = False
     #: Active rows whose RQ worker is gone (None: not known, Redis not read).
     worker_gone: int | None = None
+    #: The states whose count is the planner's estimate (many finished rows).
+    estimated: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -70,6 +89,8 @@ class Status:
     redis_error: str | None = None
     #: Pending rows whose claim fails (type, photo id, last_error), the latest first.
     claim_refused: list[tuple[str, str, str]] = field(default_factory=list)
+    #: What holds back vacuum of the table (None: not read).
+    vacuum: VacuumHealth | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -94,21 +115,47 @@ class Status:
             "claim_refused": [
                 {"type": t, "photo_id": p, "error": e} for t, p, e in self.claim_refused
             ],
+            "postgres": None if self.vacuum is None else self.vacuum.as_dict(),
         }
 
 
-def read_done_counts(conn: Connection) -> dict[str, int]:
-    """`done` rows by type: a scan of the table.
+@dataclass(frozen=True)
+class FinishedCounts:
+    """Finished rows by type and state, and the states whose counts are estimates."""
+
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    estimated: frozenset[str] = frozenset()
+
+
+def read_finished_counts(
+    conn: Connection,
+    states: tuple[str, ...] = FINISHED_STATES,
+    types: tuple[str, ...] = (),
+    *,
+    exact: bool = False,
+) -> FinishedCounts:
+    """Rows of `states` by type: exact up to `EXACT_UP_TO` of a state, beyond that the
+    planner's estimate (asked about `types` and the table's common types), unless `exact`.
 
     Raises:
         DatabaseError: the query failed.
     """
     with translating("status query failed"), conn.transaction():
-        return _done_counts(conn)
+        return _finished_counts(conn, states, types, exact)
 
 
-def _done_counts(conn: Connection) -> dict[str, int]:
-    return {str(t): int(n) for t, n in conn.execute(queries.DONE_COUNTS)}
+def _finished_counts(
+    conn: Connection, states: tuple[str, ...], types: tuple[str, ...], exact: bool
+) -> FinishedCounts:
+    counts: dict[str, dict[str, int]] = {}
+    estimated = set()
+    for state in states:
+        by_type, guessed = counts_by_type(conn, state, types, exact=exact)
+        if guessed:
+            estimated.add(state)
+        for job_type, rows in by_type.items():
+            counts.setdefault(job_type, {})[state] = rows
+    return FinishedCounts(counts, frozenset(estimated))
 
 
 def read_status(
@@ -117,12 +164,14 @@ def read_status(
     *,
     client: redis.Redis | None = None,
     gone_after_seconds: float = DEFAULT_GONE_AFTER_SECONDS,
-    done_counts: Mapping[str, int] | None = None,
+    done_counts: FinishedCounts | None = None,
+    exact: bool = False,
 ) -> Status:
-    """Read the figures (one short read-only transaction) and the recorded routes; with
-    `client`, also which quiet active rows' jobs were started by an RQ worker that is gone.
-    `done_counts`, when given, stands for the scan of `done` rows (`read_done_counts`: the one
-    figure that costs a scan of the table; the dashboard reads it less often).
+    """Read the figures (one short read-only transaction), the recorded routes and what holds
+    back vacuum; with `client`, also which quiet active rows' jobs were started by an RQ worker
+    that is gone. `done_counts`, when given, stands for the count of `done` rows
+    (`read_finished_counts(conn, ("done",))`; the dashboard reads it less often). `exact`:
+    count every finished row instead of estimating many.
 
     Raises:
         DatabaseError: a query failed (a Redis failure is reported in `redis_error`).
@@ -131,15 +180,21 @@ def read_status(
     routed = {r.route.type for r in routes}
     with translating("status query failed"), conn.transaction():
         counts: dict[str, dict[str, int]] = {}
-        for job_type, state, count in conn.execute(queries.STATUS_COUNTS):
+        for job_type, state, count in conn.execute(queries.BACKLOG):  # exact: few, indexed
             counts.setdefault(job_type, dict.fromkeys(STATES, 0))[state] = int(count)
-        if done_counts is None:
-            done_counts = _done_counts(conn)
-        for job_type, count in done_counts.items():
-            counts.setdefault(job_type, dict.fromkeys(STATES, 0))["done"] = count
         pending_types = [row[0] for row in conn.execute(queries.PENDING_TYPES)]
         paused = paused_types(conn)
         paused_names = {p.type for p in paused}
+        known = tuple(sorted(set(counts) | set(routed) | paused_names))
+        states = FINISHED_STATES if done_counts is None else ("failed", "cancelled")
+        finished = _finished_counts(conn, states, known, exact)
+        estimated = set(finished.estimated)
+        if done_counts is not None:
+            estimated |= done_counts.estimated
+            for job_type, by_state in done_counts.counts.items():
+                finished.counts.setdefault(job_type, {}).update(by_state)
+        for job_type, by_state in finished.counts.items():
+            counts.setdefault(job_type, dict.fromkeys(STATES, 0)).update(by_state)
         all_types = sorted(set(counts) | set(routed) | paused_names)
         rows = conn.execute(
             queries.STATUS_PER_TYPE, {"types": all_types, "stale_after": stale_after_seconds}
@@ -170,6 +225,7 @@ def read_status(
                 {"prefix": CLAIM_REFUSED_PREFIX, "limit": MAX_REFUSED_SHOWN},
             )
         ]
+    vacuum = read_vacuum_health(conn)
     gone: dict[str, int] | None = None
     redis_error = None
     if client is not None:
@@ -189,11 +245,12 @@ def read_status(
             routed=job_type in routed,
             paused=job_type in paused_names,
             worker_gone=None if gone is None else gone.get(job_type, 0),
+            estimated=[s for s in STATES if s in estimated],
         )
         for job_type, age, next_at, stale in rows
     ]
     unrouted = sorted(t for t in pending_types if t not in routed)
-    return Status(types, unrouted, routes, paused, redis_error, refused)
+    return Status(types, unrouted, routes, paused, redis_error, refused, vacuum)
 
 
 def _workers_gone(client: redis.Redis, refs: list[JobRef]) -> dict[str, int]:
@@ -209,6 +266,16 @@ def _workers_gone(client: redis.Redis, refs: list[JobRef]) -> dict[str, int]:
         if lost:
             counts[ref.type] = counts.get(ref.type, 0) + 1
     return counts
+
+
+def shown_count(rows: int, estimated: bool) -> str:
+    """A count for people: as it is, or an estimate rounded and marked (`≈ 5.0M`)."""
+    if not estimated:
+        return str(rows)
+    for unit, size in (("M", 1_000_000), ("k", 1_000)):
+        if rows >= size:
+            return f"\N{ALMOST EQUAL TO} {rows / size:.1f}{unit}"
+    return f"\N{ALMOST EQUAL TO} {rows}"
 
 
 def format_status(status: Status) -> str:
@@ -232,7 +299,7 @@ def format_status(status: Status) -> str:
         c = t.counts
         lines.append(
             f"{t.type:<24} "
-            + " ".join(f"{c[s]:>9}" for s in STATES)
+            + " ".join(f"{shown_count(c[s], s in t.estimated):>9}" for s in STATES)
             + f"  {', '.join(details)}".rstrip()
         )
     if not status.types:
@@ -257,5 +324,11 @@ def format_status(status: Status) -> str:
         lines.append(f"workers' liveness unknown (Redis: {status.redis_error})")
     for job_type, photo_id, error in status.claim_refused:
         lines.append(f"claim refused: {job_type} {photo_id!r}: {error}")
+    if any(t.estimated for t in status.types):
+        lines.append(
+            "\N{ALMOST EQUAL TO}: the planner's estimate of many rows (--exact counts them all)"
+        )
+    if status.vacuum is not None:
+        lines += status.vacuum.lines()
     # Every line is one line on the screen, whatever a value from the database holds.
     return "\n".join(visible(line) for line in lines)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from reactor.pg import queries
 from reactor.pg.db import Connection, translating
+from reactor.pg.estimates import Count, count_finished_older
 
 __all__ = ["PRUNED_STATES", "PruneResult", "count_finished", "prune_finished"]
 
@@ -30,6 +31,8 @@ class PruneResult:
     failed: int = 0
     batches: int = 0
     cancelled: int = 0
+    #: The states whose figure is the planner's estimate (a dry run's count of many rows).
+    estimated: tuple[str, ...] = ()
 
 
 def prune_finished(
@@ -68,12 +71,13 @@ def prune_finished(
     return PruneResult(deleted["done"], deleted["failed"], batches, deleted["cancelled"])
 
 
-def count_finished(conn: Connection, state: str, age: float) -> int:
-    """Rows of `state` last updated more than `age` seconds ago (what a prune would delete).
+def count_finished(conn: Connection, state: str, age: float, *, exact: bool = False) -> Count:
+    """Rows of `state` last updated more than `age` seconds ago (what a prune would delete):
+    exact up to `reactor.pg.estimates.EXACT_UP_TO`, the planner's estimate beyond (`exact`:
+    every row counted).
 
     Raises:
         DatabaseError: the count failed.
     """
     with translating(f"cannot count {state} rows"):
-        row = conn.execute(queries.COUNT_FINISHED, {"state": state, "age": age}).fetchone()
-    return 0 if row is None else int(row[0])
+        return count_finished_older(conn, state, age, exact=exact)

@@ -256,7 +256,8 @@ SELECT DISTINCT photo_id
 -- name: FAILURES
 -- The latest failed and cancelled rows and rows that failed at least once and will be retried
 -- (or are being retried), newest first, of one type or of all (`reactor failures`, the dashboard). Each
--- branch is one walk of the state index, newest first, stopped at the limit. `last_error`
+-- branch is one walk of its state's index, newest first, stopped at the limit (pending and
+-- active rows in arms of their own: `state IN (...)` was planned as a scan of the table). `last_error`
 -- comes whole, or cut to `error_chars` (the dashboard: a hostile row may hold a huge one).
 -- Times are clamped to what Python's datetime holds in any time zone (0001-01-02 to
 -- 9999-12-30 UTC): a row written before sql/0012 may hold 'infinity' or '-infinity'.
@@ -276,7 +277,12 @@ SELECT f.type, f.photo_id, f.state, f.attempts, f.max_attempts,
           ORDER BY updated_at DESC LIMIT %(limit)s)
         UNION ALL
         (SELECT * FROM photo_jobs
-          WHERE state IN ('pending', 'active') AND last_error IS NOT NULL
+          WHERE state = 'pending' AND last_error IS NOT NULL
+            AND (%(type)s::text IS NULL OR type = %(type)s)
+          ORDER BY updated_at DESC LIMIT %(limit)s)
+        UNION ALL
+        (SELECT * FROM photo_jobs
+          WHERE state = 'active' AND last_error IS NOT NULL
             AND (%(type)s::text IS NULL OR type = %(type)s)
           ORDER BY updated_at DESC LIMIT %(limit)s)) AS f
  ORDER BY f.updated_at DESC
@@ -284,11 +290,21 @@ SELECT f.type, f.photo_id, f.state, f.attempts, f.max_attempts,
 
 -- name: FAILURES_COUNT
 -- `reactor failures`: how many rows `FAILURES` would list without its limit.
-SELECT count(*)
-  FROM photo_jobs
- WHERE (state IN ('failed', 'cancelled')
-        OR (state IN ('pending', 'active') AND last_error IS NOT NULL))
-   AND (%(type)s::text IS NULL OR type = %(type)s)
+-- One arm per state, so each reads its own index (an OR of states was a scan of the table).
+SELECT sum(n)::bigint
+  FROM (SELECT count(*) FROM photo_jobs
+         WHERE state = 'failed' AND (%(type)s::text IS NULL OR type = %(type)s)
+        UNION ALL
+        SELECT count(*) FROM photo_jobs
+         WHERE state = 'cancelled' AND (%(type)s::text IS NULL OR type = %(type)s)
+        UNION ALL
+        SELECT count(*) FROM photo_jobs
+         WHERE state = 'pending' AND last_error IS NOT NULL
+           AND (%(type)s::text IS NULL OR type = %(type)s)
+        UNION ALL
+        SELECT count(*) FROM photo_jobs
+         WHERE state = 'active' AND last_error IS NOT NULL
+           AND (%(type)s::text IS NULL OR type = %(type)s)) AS c(n)
 
 -- name: PAUSE_TYPES
 -- Pause the given types (already paused ones are left as they are); returns those paused now.
@@ -328,8 +344,20 @@ DELETE FROM photo_jobs
    AND state = %(state)s
 
 -- name: COUNT_FINISHED
--- How many rows PRUNE_FINISHED would delete in all (`reactor prune --dry-run`).
-SELECT count(*) FROM photo_jobs
+-- How many rows PRUNE_FINISHED would delete in all (`reactor prune --dry-run`), reading at
+-- most `limit` of them (NULL: all, an exact count): a count that reaches `limit` stopped
+-- early, and the caller asks the planner instead (ESTIMATE_FINISHED).
+SELECT count(*)
+  FROM (SELECT FROM photo_jobs
+         WHERE state = %(state)s
+           AND updated_at < now() - make_interval(secs => %(age)s::float8)
+         LIMIT %(limit)s) AS f
+
+-- name: ESTIMATE_FINISHED
+-- The planner's estimate of COUNT_FINISHED's rows (keep the two conditions in step), from the
+-- table's statistics: a one-row EXPLAIN in JSON ("Plan Rows").
+EXPLAIN (FORMAT JSON)
+SELECT FROM photo_jobs
  WHERE state = %(state)s
    AND updated_at < now() - make_interval(secs => %(age)s::float8)
 
@@ -534,24 +562,91 @@ SELECT pg_advisory_unlock(%(key)s)
 -- The database's clock (the sweep pages active rows up to its start).
 SELECT now()
 
--- name: STATUS_COUNTS
--- `reactor status`: rows by type and state (a scan of the table: an operator's query).
--- `reactor status` and the dashboard: rows by type and state. Each state is its own arm, so
--- pending, active, failed and cancelled rows are read through their indexes (partial ones for
--- pending, active and cancelled, the finished-rows index for failed) and only `done` rows,
--- usually nearly all of the table, need a scan: see `DONE_COUNTS`.
-SELECT type, 'pending', count(*) FROM photo_jobs WHERE state = 'pending' GROUP BY type
-UNION ALL
-SELECT type, 'active', count(*) FROM photo_jobs WHERE state = 'active' GROUP BY type
-UNION ALL
-SELECT type, 'failed', count(*) FROM photo_jobs WHERE state = 'failed' GROUP BY type
-UNION ALL
-SELECT type, 'cancelled', count(*) FROM photo_jobs WHERE state = 'cancelled' GROUP BY type
+-- name: FINISHED_COUNTS_UP_TO
+-- `reactor status`, the dashboard: rows of one finished state (done, failed, cancelled) by
+-- type, reading at most `limit` of them (NULL: all, an exact count). A total under `limit` is
+-- exact; one that reaches it stopped early, and the caller asks the planner instead
+-- (ESTIMATE_ROWS_OF_TYPE): counting millions of done rows is a scan of the table.
+SELECT type, count(*)
+  FROM (SELECT type FROM photo_jobs WHERE state = %(state)s LIMIT %(limit)s) AS f
+ GROUP BY type
 
--- name: DONE_COUNTS
--- `done` rows by type: a scan (no index holds type and state), in a statement of its own so
--- Postgres can split it over parallel workers.
-SELECT type, count(*) FROM photo_jobs WHERE state = 'done' GROUP BY type
+-- name: ESTIMATE_ROWS_OF_TYPE
+-- The planner's estimate of the rows of one type in one state (from the table's statistics,
+-- scaled to its current size: no row is read), as a one-row EXPLAIN in JSON ("Plan Rows").
+EXPLAIN (FORMAT JSON) SELECT FROM photo_jobs WHERE state = %(state)s AND type = %(type)s
+
+-- name: COMMON_TYPES
+-- The types the table's statistics (the last ANALYZE) list as common: which types to ask
+-- the planner about when finished rows are too many to read.
+SELECT v.type
+  FROM pg_stats AS s, unnest(s.most_common_vals::text::text[]) AS v(type)
+ WHERE s.schemaname = 'public' AND s.tablename = 'photo_jobs' AND s.attname = 'type'
+
+-- name: HORIZON_HOLDERS
+-- What holds back the xmin horizon, the oldest transaction whose view vacuum must keep row
+-- versions for: the oldest of each kind, with its age in transactions (`age(xid)`) and, where
+-- Postgres records a start, in seconds. Backends: this database's sessions (and those of no
+-- database: a walsender passing a standby's hot_standby_feedback) with a snapshot or a
+-- transaction id, age from `xact_start`; the reading session and autovacuum workers (whose
+-- xmin vacuum ignores) are left out; other roles' sessions show no start (and, depending on
+-- the server version, no xmin) without pg_read_all_stats (VACUUM_HEALTH counts those).
+-- Prepared transactions of this database, age
+-- from `prepared`. Replication slots' `xmin` (holds back every table) and `catalog_xmin`
+-- (only the catalogs): no time recorded, transactions only.
+(SELECT 'backend', a.pid::text,
+        extract(epoch FROM now() - a.xact_start)::float8,
+        greatest(age(a.backend_xmin), age(a.backend_xid)),
+        a.state, a.application_name, a.datname, a.usename
+   FROM pg_stat_activity AS a
+  WHERE (a.backend_xmin IS NOT NULL OR a.backend_xid IS NOT NULL)
+    AND a.pid <> pg_backend_pid()
+    AND (a.datid IS NULL OR a.datname = current_database())
+    AND a.backend_type IS DISTINCT FROM 'autovacuum worker'
+  ORDER BY 4 DESC, 3 DESC NULLS LAST
+  LIMIT 1)
+UNION ALL
+(SELECT 'prepared_xact', p.gid, extract(epoch FROM now() - p.prepared)::float8,
+        age(p.transaction), NULL, NULL, p.database, p.owner
+   FROM pg_prepared_xacts AS p
+  WHERE p.database = current_database()
+  ORDER BY 4 DESC
+  LIMIT 1)
+UNION ALL
+(SELECT 'replication_slot', r.slot_name, NULL, age(r.xmin),
+        CASE WHEN r.active THEN 'active' ELSE 'inactive' END, NULL, r.database, NULL
+   FROM pg_replication_slots AS r
+  WHERE r.xmin IS NOT NULL
+  ORDER BY 4 DESC
+  LIMIT 1)
+UNION ALL
+(SELECT 'replication_slot_catalog', r.slot_name, NULL, age(r.catalog_xmin),
+        CASE WHEN r.active THEN 'active' ELSE 'inactive' END, NULL, r.database, NULL
+   FROM pg_replication_slots AS r
+  WHERE r.catalog_xmin IS NOT NULL
+  ORDER BY 4 DESC
+  LIMIT 1)
+
+-- name: VACUUM_HEALTH
+-- Whether vacuum keeps photo_jobs clean: the sessions of this database that this role sees
+-- only in part (other roles', without pg_read_all_stats or pg_monitor: no state, no start,
+-- and depending on the server version no xmin), the role; the table's live and dead tuples
+-- and last vacuums (pg_stat_user_tables: zeros and NULLs while track_counts is off); the
+-- server's `autovacuum` and `track_counts` settings and the table's own `autovacuum_enabled`
+-- (true when not set).
+SELECT (SELECT count(*)
+          FROM pg_stat_activity AS a
+         WHERE a.query = '<insufficient privilege>' AND a.datname = current_database()),
+       current_user::text,
+       coalesce(s.n_live_tup, 0), coalesce(s.n_dead_tup, 0), s.last_autovacuum, s.last_vacuum,
+       current_setting('autovacuum')::boolean,
+       current_setting('track_counts')::boolean,
+       coalesce((SELECT o.option_value::boolean
+                   FROM pg_options_to_table(c.reloptions) AS o
+                  WHERE o.option_name = 'autovacuum_enabled'), true)
+  FROM pg_class AS c
+  LEFT JOIN pg_stat_user_tables AS s ON s.relid = c.oid
+ WHERE c.oid = 'public.photo_jobs'::regclass
 
 -- name: STATUS_PER_TYPE
 -- `reactor status`: per given type, the age of the oldest due row, the next retry, and how
