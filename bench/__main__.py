@@ -1,5 +1,5 @@
 """`python -m bench [all|latency|drain|sweep|writers|memory|scaleout|operator|workers|dashboard|
-tracing ...] [--quick]`.
+tracing|hot ...] [--quick]`.
 
 Runs the chosen benchmarks against real servers (see bench.common), prints each table, and
 writes bench/results/latest.json and bench/results/latest.md.
@@ -18,6 +18,7 @@ from typing import Any
 from bench import (
     dashboard,
     drain,
+    heap_only,
     latency,
     memory,
     operator_features,
@@ -40,6 +41,7 @@ SUITES: dict[str, tuple[str, Callable[[bool], dict[str, Any]]]] = {
     "workers": ("Workers end to end", workers.run),
     "dashboard": ("Dashboard on a big table", dashboard.run),
     "tracing": ("Tracing's cost end to end", tracing.run),
+    "hot": ("Heap-only updates of the lifecycle", heap_only.run),
 }
 
 
