@@ -10,12 +10,15 @@ three heartbeats each (ATTEMPT_HEARTBEAT), ATTEMPT_DONE. Each statement is its o
 (`synchronous_commit` off for the bench's session: neither HOT nor sizes depend on it).
 Autovacuum runs as the server's defaults and the table's settings say.
 
+A third row runs the current schema with 0019's storage settings reset to the defaults
+(fillfactor 100, autovacuum by scale factor): what the new column does alone.
+
 Printed per schema (medians over the runs, min to max): the share of the table's updates that
 were heap-only (`n_tup_hot_upd / n_tup_upd` of pg_stat_user_tables), the growth of the heap
 and of all its indexes per 1,000 jobs, and the claim's time: CLAIM_DUE's server-side mean
 from pg_stat_statements (a server of its own is started with it loaded, unless
 BENCH_DATABASE_URL names one: then only if that server has it) and the client-timed median.
-The two schemas run in alternating order. BENCH_HOT_BEFORE=REV names the revision of the
+The configurations run in alternating order. BENCH_HOT_BEFORE=REV names the revision of the
 "before" statements (default: the parent of the commit that added sql/0019).
 """
 
@@ -102,8 +105,19 @@ def _server() -> tuple[str, bool]:
     return server.url, True
 
 
+#: Undoes 0019's storage settings: the third row isolates what the column alone does.
+_RESET_STORAGE = (
+    "ALTER TABLE photo_jobs RESET (fillfactor, autovacuum_vacuum_scale_factor,"
+    " autovacuum_vacuum_threshold, autovacuum_vacuum_insert_scale_factor,"
+    " autovacuum_vacuum_insert_threshold, autovacuum_analyze_scale_factor,"
+    " autovacuum_analyze_threshold)"
+)
+
+
 @contextmanager
-def _database(server_url: str, up_to: int, statements_ext: bool) -> Iterator[str]:
+def _database(
+    server_url: str, up_to: int, statements_ext: bool, reset_storage: bool
+) -> Iterator[str]:
     name = f"reactor_bench_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(server_url, autocommit=True) as admin:
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
@@ -115,6 +129,8 @@ def _database(server_url: str, up_to: int, statements_ext: bool) -> Iterator[str
                 if migration.version <= up_to:
                     with conn.transaction():
                         conn.execute(migration.sql.encode("utf-8"))
+            if reset_storage:
+                conn.execute(_RESET_STORAGE)
             if statements_ext:
                 conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
                 conn.execute("SELECT pg_stat_statements_reset()")
@@ -185,9 +201,13 @@ def _lifecycles(url: str, statements: dict[str, str], jobs: int) -> tuple[int, l
 
 
 def _one(
-    server_url: str, up_to: int, statements: dict[str, str], jobs: int, pgss: bool
+    server_url: str,
+    config: tuple[int, dict[str, str], bool],
+    jobs: int,
+    pgss: bool,
 ) -> dict[str, float]:
-    with _database(server_url, up_to, pgss) as url:
+    up_to, statements, reset_storage = config
+    with _database(server_url, up_to, pgss, reset_storage) as url:
         with psycopg.connect(url, autocommit=True) as conn:
             heap0, index0 = _sizes(conn)
         made, claims = _lifecycles(url, statements, jobs)
@@ -240,15 +260,15 @@ def run(quick: bool) -> dict[str, Any]:
     after_version = max(m.version for m in load_migrations())
     server_url, pgss = _server()
     configs = {
-        f"before (migrations to {before_version:04d})": (before_version, before),
-        f"after ({after_version:04d})": (after_version, after),
+        f"before (migrations to {before_version:04d})": (before_version, before, False),
+        f"after ({after_version:04d})": (after_version, after, False),
+        f"after ({after_version:04d}), its storage settings reset": (after_version, after, True),
     }
     measured: dict[str, list[dict[str, float]]] = {name: [] for name in configs}
     for rep in range(reps):
         order = list(configs) if rep % 2 == 0 else list(reversed(configs))
         for name in order:
-            up_to, statements = configs[name]
-            measured[name].append(_one(server_url, up_to, statements, jobs, pgss))
+            measured[name].append(_one(server_url, configs[name], jobs, pgss))
 
     def stat(name: str, key: str) -> Stat:
         return Stat.of([m[key] for m in measured[name]])

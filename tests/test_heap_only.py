@@ -75,13 +75,16 @@ def test_the_writes_that_keep_an_active_row_alive_are_heap_only(env: Env) -> Non
         "types": [TYPE],
         "photo_ids": ["p1"],
         "tokens": [1],
-        "why": "job lost",
-        "error": None,
+        "why": "worker lost",
+        "error": "worker lost: no heartbeat",
         "stale_after": None,
     }
     assert updates(conn, queries.REDISPATCH, rescue) == (1, 1)
     state, token, updated_at, rescued_at = row(conn)
     assert (state, token, updated_at) == ("active", 2, claimed_at) and rescued_at > beat
+    # `reactor failures` dates the rescued row by its last write, the rescue.
+    listed = conn.execute(queries.FAILURES, {"type": None, "limit": 5, "error_chars": None})
+    assert [(r[1], r[5], r[6]) for r in listed] == [("p1", rescue["error"], rescued_at)]
 
     # A change of state is no heap-only update (the partial indexes read `state`): it stamps
     # updated_at and clears heartbeat_at.

@@ -264,12 +264,15 @@ SELECT DISTINCT photo_id
 -- (or are being retried), newest first, of one type or of all (`reactor failures`, the dashboard). Each
 -- branch is one walk of the state index, newest first, stopped at the limit. `last_error`
 -- comes whole, or cut to `error_chars` (the dashboard: a hostile row may hold a huge one).
--- Times are clamped to what Python's datetime holds in any time zone (0001-01-02 to
--- 9999-12-30 UTC): a row written before sql/0012 may hold 'infinity' or '-infinity'.
+-- A row's time is its last write: an active row's last heartbeat or rescue when it had one
+-- since its claim (heartbeat_at; NULL in every other state). Times are clamped to what
+-- Python's datetime holds in any time zone (0001-01-02 to 9999-12-30 UTC): a row written
+-- before sql/0012 may hold 'infinity' or '-infinity'.
 SELECT f.type, f.photo_id, f.state, f.attempts, f.max_attempts,
        CASE WHEN %(error_chars)s::int IS NULL THEN f.last_error
             ELSE left(f.last_error, %(error_chars)s::int) END,
-       least(greatest(f.updated_at, '0001-01-02 00:00:00+00'), '9999-12-30 00:00:00+00'),
+       least(greatest(f.updated_at, f.heartbeat_at, '0001-01-02 00:00:00+00'),
+             '9999-12-30 00:00:00+00'),
        CASE WHEN f.state = 'pending'  -- a failed row retries never
             THEN least(greatest(f.next_retry_at, '0001-01-02 00:00:00+00'),
                        '9999-12-30 00:00:00+00') END
@@ -284,8 +287,8 @@ SELECT f.type, f.photo_id, f.state, f.attempts, f.max_attempts,
         (SELECT * FROM photo_jobs
           WHERE state IN ('pending', 'active') AND last_error IS NOT NULL
             AND (%(type)s::text IS NULL OR type = %(type)s)
-          ORDER BY updated_at DESC LIMIT %(limit)s)) AS f
- ORDER BY f.updated_at DESC
+          ORDER BY greatest(updated_at, heartbeat_at) DESC LIMIT %(limit)s)) AS f
+ ORDER BY greatest(f.updated_at, f.heartbeat_at) DESC
  LIMIT %(limit)s
 
 -- name: FAILURES_COUNT
