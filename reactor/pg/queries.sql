@@ -674,7 +674,8 @@ SELECT type, count(*) FROM photo_jobs WHERE state = 'cancelled' GROUP BY type
 -- row is `active` at this token. One whose last write (greatest(updated_at, heartbeat_at)) is
 -- younger than `fresh` seconds (the claim or a rescue stamped it not long ago) is only read:
 -- no write, no new row version; any other is stamped (the table's trigger writes
--- heartbeat_at of a row that stays active: a heap-only update). The claim or rescue that enqueued this job commits after the enqueue, so a worker
+-- heartbeat_at of a row that stays active: a heap-only update). The claim or rescue that
+-- enqueued this job commits after the enqueue, so a worker
 -- can read the row still at the token before: the UPDATE matches that row too, so that it
 -- waits for the claim's row lock and then judges the row the claim left (its own state is
 -- never changed; a row still at the token before, its claim rolled back, comes back not
