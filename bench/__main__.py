@@ -1,5 +1,5 @@
 """`python -m bench [all|latency|drain|sweep|writers|memory|scaleout|operator|workers|dashboard|
-tracing|counts ...] [--quick]`.
+tracing|counts|hot ...] [--quick]`.
 
 Runs the chosen benchmarks against real servers (see bench.common), prints each table, and
 writes bench/results/latest.json and bench/results/latest.md.
@@ -19,6 +19,7 @@ from bench import (
     big_counts,
     dashboard,
     drain,
+    heap_only,
     latency,
     memory,
     operator_features,
@@ -42,6 +43,7 @@ SUITES: dict[str, tuple[str, Callable[[bool], dict[str, Any]]]] = {
     "dashboard": ("Dashboard on a big table", dashboard.run),
     "tracing": ("Tracing's cost end to end", tracing.run),
     "counts": ("Operator counts on a big table", big_counts.run),
+    "hot": ("Heap-only updates of the lifecycle", heap_only.run),
 }
 
 

@@ -100,7 +100,12 @@ CREATE FUNCTION public.photo_jobs_touch_updated_at() RETURNS trigger
     SET search_path TO 'public', 'pg_temp'
     AS $$
 BEGIN
-    NEW.updated_at := now();
+    IF OLD.state = 'active' AND NEW.state = 'active' THEN
+        NEW.heartbeat_at := now();
+    ELSE
+        NEW.updated_at := now();
+        NEW.heartbeat_at := NULL;
+    END IF;
     RETURN NEW;
 END;
 $$;
@@ -213,6 +218,7 @@ CREATE TABLE public.photo_jobs (
     prior_attempts bigint DEFAULT 0 NOT NULL,
     traceparent text,
     tracestate text,
+    heartbeat_at timestamp with time zone,
     CONSTRAINT photo_jobs_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT photo_jobs_attempts_max_check CHECK ((attempts <= max_attempts)),
     CONSTRAINT photo_jobs_created_at_finite_check CHECK (isfinite(created_at)),
@@ -225,7 +231,8 @@ CREATE TABLE public.photo_jobs (
     CONSTRAINT photo_jobs_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'active'::text, 'done'::text, 'failed'::text, 'cancelled'::text]))),
     CONSTRAINT photo_jobs_type_check CHECK ((type ~ '^[A-Za-z0-9_.-]{1,128}$'::text)),
     CONSTRAINT photo_jobs_updated_at_finite_check CHECK (isfinite(updated_at))
-);
+)
+WITH (fillfactor='70', autovacuum_vacuum_scale_factor='0', autovacuum_vacuum_threshold='10000', autovacuum_vacuum_insert_scale_factor='0', autovacuum_vacuum_insert_threshold='10000', autovacuum_analyze_scale_factor='0', autovacuum_analyze_threshold='10000');
 
 
 --
@@ -254,6 +261,13 @@ COMMENT ON COLUMN public.photo_jobs.traceparent IS 'W3C traceparent of the submi
 --
 
 COMMENT ON COLUMN public.photo_jobs.tracestate IS 'W3C tracestate of the submitting producer span (NULL: none).';
+
+
+--
+-- Name: COLUMN photo_jobs.heartbeat_at; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON COLUMN public.photo_jobs.heartbeat_at IS 'Last write that left the active row active (the worker''s start and heartbeats, a rescue); NULL after every other update. Unindexed: those writes are heap-only.';
 
 
 --
@@ -469,4 +483,5 @@ INSERT INTO public.reactor_migrations (version, name) VALUES
     (15, 'notify_types_only'),
     (16, 'add_trace_context'),
     (17, 'bound_attempt_counters'),
-    (18, 'validate_attempt_bounds');
+    (18, 'validate_attempt_bounds'),
+    (19, 'keep_heartbeats_heap_only');

@@ -126,7 +126,9 @@ def test_a_start_waits_for_the_claim_that_enqueued_its_job(
         and started.first[1] == "7"
     )
     assert state(conn) == ("active", 3)
-    stamped = conn.execute("SELECT updated_at FROM photo_jobs WHERE photo_id = 'p1'").fetchone()
+    stamped = conn.execute(
+        "SELECT greatest(updated_at, heartbeat_at) FROM photo_jobs WHERE photo_id = 'p1'"
+    ).fetchone()
     assert claimed is not None and stamped is not None and stamped[0] > claimed[0]
 
 

@@ -228,6 +228,11 @@ def test_dispatch_queries_use_the_partial_indexes_beside_a_million_done_rows(env
             "photo_jobs_active_updated_idx",
         ),
         "pending types": (queries.PENDING_TYPES, {}, "photo_jobs_pending_due_idx"),
+        "stale rows": (
+            queries.STATUS_PER_TYPE,
+            {"types": types, "stale_after": 300.0},
+            "photo_jobs_active_updated_idx",
+        ),
     }
     for name, (query, params, index) in checks.items():
         text = plan(conn, query, params)

@@ -248,7 +248,8 @@ def test_the_heartbeat_thread_survives_a_statement_error(
 
     def stamped() -> bool:
         row = conn.execute(
-            "SELECT updated_at > now() - interval '1 minute' FROM photo_jobs WHERE photo_id = 'p1'"
+            "SELECT heartbeat_at > now() - interval '1 minute' FROM photo_jobs"
+            " WHERE photo_id = 'p1'"
         ).fetchone()
         return bool(row and row[0])
 

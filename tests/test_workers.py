@@ -566,7 +566,8 @@ def test_the_fenced_start_stamps_only_a_row_whose_claim_is_old(
 
     def version(photo_id: str) -> tuple[str, float]:
         row = conn.execute(
-            "SELECT xmin::text, extract(epoch FROM now() - updated_at)::float8"
+            "SELECT xmin::text,"
+            " extract(epoch FROM now() - greatest(updated_at, heartbeat_at))::float8"
             " FROM photo_jobs WHERE photo_id = %s",
             [photo_id],
         ).fetchone()
@@ -607,7 +608,7 @@ def test_a_row_only_read_at_start_has_its_first_beat_an_interval_after_its_claim
 
     def version() -> tuple[str, float]:
         row = conn.execute(
-            "SELECT xmin::text, extract(epoch FROM updated_at)::float8"
+            "SELECT xmin::text, extract(epoch FROM greatest(updated_at, heartbeat_at))::float8"
             " FROM photo_jobs WHERE photo_id = 'waited'"
         ).fetchone()
         assert row is not None

@@ -87,16 +87,20 @@ SELECT extract(epoch FROM least(min(d.due), now() + interval '1 day') - now())::
 
 -- name: LIST_ACTIVE
 -- One page of active rows of the given types, for the rescue pass, with whether each is
--- stale (no heartbeat for `stale_after` seconds) and quiet (none for `gone_after`).
--- Keyset-paged in (updated_at, type, photo_id) order up to `until` (the sweep's start), so
--- rows re-dispatched during the sweep (their updated_at moves to now) are not visited twice.
+-- stale (no write for `stale_after` seconds: neither its claim's `updated_at` nor a later
+-- `heartbeat_at`) and quiet (none for `gone_after`). Keyset-paged in (updated_at, type,
+-- photo_id) order up to `until` (the sweep's start): rows claimed during the sweep (their
+-- updated_at moves to now) are left to the next one, and a rescue moves only heartbeat_at,
+-- so a re-dispatched row stays behind the page key and is not visited twice.
 -- Rows of paused types are left active: rescuing them would dispatch the type. The page key's
 -- updated_at comes back as text and goes back as `after_at`: exact, and whatever a row written
 -- before sql/0012 holds ('-infinity', a year Python's datetime cannot hold) it cannot fail the
 -- pass.
 SELECT type, photo_id, prior_attempts + attempts, updated_at::text,
-       updated_at < now() - make_interval(secs => %(stale_after)s::float8) AS stale,
-       updated_at < now() - make_interval(secs => %(gone_after)s::float8) AS quiet
+       greatest(updated_at, heartbeat_at)
+           < now() - make_interval(secs => %(stale_after)s::float8) AS stale,
+       greatest(updated_at, heartbeat_at)
+           < now() - make_interval(secs => %(gone_after)s::float8) AS quiet
   FROM photo_jobs
  WHERE state = 'active'
    AND type = ANY (%(types)s::text[])
@@ -111,7 +115,8 @@ SELECT type, photo_id, prior_attempts + attempts, updated_at::text,
 -- spent, with `%(why)s` in last_error), if they are still at the token seen (`tokens`) and, when
 -- `stale_after` is given, still without a heartbeat for that long (re-checked under the lock),
 -- and their type is not paused. A re-dispatched row keeps its last_error, or takes
--- `%(error)s` when one is given.
+-- `%(error)s` when one is given. Staying active, it is stamped in heartbeat_at, not
+-- updated_at (the table's trigger): no indexed column changes, a heap-only update.
 UPDATE photo_jobs AS j
    SET attempts = CASE WHEN j.attempts < j.max_attempts THEN j.attempts + 1 ELSE j.attempts END,
        state = CASE WHEN j.attempts < j.max_attempts THEN 'active' ELSE 'failed' END,
@@ -129,7 +134,8 @@ UPDATE photo_jobs AS j
           WHERE a.state = 'active'
             AND NOT EXISTS (SELECT FROM reactor_paused_types AS x WHERE x.type = a.type)
             AND (%(stale_after)s::float8 IS NULL
-                 OR a.updated_at < now() - make_interval(secs => %(stale_after)s::float8))
+                 OR greatest(a.updated_at, a.heartbeat_at)
+                    < now() - make_interval(secs => %(stale_after)s::float8))
             FOR UPDATE SKIP LOCKED))
    AND j.state = 'active'
 RETURNING j.type, j.photo_id, j.prior_attempts + j.attempts, j.state, j.traceparent, j.tracestate
@@ -259,12 +265,15 @@ SELECT DISTINCT photo_id
 -- branch is one walk of its state's index, newest first, stopped at the limit (pending and
 -- active rows in arms of their own: `state IN (...)` was planned as a scan of the table). `last_error`
 -- comes whole, or cut to `error_chars` (the dashboard: a hostile row may hold a huge one).
--- Times are clamped to what Python's datetime holds in any time zone (0001-01-02 to
--- 9999-12-30 UTC): a row written before sql/0012 may hold 'infinity' or '-infinity'.
+-- A row's time is its last write: an active row's last heartbeat or rescue when it had one
+-- since its claim (heartbeat_at; NULL in every other state). Times are clamped to what
+-- Python's datetime holds in any time zone (0001-01-02 to 9999-12-30 UTC): a row written
+-- before sql/0012 may hold 'infinity' or '-infinity'.
 SELECT f.type, f.photo_id, f.state, f.attempts, f.max_attempts,
        CASE WHEN %(error_chars)s::int IS NULL THEN f.last_error
             ELSE left(f.last_error, %(error_chars)s::int) END,
-       least(greatest(f.updated_at, '0001-01-02 00:00:00+00'), '9999-12-30 00:00:00+00'),
+       least(greatest(f.updated_at, f.heartbeat_at, '0001-01-02 00:00:00+00'),
+             '9999-12-30 00:00:00+00'),
        CASE WHEN f.state = 'pending'  -- a failed row retries never
             THEN least(greatest(f.next_retry_at, '0001-01-02 00:00:00+00'),
                        '9999-12-30 00:00:00+00') END
@@ -284,8 +293,8 @@ SELECT f.type, f.photo_id, f.state, f.attempts, f.max_attempts,
         (SELECT * FROM photo_jobs
           WHERE state = 'active' AND last_error IS NOT NULL
             AND (%(type)s::text IS NULL OR type = %(type)s)
-          ORDER BY updated_at DESC LIMIT %(limit)s)) AS f
- ORDER BY f.updated_at DESC
+          ORDER BY greatest(updated_at, heartbeat_at) DESC LIMIT %(limit)s)) AS f
+ ORDER BY greatest(f.updated_at, f.heartbeat_at) DESC
  LIMIT %(limit)s
 
 -- name: FAILURES_COUNT
@@ -650,7 +659,8 @@ SELECT (SELECT count(*)
 
 -- name: STATUS_PER_TYPE
 -- `reactor status`: per given type, the age of the oldest due row, the next retry, and how
--- many active rows have had no heartbeat for `stale_after` seconds.
+-- many active rows have had no write for `stale_after` seconds (neither updated_at nor
+-- heartbeat_at: the index range on updated_at, then heartbeat_at checked on those rows).
 SELECT t.type,
        (SELECT CASE WHEN min(due) IS NULL THEN NULL  -- none due (greatest() skips NULLs)
                     ELSE extract(epoch FROM now() - greatest(min(due), '1970-01-01'::timestamptz))
@@ -666,7 +676,9 @@ SELECT t.type,
        (SELECT count(*)
           FROM photo_jobs AS a
          WHERE a.type = t.type AND a.state = 'active'
-           AND a.updated_at < now() - make_interval(secs => %(stale_after)s::float8))
+           AND a.updated_at < now() - make_interval(secs => %(stale_after)s::float8)
+           AND (a.heartbeat_at IS NULL
+                OR a.heartbeat_at < now() - make_interval(secs => %(stale_after)s::float8)))
   FROM unnest(%(types)s::text[]) AS t(type)
 
 -- name: CLAIM_REFUSED_ROWS
@@ -754,9 +766,11 @@ SELECT type, count(*) FROM photo_jobs WHERE state = 'cancelled' GROUP BY type
 -- name: ATTEMPT_START
 -- The fenced start, in one round trip; returns the row's (attempts, max_attempts, seconds
 -- since the row's last write: 0 when this statement stamped it) when the attempt may run: the
--- row is `active` at this token. One whose `updated_at` is younger than `fresh` seconds (the
--- claim stamped it not long ago) is only read: no write, no new row version; any other is
--- stamped. The claim or rescue that enqueued this job commits after the enqueue, so a worker
+-- row is `active` at this token. One whose last write (greatest(updated_at, heartbeat_at)) is
+-- younger than `fresh` seconds (the claim or a rescue stamped it not long ago) is only read:
+-- no write, no new row version; any other is stamped (the table's trigger writes
+-- heartbeat_at of a row that stays active: a heap-only update). The claim or rescue that
+-- enqueued this job commits after the enqueue, so a worker
 -- can read the row still at the token before: the UPDATE matches that row too, so that it
 -- waits for the claim's row lock and then judges the row the claim left (its own state is
 -- never changed; a row still at the token before, its claim rolled back, comes back not
@@ -765,11 +779,12 @@ SELECT type, count(*) FROM photo_jobs WHERE state = 'cancelled' GROUP BY type
 -- job's latency path, and losing it in a server crash is harmless (the row keeps the claim's
 -- state; the durable outcome write is fenced either way).
 WITH fresh AS (
-     SELECT attempts, max_attempts, extract(epoch FROM now() - updated_at)::float8 AS written_ago
+     SELECT attempts, max_attempts,
+            extract(epoch FROM now() - greatest(updated_at, heartbeat_at))::float8 AS written_ago
        FROM photo_jobs
       WHERE photo_id = %(photo_id)s AND type = %(type)s
         AND state = 'active' AND prior_attempts + attempts = %(token)s
-        AND updated_at > now() - make_interval(secs => %(fresh)s)),
+        AND greatest(updated_at, heartbeat_at) > now() - make_interval(secs => %(fresh)s)),
 stamped AS (
      UPDATE photo_jobs
         SET state = photo_jobs.state
@@ -794,8 +809,10 @@ SELECT state, prior_attempts + attempts FROM photo_jobs
    FOR SHARE
 
 -- name: ATTEMPT_HEARTBEAT
--- Heartbeat of a running attempt: keeps the sweep from rescuing it.
-UPDATE photo_jobs SET updated_at = now()
+-- Heartbeat of a running attempt: keeps the sweep from rescuing it. It writes heartbeat_at,
+-- which no index holds (updated_at is left as the claim stamped it), so it is a heap-only
+-- update.
+UPDATE photo_jobs SET heartbeat_at = now()
  WHERE photo_id = %(photo_id)s AND type = %(type)s
    AND state = 'active' AND prior_attempts + attempts = %(token)s
 

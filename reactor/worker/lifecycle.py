@@ -18,9 +18,9 @@ writes an outcome; `attempts` still counts per life for `max_attempts` and the b
    COMMIT lost: the next claim of the row finds the job ended and replaces it), and the
    handler must not run. A row the claim stamped less than a quarter heartbeat interval ago
    (a whole interval for the worker classes, whose first beat is due an interval after that
-   stamp) is only read; any other is stamped (`updated_at`), so the sweep cannot take a job
+   stamp) is only read; any other is stamped (`heartbeat_at`), so the sweep cannot take a job
    that waited long in the queue for a dead worker's before its first heartbeat.
-2. `Heartbeater` — one thread per process that touches `updated_at` every
+2. `Heartbeater` — one thread per process that touches `heartbeat_at` every
    `heartbeat_seconds` while a handler runs, so the sweep does not rescue a live attempt (for
    the worker classes it also renews the worker's RQ key at each beat, which tells the sweep
    the worker lives).

@@ -38,7 +38,7 @@ def unwritten_for(conn: psycopg.Connection[Any], seconds: float) -> bool:
     """Whether every active row has had no write for more than `seconds` (what the sweep's
     `--stale-after` asks before it rescues a row whose job RQ has ended)."""
     row = conn.execute(
-        "SELECT bool_and(updated_at < now() - make_interval(secs => %s))"
+        "SELECT bool_and(greatest(updated_at, heartbeat_at) < now() - make_interval(secs => %s))"
         " FROM photo_jobs WHERE state = 'active'",
         [seconds],
     ).fetchone()

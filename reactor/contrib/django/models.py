@@ -24,6 +24,7 @@ class PhotoJob(models.Model):
     last_error = models.TextField(null=True)
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
+    heartbeat_at = models.DateTimeField(null=True)
 
     class Meta:
         managed = False
