@@ -65,11 +65,12 @@ def _commit() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    # No default list: argparse checks a list default against `choices` as one value.
-    parser.add_argument("suites", nargs="*", choices=["all", *SUITES])
+    # The default is one choice, not a list: argparse checks it against `choices` as one value.
+    parser.add_argument("suites", nargs="*", default="all", choices=["all", *SUITES])
     parser.add_argument("--quick", action="store_true", help="small sizes, ~1-2 minutes")
     options = parser.parse_args()
-    options.suites = options.suites or ["all"]
+    if isinstance(options.suites, str):
+        options.suites = [options.suites]
     chosen = list(SUITES) if "all" in options.suites else options.suites
     command = f"python -m bench {' '.join(options.suites)}{' --quick' if options.quick else ''}"
     out = ROOT / "bench" / "results"
