@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from django.db import models
 
-STATES = [(s, s) for s in ("pending", "active", "done", "failed")]
+STATES = [(s, s) for s in ("pending", "active", "done", "failed", "cancelled")]
 
 
 class PhotoJob(models.Model):
