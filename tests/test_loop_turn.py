@@ -15,7 +15,7 @@ import psycopg
 import pytest
 import redis
 
-from reactor.dispatcher.doorbell import RECHECK_SECONDS, ArmOutcome, DoorbellMode
+from reactor.dispatcher.doorbell import BUSY_RINGS, RECHECK_SECONDS, ArmOutcome, DoorbellMode
 from reactor.dispatcher.listener import Listener
 from reactor.dispatcher.loop import Reactor, Turn, Work
 from reactor.jobs import job_id
@@ -99,9 +99,18 @@ def test_the_first_turn_drains_every_type_and_an_armed_reactor_drains_a_row_in_o
         turn = reactor.turn()
         assert turn.notifications == 1
         assert (turn.work, turn.drained, turn.claimed) == (Work.HINTS, ("photo.process",), 1)
-        assert turn.released, "rows are coming: the keys go back after the drain"
+        assert not turn.released, "one notification: the reactor stays armed"
         assert state_of(conn, "after") == ("active", 1)
         assert job_id("photo.process", "after", 1) in queued(env)
+        assert probe.lock_doorbell() is ArmOutcome.HELD_ELSEWHERE
+
+        # Notifications coming fast (all read in one turn): drain, then give the keys back.
+        for i in range(BUSY_RINGS):
+            conn.execute(INSERT, [f"burst{i}"])
+        turn = reactor.turn()
+        assert turn.notifications == BUSY_RINGS
+        assert (turn.work, turn.claimed) == (Work.HINTS, BUSY_RINGS)
+        assert turn.released, "rows are coming fast: the keys go back after the drain"
         assert probe.lock_doorbell() is ArmOutcome.ARMED  # the reactor gave them back
     finally:
         probe.close()
