@@ -12,7 +12,9 @@
 -- counted past its limit: it comes back with state `failed` and is not enqueued. Nothing
 -- while the type is paused (the check does not depend on the row, so it is planned as a
 -- one-time filter: one primary-key probe per claim, no extra round trip). Rows whose claim
--- failed alone (`skip`, photo ids: `reactor.dispatcher.refused`) are left out.
+-- failed alone (`skip`, photo ids: `reactor.dispatcher.refused`) are left out. Only rows due
+-- within `window` seconds before now() are read (NULL: every due row), the lower bound of the
+-- index range (`reactor.dispatcher.bounds`).
 UPDATE photo_jobs AS j
    SET state = CASE WHEN j.attempts < j.max_attempts THEN 'active' ELSE 'failed' END,
        attempts = CASE WHEN j.attempts < j.max_attempts THEN j.attempts + 1 ELSE j.attempts END,
@@ -25,6 +27,8 @@ UPDATE photo_jobs AS j
           WHERE p.type = %(type)s
             AND p.state = 'pending'
             AND coalesce(p.next_retry_at, p.created_at) <= now()
+            AND coalesce(p.next_retry_at, p.created_at)
+                >= coalesce(now() - make_interval(secs => %(window)s::float8), '-infinity')
             AND NOT EXISTS (SELECT FROM reactor_paused_types AS x WHERE x.type = %(type)s)
             AND p.photo_id <> ALL (%(skip)s::text[])
           ORDER BY coalesce(p.next_retry_at, p.created_at)
@@ -34,13 +38,15 @@ UPDATE photo_jobs AS j
 RETURNING j.type, j.photo_id, j.prior_attempts + j.attempts, j.state, j.traceparent, j.tracestate
 
 -- name: DUE_PHOTO_IDS
--- The photo ids CLAIM_DUE would take now (locks not taken: a read, for the search of a row
--- that makes the claim fail).
+-- The photo ids CLAIM_DUE would take now, in the same `window` (locks not taken: a read, for
+-- the search of a row that makes the claim fail).
 SELECT p.photo_id
   FROM photo_jobs AS p
  WHERE p.type = %(type)s
    AND p.state = 'pending'
    AND coalesce(p.next_retry_at, p.created_at) <= now()
+   AND coalesce(p.next_retry_at, p.created_at)
+       >= coalesce(now() - make_interval(secs => %(window)s::float8), '-infinity')
    AND p.photo_id <> ALL (%(skip)s::text[])
  ORDER BY coalesce(p.next_retry_at, p.created_at)
  LIMIT %(limit)s
