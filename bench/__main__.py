@@ -1,5 +1,5 @@
 """`python -m bench [all|latency|drain|sweep|writers|memory|scaleout|operator|workers|dashboard|
-tracing ...] [--quick]`.
+tracing|pressure ...] [--quick] [--minutes M] [--before]`.
 
 Runs the chosen benchmarks against real servers (see bench.common), prints each table, and
 writes bench/results/latest.json and bench/results/latest.md.
@@ -21,6 +21,7 @@ from bench import (
     latency,
     memory,
     operator_features,
+    pressure,
     scaleout,
     sweep_cost,
     tracing,
@@ -40,6 +41,7 @@ SUITES: dict[str, tuple[str, Callable[[bool], dict[str, Any]]]] = {
     "workers": ("Workers end to end", workers.run),
     "dashboard": ("Dashboard on a big table", dashboard.run),
     "tracing": ("Tracing's cost end to end", tracing.run),
+    "pressure": ("Claims under a held snapshot", pressure.run),
 }
 
 
@@ -63,9 +65,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("suites", nargs="*", default=["all"], choices=["all", *SUITES])
     parser.add_argument("--quick", action="store_true", help="small sizes, ~1-2 minutes")
+    parser.add_argument("--minutes", type=float, help="pressure: minutes per side (10)")
+    parser.add_argument(
+        "--before", action="store_true", help="pressure: also the claim over the whole range"
+    )
     options = parser.parse_args()
+    pressure.MINUTES, pressure.BEFORE = options.minutes, options.before
     chosen = list(SUITES) if "all" in options.suites else options.suites
-    command = f"python -m bench {' '.join(options.suites)}{' --quick' if options.quick else ''}"
+    flags = [
+        *(["--quick"] if options.quick else []),
+        *([f"--minutes {options.minutes:g}"] if options.minutes is not None else []),
+        *(["--before"] if options.before else []),
+    ]
+    command = " ".join(["python -m bench", *options.suites, *flags])
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
     latest = out / "latest.json"
