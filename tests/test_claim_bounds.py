@@ -143,6 +143,23 @@ def test_a_row_of_a_type_paused_past_the_margin_is_claimed_in_time_after_the_res
     assert claim_after_commit(target, conn, "paused") < FULL_EVERY_SECONDS + SLACK_SECONDS
 
 
+def test_a_row_a_claim_skipped_while_another_transaction_held_its_lock_is_claimed_in_time(
+    env: Env, make_reactor: Callable[[], Reactor]
+) -> None:
+    conn = env.connect()
+    conn.execute(INSERT, ["locked"])
+    inserted = conn.execute("SELECT created_at FROM photo_jobs").fetchone()
+    assert inserted is not None
+    locker = env.connect(autocommit=False)
+    locker.execute("SELECT FROM photo_jobs WHERE photo_id = 'locked' FOR UPDATE")
+    target = make_reactor()
+    target.turn()  # the drain at start skips the locked row
+    wait_past_margin(conn, inserted[0])
+    target.turn()  # another short claim past the row's due time, the row still locked
+    locker.rollback()
+    assert claim_after_commit(target, conn, "locked") < FULL_EVERY_SECONDS + SLACK_SECONDS
+
+
 def _claim_buffers(conn: psycopg.Connection[Any], window: float | None) -> int:
     """Shared buffers the claim touches (hit or read), from EXPLAIN (ANALYZE, BUFFERS); its
     transaction is rolled back."""
