@@ -103,6 +103,11 @@ class ClaimBounds:
             if short and (state.mark is None or started > state.mark):
                 state.mark = started
 
+    def forget(self, job_type: str) -> None:
+        """Forget the mark of `job_type` (quarantined: it owes no full claim meanwhile)."""
+        with self._lock:
+            self._types.pop(job_type, None)
+
     def reset(self) -> None:
         """Forget every mark (a drain failed: its rows may be pending again below them)."""
         with self._lock:

@@ -237,6 +237,7 @@ class Dispatcher:
             failures = 1 if previous is None else previous.failures + 1
             pause = min(QUARANTINE_MAX_SECONDS, QUARANTINE_BASE_SECONDS * 2 ** (failures - 1))
             self.quarantined[job_type] = Quarantine(failures, time.monotonic() + pause, str(exc))
+            self.bounds.forget(job_type)
             if previous is None:
                 logger.error(
                     "type_quarantined type=%s error=%s (other types go on; retried with "
