@@ -262,6 +262,8 @@ def _probes(
             if client.blpop([PROBE_QUEUE], timeout=60) is None:
                 raise RuntimeError("a probe's job never arrived")
             out.append((time.monotonic() - started, time.perf_counter() - committed))
+            # No worker reads the probe queue: finish the row, so no sweep looks at its job.
+            conn.execute("UPDATE photo_jobs SET state = 'done' WHERE photo_id = %s", [f"q{i}"])
             i += 1
             pause = started + i * PROBE_EVERY - time.monotonic()
             if pause > 0:
@@ -270,7 +272,13 @@ def _probes(
 
 
 def _side(
-    server_url: str, statements: bool, module: str, held: bool, seconds: float, bucket_s: float
+    label: str,
+    server_url: str,
+    statements: bool,
+    module: str,
+    held: bool,
+    seconds: float,
+    bucket_s: float,
 ) -> list[Bucket]:
     flush_redis()
     with fresh_database(server_url) as url:
@@ -287,14 +295,14 @@ def _side(
                 holder.execute("SELECT count(*) FROM photo_jobs").fetchone()
             reactor.started()
             with _workers(url, 2):
-                return _measure(url, statements, port, seconds, bucket_s)
+                return _measure(label, url, statements, port, seconds, bucket_s)
         finally:
             reactor.stop()
             holder.close()
 
 
 def _measure(
-    url: str, statements: bool, port: int, seconds: float, bucket_s: float
+    label: str, url: str, statements: bool, port: int, seconds: float, bucket_s: float
 ) -> list[Bucket]:
     sampler = _Sampler(url, statements, port)
     stop = threading.Event()
@@ -314,6 +322,7 @@ def _measure(
             time.sleep(max(0.0, started + end - time.monotonic()))
             now = sampler.read()
             buckets.append(_bucket(end, last, now))
+            print(f"  {label}: {' | '.join(buckets[-1].row())}", file=sys.stderr, flush=True)
             last = now
             if not all(t.is_alive() for t in threads):
                 raise RuntimeError("the flow or the probes stopped")
@@ -335,13 +344,15 @@ def run(quick: bool) -> dict[str, Any]:
     bucket_s = 30.0 if quick or minutes < 4 else 60.0
     names = [n for n in SIDES if BEFORE or n.startswith("bounded")]
     result: dict[str, Any] = {"minutes_per_side": minutes, "rate": RATE, "sides": {}}
+    result["load_before"] = os.getloadavg()
     curves: dict[str, list[Bucket]] = {}
     with _server() as (server_url, statements):
         result["pg_stat_statements"] = statements
         for name in names:
             module, held = SIDES[name]
-            curves[name] = _side(server_url, statements, module, held, seconds, bucket_s)
+            curves[name] = _side(name, server_url, statements, module, held, seconds, bucket_s)
             result["sides"][name] = [b.as_dict() for b in curves[name]]
+    result["load_after"] = os.getloadavg()
     headers = [
         "side",
         "minute",
