@@ -41,6 +41,7 @@ Thread-safe: the drain's prefetch thread claims on its own connection.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 
 __all__ = [
@@ -91,14 +92,14 @@ class ClaimBounds:
             state.owed = True
             return max(0.0, now - state.mark) + MARGIN_SECONDS
 
-    def claimed(
-        self, job_type: str, started: float, seconds: float, *, full: bool, short: bool
-    ) -> None:
-        """A claim of `job_type` that began at monotonic `started` and took `seconds` came
-        back: `full` without a window, `short` with fewer rows than its batch."""
+    def claimed(self, job_type: str, started: float, window: float | None, short: bool) -> None:
+        """A claim of `job_type` with `window` (None: full) that began at monotonic `started`
+        came back now, `short`: with fewer rows than its batch (its start is then the mark;
+        when it retried without refused rows, its first try's start, which is earlier)."""
+        seconds = time.monotonic() - started
         with self._lock:
             state = self._types.setdefault(job_type, _Type())
-            if full:
+            if window is None:
                 state.full_at, state.full_seconds, state.owed = started, seconds, False
             if short and (state.mark is None or started > state.mark):
                 state.mark = started

@@ -226,12 +226,9 @@ class Dispatcher:
             except StatementError:
                 if not self.refused.search(conn, job_type, self._batch_size, window):
                     raise
-                started = time.monotonic()
                 rows = self._claim(conn, queries.CLAIM_DUE, self._claim_params(job_type, window))
             self.refused.claimed(job_type, rows)
-            short = len(rows) < self._batch_size
-            seconds = time.monotonic() - started
-            self.bounds.claimed(job_type, started, seconds, full=window is None, short=short)
+            self.bounds.claimed(job_type, started, window, len(rows) < self._batch_size)
         except StatementError as exc:
             previous = self.quarantined.get(job_type)
             failures = 1 if previous is None else previous.failures + 1
