@@ -14,7 +14,10 @@
 -- one-time filter: one primary-key probe per claim, no extra round trip). Rows whose claim
 -- failed alone (`skip`, photo ids: `reactor.dispatcher.refused`) are left out. Only rows due
 -- within `window` seconds before now() are read (NULL: every due row), the lower bound of the
--- index range (`reactor.dispatcher.bounds`).
+-- index range (`reactor.dispatcher.bounds`). The outer UPDATE finds the rows by ctid alone:
+-- the inner lock keeps them pending (FOR UPDATE rechecks `state` on the latest version), and an
+-- outer `state = 'pending'` would let the planner read the whole pending index for it, the
+-- entries a held snapshot keeps included.
 UPDATE photo_jobs AS j
    SET state = CASE WHEN j.attempts < j.max_attempts THEN 'active' ELSE 'failed' END,
        attempts = CASE WHEN j.attempts < j.max_attempts THEN j.attempts + 1 ELSE j.attempts END,
@@ -34,7 +37,6 @@ UPDATE photo_jobs AS j
           ORDER BY coalesce(p.next_retry_at, p.created_at)
           LIMIT %(limit)s
             FOR UPDATE SKIP LOCKED))
-   AND j.state = 'pending'
 RETURNING j.type, j.photo_id, j.prior_attempts + j.attempts, j.state, j.traceparent, j.tracestate
 
 -- name: DUE_PHOTO_IDS
@@ -66,7 +68,6 @@ UPDATE photo_jobs AS j
           WHERE p.type = %(type)s AND p.photo_id = ANY (%(photo_ids)s::text[])
             AND p.state = 'pending'
             FOR UPDATE SKIP LOCKED))
-   AND j.state = 'pending'
 RETURNING j.type, j.photo_id, j.prior_attempts + j.attempts, j.state, j.traceparent, j.tracestate
 
 -- name: NOTE_CLAIM_REFUSED
