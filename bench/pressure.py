@@ -370,7 +370,7 @@ def run(quick: bool) -> dict[str, Any]:
     summary = []
     for kind in ("bounded", "main's claim") if BEFORE else ("bounded",):
         ratios = _ratios(curves[f"{kind}, not held"][-1], curves[f"{kind}, held"][-1])
-        result[f"ratios_{kind.split()[0].strip("'s")}"] = ratios
+        result["ratios_" + ("bounded" if kind == "bounded" else "main")] = ratios
         summary.append([kind, *(_fmt_ratio(ratios.get(k)) for k in RATIO_KEYS)])
     parts.append(table(["claim", *RATIO_KEYS.values()], summary))
     result["table"] = "\n\n".join(parts)
