@@ -14,7 +14,8 @@
 -- one-time filter: one primary-key probe per claim, no extra round trip). Rows whose claim
 -- failed alone (`skip`, photo ids: `reactor.dispatcher.refused`) are left out. Only rows due
 -- within `window` seconds before now() are read (NULL: every due row), the lower bound of the
--- index range (`reactor.dispatcher.bounds`). The outer UPDATE finds the rows by ctid alone:
+-- index range (`reactor.dispatcher.bounds`); computed in a sub-select, so that every window
+-- gets the same plan (a value the planner sees would have it plan each claim anew). The outer UPDATE finds the rows by ctid alone:
 -- the inner lock keeps them pending (FOR UPDATE rechecks `state` on the latest version), and an
 -- outer `state = 'pending'` would let the planner read the whole pending index for it, the
 -- entries a held snapshot keeps included.
@@ -31,7 +32,8 @@ UPDATE photo_jobs AS j
             AND p.state = 'pending'
             AND coalesce(p.next_retry_at, p.created_at) <= now()
             AND coalesce(p.next_retry_at, p.created_at)
-                >= coalesce(now() - make_interval(secs => %(window)s::float8), '-infinity')
+                >= (SELECT coalesce(now() - make_interval(secs => %(window)s::float8),
+                                    '-infinity'))
             AND NOT EXISTS (SELECT FROM reactor_paused_types AS x WHERE x.type = %(type)s)
             AND p.photo_id <> ALL (%(skip)s::text[])
           ORDER BY coalesce(p.next_retry_at, p.created_at)
@@ -48,7 +50,7 @@ SELECT p.photo_id
    AND p.state = 'pending'
    AND coalesce(p.next_retry_at, p.created_at) <= now()
    AND coalesce(p.next_retry_at, p.created_at)
-       >= coalesce(now() - make_interval(secs => %(window)s::float8), '-infinity')
+       >= (SELECT coalesce(now() - make_interval(secs => %(window)s::float8), '-infinity'))
    AND p.photo_id <> ALL (%(skip)s::text[])
  ORDER BY coalesce(p.next_retry_at, p.created_at)
  LIMIT %(limit)s
