@@ -1,5 +1,5 @@
 """`python -m bench [all|latency|drain|sweep|writers|memory|scaleout|operator|workers|dashboard|
-tracing|counts|hot ...] [--quick]`.
+tracing|counts|hot|pressure ...] [--quick] [--minutes M] [--before]`.
 
 Runs the chosen benchmarks against real servers (see bench.common), prints each table, and
 writes bench/results/latest.json and bench/results/latest.md.
@@ -23,6 +23,7 @@ from bench import (
     latency,
     memory,
     operator_features,
+    pressure,
     scaleout,
     sweep_cost,
     tracing,
@@ -44,6 +45,7 @@ SUITES: dict[str, tuple[str, Callable[[bool], dict[str, Any]]]] = {
     "tracing": ("Tracing's cost end to end", tracing.run),
     "counts": ("Operator counts on a big table", big_counts.run),
     "hot": ("Heap-only updates of the lifecycle", heap_only.run),
+    "pressure": ("Claims under a held snapshot", pressure.run),
 }
 
 
@@ -68,11 +70,21 @@ def main() -> None:
     # The default is one choice, not a list: argparse checks it against `choices` as one value.
     parser.add_argument("suites", nargs="*", default="all", choices=["all", *SUITES])
     parser.add_argument("--quick", action="store_true", help="small sizes, ~1-2 minutes")
+    parser.add_argument("--minutes", type=float, help="pressure: minutes per side (10)")
+    parser.add_argument(
+        "--before", action="store_true", help="pressure: also the claim over the whole range"
+    )
     options = parser.parse_args()
     if isinstance(options.suites, str):
         options.suites = [options.suites]
+    pressure.MINUTES, pressure.BEFORE = options.minutes, options.before
     chosen = list(SUITES) if "all" in options.suites else options.suites
-    command = f"python -m bench {' '.join(options.suites)}{' --quick' if options.quick else ''}"
+    flags = [
+        *(["--quick"] if options.quick else []),
+        *([f"--minutes {options.minutes:g}"] if options.minutes is not None else []),
+        *(["--before"] if options.before else []),
+    ]
+    command = " ".join(["python -m bench", *options.suites, *flags])
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
     latest = out / "latest.json"

@@ -107,15 +107,16 @@ def insert_pending(url: str, count: int, prefix: str = "p", **columns: Any) -> N
 
 
 class Reactor:
-    """`reactor run` as a subprocess; `started()` waits until it listens."""
+    """`reactor run` as a subprocess (`module`: another entry point of the same command);
+    `started()` waits until it listens."""
 
-    def __init__(self, database_url: str, *args: str) -> None:
+    def __init__(self, database_url: str, *args: str, module: str = "reactor") -> None:
         env = {**os.environ, "DATABASE_URL": database_url, "REDIS_URL": REDIS_URL}
         env["PYTHONPATH"] = str(ROOT)
         # The benchmarks' jobs go to the demo handler, named here (no process defaults to it).
         env.setdefault("REACTOR_ROUTES", DEMO_ROUTE)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "reactor", "run", *args],
+            [sys.executable, "-m", module, "run", *args],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,

@@ -40,7 +40,7 @@ def _claim_cost(url: str, reps: int) -> dict[int, tuple[Stat, Stat]]:
                 for name, query in pair if rep % 2 else reversed(pair):
                     started = time.perf_counter()
                     conn.execute(
-                        query, {"type": "photo.process", "limit": batch, "skip": []}
+                        query, {"type": "photo.process", "limit": batch, "skip": [], "window": None}
                     ).fetchall()
                     times[name].append((time.perf_counter() - started) * 1000)
                     conn.rollback()

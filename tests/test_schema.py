@@ -209,7 +209,7 @@ def test_dispatch_queries_use_the_partial_indexes_beside_a_million_done_rows(env
     checks: dict[str, tuple[str, dict[str, Any], str]] = {
         "claim": (
             queries.CLAIM_DUE,
-            {"type": "photo.process", "limit": 500, "skip": []},
+            {"type": "photo.process", "limit": 500, "skip": [], "window": None},
             "photo_jobs_pending_due_idx",
         ),
         "next due": (queries.NEXT_DUE_IN, {"types": types}, "photo_jobs_pending_due_idx"),

@@ -18,6 +18,11 @@ Guarantees:
 - No double dispatch of one attempt: rows are claimed with `FOR UPDATE SKIP LOCKED`, and if the
   COMMIT is lost after the enqueue, the next claim of the same attempt finds the job alive in
   Redis and does not enqueue it again (see `reactor.rq.enqueue`).
+- A claim's work does not grow with the rows dispatched while an old snapshot is held: most
+  claims read only the rows due since shortly before their type's latest short claim, and a
+  claim over the whole range runs at least every 1 s (10 s while such claims are slow), so a
+  row committed late with an old due time waits at most that long
+  (`reactor.dispatcher.bounds` says which rows those are).
 
 Throughput: building RQ jobs is Python work and claiming is Postgres work, so a drain of a
 backlog overlaps them. While batch N is enqueued and committed on the work connection, a
@@ -43,6 +48,7 @@ from typing import Any
 from psycopg.pq import TransactionStatus
 
 from reactor import tracing
+from reactor.dispatcher.bounds import ClaimBounds
 from reactor.dispatcher.metrics import Metrics
 from reactor.dispatcher.prefetch import Prefetch, Row
 from reactor.dispatcher.refused import RefusedRows
@@ -135,6 +141,8 @@ class Dispatcher:
         self.quarantined: dict[str, Quarantine] = {}
         #: Rows whose claim failed alone, left out of their type's claims for a while.
         self.refused = RefusedRows()
+        #: How far back each type's claims read (`reactor.dispatcher.bounds`).
+        self.bounds = ClaimBounds()
 
     # -- one transaction, in two halves ----------------------------------------------------
 
@@ -210,19 +218,23 @@ class Dispatcher:
         alone are found and left out (`reactor.dispatcher.refused`) and the batch is claimed
         without them; when that fails too, the type is quarantined (logged once) and nothing
         is claimed, so a type the claim cannot handle does not stop the others."""
+        window = self.bounds.window(job_type, time.monotonic())
         try:
+            started = time.monotonic()
             try:
-                rows = self._claim(conn, queries.CLAIM_DUE, self._claim_params(job_type))
+                rows = self._claim(conn, queries.CLAIM_DUE, self._claim_params(job_type, window))
             except StatementError:
-                if not self.refused.search(conn, job_type, self._batch_size):
+                if not self.refused.search(conn, job_type, self._batch_size, window):
                     raise
-                rows = self._claim(conn, queries.CLAIM_DUE, self._claim_params(job_type))
+                rows = self._claim(conn, queries.CLAIM_DUE, self._claim_params(job_type, window))
             self.refused.claimed(job_type, rows)
+            self.bounds.claimed(job_type, started, window, len(rows) < self._batch_size)
         except StatementError as exc:
             previous = self.quarantined.get(job_type)
             failures = 1 if previous is None else previous.failures + 1
             pause = min(QUARANTINE_MAX_SECONDS, QUARANTINE_BASE_SECONDS * 2 ** (failures - 1))
             self.quarantined[job_type] = Quarantine(failures, time.monotonic() + pause, str(exc))
+            self.bounds.forget(job_type)
             if previous is None:
                 logger.error(
                     "type_quarantined type=%s error=%s (other types go on; retried with "
@@ -249,8 +261,9 @@ class Dispatcher:
         params = self._claim_params(ref.type)
         db.rehearse(conn, row, lambda work: work.execute(queries.CLAIM_DUE, params))
 
-    def _claim_params(self, job_type: str) -> dict[str, Any]:
-        return {"type": job_type, "limit": self._batch_size, "skip": self.refused.skipped(job_type)}
+    def _claim_params(self, job_type: str, window: float | None = None) -> dict[str, Any]:
+        skip = self.refused.skipped(job_type)
+        return {"type": job_type, "limit": self._batch_size, "skip": skip, "window": window}
 
     # -- re-dispatching (the sweep's rescues) ------------------------------------------------
 
@@ -333,7 +346,11 @@ class Dispatcher:
         )
         total = DrainResult()
         if rotation and not should_stop():
-            total = self._drain_rotation(conn, rotation, should_stop, started, slice_seconds)
+            try:
+                total = self._drain_rotation(conn, rotation, should_stop, started, slice_seconds)
+            except BaseException:
+                self.bounds.reset()  # its claims were rolled back: rows below the marks again
+                raise
         if total.claimed:
             logger.info(
                 "batch_dispatched claimed=%d enqueued=%d already_enqueued=%d batches=%d "
@@ -400,6 +417,7 @@ class Dispatcher:
 
     def close(self) -> None:
         """Close the prefetch connection and thread (the work connection is the caller's)."""
+        self.bounds.reset()
         self._prefetch.close()
 
 

@@ -5,9 +5,11 @@
    writer that skipped NOTIFY has ended, so the turn drains every type);
 2. waits for the first of {a notification, the next poll while the doorbell is not armed, the
    next sweep (interval ± 10 % jitter), the earliest future `next_retry_at` of a routed type,
-   the end of the short gap after a hinted drain found nothing, a stop request};
+   the full claim a type owes after bounded ones (`reactor.dispatcher.bounds`), the end of
+   the short gap after a hinted drain found nothing, a stop request};
 3. does the first of: a sweep, if it is due; a drain of every type (at start, after a
-   reconnect or an arm, after a drain cut by its time slice, or a row became due); a drain
+   reconnect or an arm, after a drain cut by its time slice, a row became due, or a full
+   claim is owed); a drain
    of the notified types; a poll (a drain of every type, while the doorbell is not armed);
 4. tells the doorbell how many rows the drain claimed, and gives the keys back if it says so;
 and returns a `Turn`, which says what it did.
@@ -108,7 +110,7 @@ class Work(str, enum.Enum):
     #: A sweep round (it drains every type first).
     SWEEP = "sweep"
     #: A drain of every type: at start, after a reconnect or an arm, after a drain cut by its
-    #: time slice, or because a row became due.
+    #: time slice, because a row became due, or a full claim is owed.
     DRAIN = "drain"
     #: A drain of the notified types.
     HINTS = "hints"
@@ -289,11 +291,13 @@ class Reactor:
             conn = self._sessions.work
             assert conn is not None
             self._next_due, self._due_known = _next_due_at(conn, self._types), True
+        full_due = self._started().dispatcher.bounds.full_claim_due()
         deadline = min(
             t
             for t in (
                 self._next_sweep,
                 self._next_due,
+                full_due,
                 None if bell_in is None else now + bell_in,
                 self._wakeups.gap_ends,
             )
@@ -322,7 +326,11 @@ class Reactor:
             sweep = self._sweep()
             # A failed sweep may have failed before its drain: drain every type next turn.
             result = sweep or SweepResult(more=True)
-        elif self._backlog or (self._next_due is not None and now >= self._next_due):
+        elif (
+            self._backlog
+            or (self._next_due is not None and now >= self._next_due)
+            or (full_due is not None and now >= full_due)
+        ):
             work, drained = Work.DRAIN, self._types
             result = self._drain(drained)
         elif types:

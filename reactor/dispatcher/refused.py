@@ -88,15 +88,19 @@ class RefusedRows:
         with self._lock:
             return list(self._rows.values())
 
-    def search(self, conn: Connection, job_type: str, limit: int) -> bool:
+    def search(
+        self, conn: Connection, job_type: str, limit: int, window: float | None = None
+    ) -> bool:
         """After a claim of `job_type` failed: find the rows among the next `limit` due ones
-        whose claim fails alone and leave them out. True when some were found (claim again);
-        False when the failure is not one row's (quarantine the type).
+        (due within `window` seconds, as the claim read: `reactor.dispatcher.bounds`) whose
+        claim fails alone and leave them out. True when some were found (claim again); False
+        when the failure is not one row's (quarantine the type).
 
         Raises:
             DatabaseError: the connection failed.
         """
-        params = {"type": job_type, "limit": limit, "skip": self.skipped(job_type)}
+        skip = self.skipped(job_type)
+        params = {"type": job_type, "limit": limit, "skip": skip, "window": window}
         with translating("refused-row search failed", conn), conn.transaction():
             todo = [[row[0] for row in conn.execute(queries.DUE_PHOTO_IDS, params)]]
         found: list[tuple[str, str]] = []

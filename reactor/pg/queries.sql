@@ -12,7 +12,13 @@
 -- counted past its limit: it comes back with state `failed` and is not enqueued. Nothing
 -- while the type is paused (the check does not depend on the row, so it is planned as a
 -- one-time filter: one primary-key probe per claim, no extra round trip). Rows whose claim
--- failed alone (`skip`, photo ids: `reactor.dispatcher.refused`) are left out.
+-- failed alone (`skip`, photo ids: `reactor.dispatcher.refused`) are left out. Only rows due
+-- within `window` seconds before now() are read (NULL: every due row), the lower bound of the
+-- index range (`reactor.dispatcher.bounds`); computed in a sub-select, so that every window
+-- gets the same plan (a value the planner sees would have it plan each claim anew). The outer UPDATE finds the rows by ctid alone:
+-- the inner lock keeps them pending (FOR UPDATE rechecks `state` on the latest version), and an
+-- outer `state = 'pending'` would let the planner read the whole pending index for it, the
+-- entries a held snapshot keeps included.
 UPDATE photo_jobs AS j
    SET state = CASE WHEN j.attempts < j.max_attempts THEN 'active' ELSE 'failed' END,
        attempts = CASE WHEN j.attempts < j.max_attempts THEN j.attempts + 1 ELSE j.attempts END,
@@ -25,22 +31,26 @@ UPDATE photo_jobs AS j
           WHERE p.type = %(type)s
             AND p.state = 'pending'
             AND coalesce(p.next_retry_at, p.created_at) <= now()
+            AND coalesce(p.next_retry_at, p.created_at)
+                >= (SELECT coalesce(now() - make_interval(secs => %(window)s::float8),
+                                    '-infinity'))
             AND NOT EXISTS (SELECT FROM reactor_paused_types AS x WHERE x.type = %(type)s)
             AND p.photo_id <> ALL (%(skip)s::text[])
           ORDER BY coalesce(p.next_retry_at, p.created_at)
           LIMIT %(limit)s
             FOR UPDATE SKIP LOCKED))
-   AND j.state = 'pending'
 RETURNING j.type, j.photo_id, j.prior_attempts + j.attempts, j.state, j.traceparent, j.tracestate
 
 -- name: DUE_PHOTO_IDS
--- The photo ids CLAIM_DUE would take now (locks not taken: a read, for the search of a row
--- that makes the claim fail).
+-- The photo ids CLAIM_DUE would take now, in the same `window` (locks not taken: a read, for
+-- the search of a row that makes the claim fail).
 SELECT p.photo_id
   FROM photo_jobs AS p
  WHERE p.type = %(type)s
    AND p.state = 'pending'
    AND coalesce(p.next_retry_at, p.created_at) <= now()
+   AND coalesce(p.next_retry_at, p.created_at)
+       >= (SELECT coalesce(now() - make_interval(secs => %(window)s::float8), '-infinity'))
    AND p.photo_id <> ALL (%(skip)s::text[])
  ORDER BY coalesce(p.next_retry_at, p.created_at)
  LIMIT %(limit)s
@@ -60,7 +70,6 @@ UPDATE photo_jobs AS j
           WHERE p.type = %(type)s AND p.photo_id = ANY (%(photo_ids)s::text[])
             AND p.state = 'pending'
             FOR UPDATE SKIP LOCKED))
-   AND j.state = 'pending'
 RETURNING j.type, j.photo_id, j.prior_attempts + j.attempts, j.state, j.traceparent, j.tracestate
 
 -- name: NOTE_CLAIM_REFUSED

@@ -160,7 +160,7 @@ def run(
             room = CLAIM_BATCH if limit is None else min(CLAIM_BATCH, limit - len(results))
             if room <= 0:
                 break
-            params = {"type": job_type, "limit": room, "skip": []}
+            params = {"type": job_type, "limit": room, "skip": [], "window": None}
             _, claimed = execute(queries.CLAIM_DUE, params)
             progress = progress or bool(claimed)
             for row_type, photo_id, token, state, traceparent, tracestate in claimed:
