@@ -31,9 +31,7 @@ sets each side's length (10; `--quick`: 1.5).
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
@@ -43,7 +41,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from rq import Queue, Worker
 
 from bench.common import (
     REDIS_URL,
@@ -54,8 +51,8 @@ from bench.common import (
     fresh_database,
     percentile,
     redis_client,
+    rq_workers,
     table,
-    wait_until,
 )
 from tests.support.servers import PostgresServer, free_port
 
@@ -209,29 +206,9 @@ def _workers(url: str, count: int) -> Iterator[None]:
         "REACTOR_ROUTES": ",".join(ROUTES),
         "PYTHONPATH": str(ROOT),
     }
-    logs = tempfile.TemporaryFile()  # noqa: SIM115 - closed in the finally below
     command = [sys.executable, "-m", "reactor", "worker", WORK_QUEUE, "--simple", "-q"]
-    procs = [subprocess.Popen(command, env=env, stdout=logs, stderr=logs) for _ in range(count)]
-    client = redis_client()
-    try:
-        probe = Queue(WORK_QUEUE, connection=client)
-        wait_until(lambda: Worker.count(queue=probe) >= count, timeout=60, interval=0.05)
+    with rq_workers(command, WORK_QUEUE, count, env):
         yield
-    except BaseException:
-        logs.seek(0)
-        sys.stderr.write(logs.read().decode(errors="replace")[-3000:])
-        raise
-    finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        logs.close()
-        client.close()
 
 
 def _flow(url: str, stop: threading.Event, started: float) -> None:
