@@ -171,7 +171,7 @@ def _lifecycles(url: str, statements: dict[str, str], jobs: int) -> tuple[int, l
             )
             started = time.perf_counter()
             claimed = conn.execute(
-                statements["CLAIM_DUE"], {"type": TYPE, "limit": BATCH, "skip": []}
+                statements["CLAIM_DUE"], {"type": TYPE, "limit": BATCH, "skip": [], "window": None}
             ).fetchall()
             claims.append((time.perf_counter() - started) * 1000)
             made += len(claimed)

@@ -60,7 +60,9 @@ def test_the_writes_that_keep_an_active_row_alive_are_heap_only(env: Env) -> Non
     conn = env.connect()
     submit(conn, "p1")
     fence = {"photo_id": "p1", "type": TYPE}
-    assert updates(conn, queries.CLAIM_DUE, {"type": TYPE, "limit": 10, "skip": []}) == (1, 0)
+    assert updates(
+        conn, queries.CLAIM_DUE, {"type": TYPE, "limit": 10, "skip": [], "window": None}
+    ) == (1, 0)
     state, token, claimed_at, beat = row(conn)
     assert (state, token, beat) == ("active", 1, None)
 
