@@ -25,6 +25,7 @@ from tests.support.metrics import metric, scrape
 from tests.support.processes import Process, start_reactor
 from tests.support.roles import as_role, throwaway_role
 from tests.support.servers import free_port
+from tests.support.vacuum import server_autovacuum_off
 from tests.support.waiting import wait_for
 
 HOLDER_APP = "horizon-holder"
@@ -41,6 +42,10 @@ def held_snapshot(env: Env) -> Iterator[psycopg.Connection[Any]]:
         yield conn
     finally:
         conn.close()
+
+
+def _offs(settings: list[str]) -> str:
+    return ", ".join(f"{s} = off" for s in settings)
 
 
 def _postgres(env: Env, *args: str) -> dict[str, Any]:
@@ -97,16 +102,19 @@ def test_a_snapshot_held_open_is_named_and_ages_in_status_and_metrics(
 
 def test_autovacuum_off_for_the_table_is_reported(env: Env, spawn: Callable[..., Process]) -> None:
     conn = env.connect()
+    server_off = server_autovacuum_off(conn)
+    on = 0 if server_off else 1  # what the gauge says while the table's own setting is on
     before = _postgres(env)
-    assert before["autovacuum_enabled"] is True and before["autovacuum_off"] == []
-    assert "; autovacuum on" in run_cli(env, "status").stdout
+    assert before["autovacuum_enabled"] is not server_off and before["autovacuum_off"] == server_off
+    shown = "; autovacuum on" if not server_off else f"AUTOVACUUM OFF ({_offs(server_off)})"
+    assert shown in run_cli(env, "status").stdout
     port = free_port()
     start_reactor(spawn, "--metrics-port", str(port), "--sweep-interval", "1")
 
     def enabled() -> float:
         return metric(scrape(port), "reactor_table_autovacuum_enabled", -1)
 
-    wait_for(lambda: enabled() == 1, timeout=20, what="autovacuum on, exported")
+    wait_for(lambda: enabled() == on, timeout=20, what="autovacuum's state, exported")
     conn.execute("ALTER TABLE photo_jobs SET (autovacuum_enabled = off)")
     # Dead tuples, three in four, that nothing may remove while the snapshot is held.
     conn.execute(
@@ -118,9 +126,10 @@ def test_autovacuum_off_for_the_table_is_reported(env: Env, spawn: Callable[...,
     )
     after = _postgres(env)
     assert after["autovacuum_enabled"] is False
-    assert after["autovacuum_off"] == ["photo_jobs.autovacuum_enabled"]
+    assert after["autovacuum_off"] == [*server_off, "photo_jobs.autovacuum_enabled"]
     text = run_cli(env, "status").stdout
-    assert "AUTOVACUUM OFF (photo_jobs.autovacuum_enabled = off)" in text, text
+    expected = _offs([*server_off, "photo_jobs.autovacuum_enabled"])
+    assert f"AUTOVACUUM OFF ({expected})" in text, text
     wait_for(lambda: enabled() == 0, timeout=20, what="autovacuum off, exported")
 
     def share() -> float:
@@ -133,7 +142,8 @@ def test_autovacuum_off_for_the_table_is_reported(env: Env, spawn: Callable[...,
         what="the dead share exported",
     )
     conn.execute("ALTER TABLE photo_jobs RESET (autovacuum_enabled)")
-    wait_for(lambda: enabled() == 1, timeout=20, what="autovacuum back on, exported")
+    assert _postgres(env)["autovacuum_off"] == server_off
+    wait_for(lambda: enabled() == on, timeout=20, what="the table's setting back, exported")
 
 
 def test_a_role_without_pg_monitor_is_told_so_in_one_line(
