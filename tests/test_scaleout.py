@@ -468,10 +468,15 @@ def test_routes_behind_pgbouncer_are_live_while_the_reactor_runs_and_end_when_it
         timeout=30,
         what="the running reactor holding its routes' lock again",
     )
-    # The session that took the lock again is the one recorded: only its hold counts.
+    # The session that took the lock again is the one recorded: only its hold counts. (The
+    # lock shows as granted as soon as it is taken; the record commits just after it.)
     (holder,) = holders()
-    recorded = admin.execute("SELECT DISTINCT backend_pid FROM reactor_routes").fetchall()
-    assert recorded == [(holder,)]
+
+    def recorded() -> list[tuple[int]]:
+        return admin.execute("SELECT DISTINCT backend_pid FROM reactor_routes").fetchall()
+
+    wait_for(lambda: recorded() == [(holder,)], timeout=10, what="the new holder recorded")
+    assert holders() == [holder]
     refused = change_route()
     assert refused.returncode == 2 and "conflicts with" in refused.stderr, refused.stderr
 
