@@ -61,15 +61,19 @@ def with_database(url: str, name: str) -> str:
 
 
 @contextmanager
-def fresh_database(server_url: str = SERVER_URL) -> Iterator[str]:
-    """A new migrated database on `server_url`'s server; yields its URL, drops it afterwards."""
+def fresh_database(
+    server_url: str = SERVER_URL,
+    prepare: Callable[[psycopg.Connection[Any]], object] = migrate,
+) -> Iterator[str]:
+    """A new database on `server_url`'s server, made ready by `prepare` (on an autocommit
+    connection; by default every migration); yields its URL, drops it afterwards."""
     name = f"reactor_bench_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(server_url, autocommit=True) as admin:
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     url = with_database(server_url, name)
     try:
         with psycopg.connect(url, autocommit=True) as conn:
-            migrate(conn)
+            prepare(conn)
         yield url
     finally:
         with psycopg.connect(server_url, autocommit=True) as admin:

@@ -30,15 +30,12 @@ import re
 import statistics
 import subprocess
 import time
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
-from psycopg import sql
 
-from bench.common import ROOT, SERVER_URL, Stat, table, wait_until, with_database
+from bench.common import ROOT, SERVER_URL, Stat, fresh_database, table, wait_until
 from reactor.pg import queries
 from reactor.pg.migrate import SEARCH_PATH, load_migrations
 from tests.support.servers import PostgresServer
@@ -114,32 +111,25 @@ _RESET_STORAGE = (
 )
 
 
-@contextmanager
-def _database(
-    server_url: str, up_to: int, statements_ext: bool, reset_storage: bool
-) -> Iterator[str]:
-    name = f"reactor_bench_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(server_url, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = with_database(server_url, name)
-    try:
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(queries.SET_SEARCH_PATH, {"search_path": SEARCH_PATH})
-            for migration in load_migrations():
-                if migration.version <= up_to:
-                    with conn.transaction():
-                        conn.execute(migration.sql.encode("utf-8"))
-            if reset_storage:
-                conn.execute(_RESET_STORAGE)
-            if statements_ext:
-                conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-                conn.execute("SELECT pg_stat_statements_reset()")
-        yield url
-    finally:
-        with psycopg.connect(server_url, autocommit=True) as admin:
-            admin.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
+def _prepare(
+    up_to: int, statements_ext: bool, reset_storage: bool
+) -> Callable[[psycopg.Connection[Any]], None]:
+    """What makes a fresh database this configuration's: migrations up to `up_to`, the storage
+    settings reset or not, pg_stat_statements reset or not."""
+
+    def prepare(conn: psycopg.Connection[Any]) -> None:
+        conn.execute(queries.SET_SEARCH_PATH, {"search_path": SEARCH_PATH})
+        for migration in load_migrations():
+            if migration.version <= up_to:
+                with conn.transaction():
+                    conn.execute(migration.sql.encode("utf-8"))
+        if reset_storage:
+            conn.execute(_RESET_STORAGE)
+        if statements_ext:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            conn.execute("SELECT pg_stat_statements_reset()")
+
+    return prepare
 
 
 def _sizes(conn: psycopg.Connection[Any]) -> tuple[int, int]:
@@ -207,7 +197,7 @@ def _one(
     pgss: bool,
 ) -> dict[str, float]:
     up_to, statements, reset_storage = config
-    with _database(server_url, up_to, pgss, reset_storage) as url:
+    with fresh_database(server_url, _prepare(up_to, pgss, reset_storage)) as url:
         with psycopg.connect(url, autocommit=True) as conn:
             heap0, index0 = _sizes(conn)
         made, claims = _lifecycles(url, statements, jobs)
