@@ -118,6 +118,20 @@ def worker_backends(conn: psycopg.Connection[Any]) -> list[int]:
 
 
 def sessions(conn: psycopg.Connection[Any], database: str) -> int:
+    """Sessions ever opened on `database`, read once every other client backend on it has
+    exited: a backend's session may reach the count only as it exits, after its client left."""
+    wait_for(
+        lambda: (
+            conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = %s"
+                " AND backend_type = 'client backend' AND pid <> pg_backend_pid()",
+                [database],
+            ).fetchone()
+            == (0,)
+        ),
+        timeout=10,
+        what="the database's other backends to exit",
+    )
     conn.execute("SELECT pg_stat_clear_snapshot()")
     row = conn.execute(
         "SELECT sessions FROM pg_stat_database WHERE datname = %s", [database]
