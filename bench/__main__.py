@@ -1,5 +1,5 @@
 """`python -m bench [all|latency|drain|sweep|writers|memory|scaleout|operator|workers|dashboard|
-tracing|counts|hot|pressure ...] [--quick] [--minutes M] [--before]`.
+tracing|counts|hot|pressure|history ...] [--quick] [--minutes M] [--before]`.
 
 Runs the chosen benchmarks against real servers (see bench.common), prints each table, and
 writes bench/results/latest.json and bench/results/latest.md.
@@ -20,6 +20,7 @@ from bench import (
     dashboard,
     drain,
     heap_only,
+    history,
     latency,
     memory,
     operator_features,
@@ -46,6 +47,7 @@ SUITES: dict[str, tuple[str, Callable[[bool], dict[str, Any]]]] = {
     "counts": ("Operator counts on a big table", big_counts.run),
     "hot": ("Heap-only updates of the lifecycle", heap_only.run),
     "pressure": ("Claims under a held snapshot", pressure.run),
+    "history": ("Retention: deleting rows against dropping a month of history", history.run),
 }
 
 

@@ -44,6 +44,83 @@ CREATE FUNCTION public.photo_jobs_doorbell_stripes() RETURNS integer
 
 
 --
+-- Name: photo_jobs_history_add_months(timestamp with time zone, timestamp with time zone); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.photo_jobs_history_add_months(p_from timestamp with time zone, p_to timestamp with time zone) RETURNS integer
+    LANGUAGE plpgsql
+    SET search_path TO 'public', 'pg_temp'
+    SET lock_timeout TO '5s'
+    AS $$
+DECLARE
+    month timestamp := date_trunc('month', p_from AT TIME ZONE 'UTC');
+    last timestamp := date_trunc('month', p_to AT TIME ZONE 'UTC');
+    name text;
+    created integer := 0;
+BEGIN
+    IF last - month > interval '100 years' THEN
+        RAISE EXCEPTION 'history months from % to %: more than 1,200', p_from, p_to;
+    END IF;
+    WHILE month <= last LOOP
+        name := 'photo_jobs_history_' || to_char(month, 'YYYY_MM');
+        IF to_regclass('public.' || name) IS NULL THEN
+            EXECUTE format(
+                'CREATE TABLE public.%I PARTITION OF public.photo_jobs_history'
+                ' FOR VALUES FROM (%L) TO (%L)',
+                name,
+                to_char(month, 'YYYY-MM-DD') || ' 00:00:00+00',
+                to_char(month + interval '1 month', 'YYYY-MM-DD') || ' 00:00:00+00');
+            created := created + 1;
+        END IF;
+        month := month + interval '1 month';
+    END LOOP;
+    RETURN created;
+END;
+$$;
+
+
+--
+-- Name: photo_jobs_history_drop_before(timestamp with time zone); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.photo_jobs_history_drop_before(p_before timestamp with time zone) RETURNS SETOF text
+    LANGUAGE plpgsql
+    SET search_path TO 'public', 'pg_temp'
+    SET lock_timeout TO '5s'
+    AS $$
+DECLARE
+    name text;
+BEGIN
+    FOR name IN SELECT m.name FROM photo_jobs_history_months_before(p_before) AS m LOOP
+        EXECUTE format('DROP TABLE public.%I', name);
+        RETURN NEXT name;
+    END LOOP;
+END;
+$$;
+
+
+--
+-- Name: photo_jobs_history_months_before(timestamp with time zone); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.photo_jobs_history_months_before(p_before timestamp with time zone) RETURNS TABLE(name text, estimated_rows bigint, ends timestamp with time zone)
+    LANGUAGE sql STABLE
+    SET search_path TO 'public', 'pg_temp'
+    AS $_$
+    SELECT m.name, greatest(m.reltuples, 0)::bigint, m.ends
+      FROM (SELECT c.relname::text AS name, c.reltuples,
+                   (to_date(substr(c.relname, 20), 'YYYY_MM')::timestamp + interval '1 month')
+                       AT TIME ZONE 'UTC' AS ends
+              FROM pg_inherits AS i
+              JOIN pg_class AS c ON c.oid = i.inhrelid
+             WHERE i.inhparent = 'public.photo_jobs_history'::regclass
+               AND c.relname ~ '^photo_jobs_history_[0-9]{4}_[0-9]{2}$') AS m
+     WHERE m.ends <= p_before
+     ORDER BY m.ends
+$_$;
+
+
+--
 -- Name: photo_jobs_new_life(); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -271,6 +348,35 @@ COMMENT ON COLUMN public.photo_jobs.heartbeat_at IS 'Last write that left the ac
 
 
 --
+-- Name: photo_jobs_history; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.photo_jobs_history (
+    photo_id text NOT NULL,
+    type text NOT NULL,
+    state text NOT NULL,
+    attempts integer NOT NULL,
+    max_attempts integer NOT NULL,
+    prior_attempts bigint NOT NULL,
+    last_error text,
+    created_at timestamp with time zone NOT NULL,
+    finished_at timestamp with time zone NOT NULL,
+    archived_at timestamp with time zone DEFAULT now() NOT NULL,
+    traceparent text,
+    tracestate text,
+    CONSTRAINT photo_jobs_history_state_check CHECK ((state = ANY (ARRAY['done'::text, 'failed'::text, 'cancelled'::text])))
+)
+PARTITION BY RANGE (finished_at);
+
+
+--
+-- Name: TABLE photo_jobs_history; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON TABLE public.photo_jobs_history IS 'Finished photo_jobs rows moved out of the queue table, one partition per UTC month of finished_at (photo_jobs.updated_at when moved).';
+
+
+--
 -- Name: reactor_migrations; Type: TABLE; Schema: public; Owner: -
 --
 
@@ -416,6 +522,13 @@ CREATE INDEX photo_jobs_finished_updated_idx ON public.photo_jobs USING btree (s
 
 
 --
+-- Name: photo_jobs_history_photo_id_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX photo_jobs_history_photo_id_idx ON ONLY public.photo_jobs_history USING btree (photo_id);
+
+
+--
 -- Name: photo_jobs_pending_due_idx; Type: INDEX; Schema: public; Owner: -
 --
 
@@ -484,4 +597,5 @@ INSERT INTO public.reactor_migrations (version, name) VALUES
     (16, 'add_trace_context'),
     (17, 'bound_attempt_counters'),
     (18, 'validate_attempt_bounds'),
-    (19, 'keep_heartbeats_heap_only');
+    (19, 'keep_heartbeats_heap_only'),
+    (20, 'create_photo_jobs_history');

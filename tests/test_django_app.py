@@ -57,7 +57,8 @@ def drop_djangos_tables(url: str) -> None:
             r[0]
             for r in conn.execute(
                 "SELECT tablename FROM pg_tables WHERE schemaname = 'public'"
-                " AND tablename <> 'photo_jobs' AND tablename NOT LIKE 'reactor\\_%'"
+                " AND tablename NOT IN ('photo_jobs', 'photo_jobs_history')"
+                " AND tablename NOT LIKE 'reactor\\_%'"
             )
         ]
         assert "django_migrations" in names

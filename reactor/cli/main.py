@@ -28,6 +28,7 @@ from reactor.cli.options import (
     run_options,
     sweep_options,
 )
+from reactor.cli.retention import RETENTION_COMMANDS
 from reactor.cli.worker import worker_command
 from reactor.dispatcher.doorbell import DoorbellMode
 from reactor.dispatcher.loop import Reactor
@@ -144,10 +145,31 @@ def migrate(database_url: str, print_sql: bool, all_files: bool) -> None:
     show_envvar=True,
     help="Rows deleted per retention transaction.",
 )
+@click.option(
+    "--archive-after",
+    callback=duration,
+    metavar="DURATION",
+    envvar="REACTOR_ARCHIVE_AFTER",
+    default=None,
+    show_envvar=True,
+    help="Move done, failed and cancelled rows older than this (at least 1h) to "
+    "photo_jobs_history, in small batches (default: off; not with --prune-done-after).",
+)
+@click.option(
+    "--drop-history-after",
+    callback=duration,
+    metavar="DURATION",
+    envvar="REACTOR_DROP_HISTORY_AFTER",
+    default=None,
+    show_envvar=True,
+    help="Drop the history months whose every row finished longer ago than this (e.g. 180d).",
+)
 def run(
     prune_done_after: float | None,
     prune_failed_after: float | None,
     prune_batch_size: int,
+    archive_after: float | None,
+    drop_history_after: float | None,
     **options: Any,
 ) -> None:
     """Run the reactor until SIGTERM/SIGINT (a second signal exits at once)."""
@@ -156,6 +178,8 @@ def run(
         prune_done_after_seconds=prune_done_after,
         prune_failed_after_seconds=prune_failed_after,
         prune_batch_size=prune_batch_size,
+        archive_after_seconds=archive_after,
+        drop_history_after_seconds=drop_history_after,
     )
     if settings.listen:
         # LISTEN needs a session of its own on the server (no transaction pooler in between),
@@ -202,7 +226,7 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
-for _command in (*OPS_COMMANDS, worker_command):
+for _command in (*OPS_COMMANDS, *RETENTION_COMMANDS, worker_command):
     cli.add_command(_command)
 
 _GLOBAL_OPTIONS = frozenset(opt for param in cli.params for opt in param.opts)

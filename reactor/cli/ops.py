@@ -1,6 +1,6 @@
-"""The operator commands of `reactor`: status, failures, pause, resume, requeue, cancel, prune,
-submit and dashboard. They read and write the table only through `reactor.ops` and never
-dispatch."""
+"""The operator commands of `reactor`: status, failures, pause, resume, requeue, cancel, submit
+and dashboard (prune and archive: `reactor.cli.retention`). They read and write the table only
+through `reactor.ops` and never dispatch."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ import click
 from reactor.cli.options import (
     connect_migrated,
     database_option,
-    duration,
     gone_option,
     redis_option,
     routes_option,
@@ -212,50 +211,6 @@ def cancel(
         ctx.exit(1)
 
 
-@click.command()
-@database_option
-@click.option("--done-older-than", callback=duration, metavar="DURATION", help="e.g. 7d, 12h.")
-@click.option("--failed-older-than", callback=duration, metavar="DURATION", help="e.g. 30d.")
-@click.option("--cancelled-older-than", callback=duration, metavar="DURATION", help="e.g. 7d.")
-@click.option("--dry-run", is_flag=True, help="Count the rows it would delete; delete nothing.")
-@click.option(
-    "--exact",
-    is_flag=True,
-    help="With --dry-run: count every row (a scan), not the planner's estimate of many rows.",
-)
-def prune(
-    *,
-    database_url: str,
-    done_older_than: float | None,
-    failed_older_than: float | None,
-    cancelled_older_than: float | None,
-    dry_run: bool,
-    exact: bool,
-) -> None:
-    """Delete done, failed and/or cancelled rows older than a duration, in batches (give at
-    least one). A dry run counts up to 100,000 rows of each state exactly and gives the
-    planner's estimate beyond (named in `estimated`), unless --exact."""
-    if done_older_than is None and failed_older_than is None and cancelled_older_than is None:
-        raise click.UsageError(
-            "give --done-older-than, --failed-older-than and/or --cancelled-older-than"
-        )
-    with connect_migrated(database_url, "prune", read_write=not dry_run) as conn:
-        result = admin.prune(
-            conn,
-            done_older_than=done_older_than,
-            failed_older_than=failed_older_than,
-            cancelled_older_than=cancelled_older_than,
-            dry_run=dry_run,
-            exact=exact,
-        )
-    verb = "would_delete" if dry_run else "deleted"
-    counts = {"done": result.done, "failed": result.failed, "cancelled": result.cancelled}
-    shown: dict[str, Any] = {f"{verb}_{state}": count for state, count in counts.items()}
-    if dry_run:
-        shown["estimated"] = list(result.estimated)
-    click.echo(json.dumps(shown))
-
-
 def _with_stdin(photo_ids: tuple[str, ...]) -> Iterator[str]:
     """The ids, with `-` replaced by the lines of standard input (read once)."""
     for photo_id in photo_ids:
@@ -435,7 +390,6 @@ OPS_COMMANDS = (
     resume,
     requeue,
     cancel,
-    prune,
     submit_command,
     dashboard,
 )

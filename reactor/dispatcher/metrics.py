@@ -91,6 +91,17 @@ class Metrics:
             ["state"],
             registry=r,
         )
+        self.archived = Counter(
+            "reactor_archived",
+            "Finished rows moved to photo_jobs_history (run --archive-after), by state.",
+            ["state"],
+            registry=r,
+        )
+        self.history_months_dropped = Counter(
+            "reactor_history_months_dropped",
+            "Monthly partitions of photo_jobs_history dropped (run --drop-history-after).",
+            registry=r,
+        )
         self.rescued = Counter(
             "reactor_rescued",
             "Active rows re-dispatched by the sweep, by reason (stale, lost).",

@@ -1,4 +1,5 @@
-"""Retention inside `reactor run`: delete old `done` (and `failed`) rows at a low, steady pace.
+"""Retention inside `reactor run`: delete old `done` (and `failed`) rows at a low, steady pace,
+or move old finished rows into the history and drop its old months (`reactor.pg.history`).
 
 `Pruner` runs in a thread of its own with a connection of its own (`application_name`
 'photo-reactor prune'), never on the loop's thread or work connection: a DELETE batch then
@@ -20,6 +21,7 @@ from reactor.dispatcher.metrics import Metrics
 from reactor.errors import ReactorError
 from reactor.pg import db
 from reactor.pg.db import Connection
+from reactor.pg.history import ARCHIVED_STATES, archive_finished, drop_history
 from reactor.pg.prune import PruneResult, prune_finished
 from reactor.settings import DEFAULT_PRUNE_BATCH_SIZE
 
@@ -38,7 +40,8 @@ PRUNE_INTERVAL_SECONDS = 60.0
 
 
 class Pruner:
-    """Deletes finished rows older than the given ages, from its own thread."""
+    """Deletes finished rows older than the given ages, or moves them into the history, from
+    its own thread."""
 
     def __init__(
         self,
@@ -46,6 +49,8 @@ class Pruner:
         *,
         done_after_seconds: float | None,
         failed_after_seconds: float | None = None,
+        archive_after_seconds: float | None = None,
+        drop_history_after_seconds: float | None = None,
         batch_size: int = DEFAULT_PRUNE_BATCH_SIZE,
         metrics: Metrics | None = None,
     ) -> None:
@@ -55,6 +60,12 @@ class Pruner:
             for state, age in (("done", done_after_seconds), ("failed", failed_after_seconds))
             if age is not None
         ]
+        self._archive_ages = (
+            []
+            if archive_after_seconds is None
+            else [(state, archive_after_seconds) for state in ARCHIVED_STATES]
+        )
+        self._drop_history_after = drop_history_after_seconds
         self._batch_size = batch_size
         self._metrics = metrics
         self._stop = threading.Event()
@@ -116,8 +127,37 @@ class Pruner:
                 result.batches,
                 time.monotonic() - started,
             )
+        if self._archive_ages:
+            started = time.monotonic()
+            moved = archive_finished(
+                self._conn,
+                self._archive_ages,
+                self._batch_size,
+                pause_seconds=PRUNE_PAUSE_SECONDS,
+                stop=self._stop,
+                on_batch=self._archived,
+            )
+            if moved.done or moved.failed or moved.cancelled:
+                logger.info(
+                    "rows_archived done=%d failed=%d cancelled=%d batches=%d seconds=%.1f",
+                    moved.done,
+                    moved.failed,
+                    moved.cancelled,
+                    moved.batches,
+                    time.monotonic() - started,
+                )
+        if self._drop_history_after is not None and not self._stop.is_set():
+            dropped = drop_history(self._conn, self._drop_history_after)
+            if dropped:
+                logger.info("history_dropped partitions=%s", ",".join(dropped))
+                if self._metrics is not None:
+                    self._metrics.history_months_dropped.inc(len(dropped))
         return result
 
     def _counted(self, state: str, rows: int) -> None:
         if self._metrics is not None:
             self._metrics.pruned.labels(state).inc(rows)
+
+    def _archived(self, state: str, rows: int) -> None:
+        if self._metrics is not None:
+            self._metrics.archived.labels(state).inc(rows)

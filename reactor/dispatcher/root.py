@@ -117,12 +117,19 @@ class Parts:
                 raise ConfigError(
                     f"cannot serve metrics on port {settings.metrics_port}: {exc}"
                 ) from None
-        if settings.prune_done_after_seconds is not None:
+        retention = (
+            settings.prune_done_after_seconds,
+            settings.archive_after_seconds,
+            settings.drop_history_after_seconds,
+        )
+        if any(age is not None for age in retention):
             # Its own thread and connection: DELETE batches never sit in the dispatch path.
             parts.pruner = Pruner(
                 settings.database_url,
                 done_after_seconds=settings.prune_done_after_seconds,
                 failed_after_seconds=settings.prune_failed_after_seconds,
+                archive_after_seconds=settings.archive_after_seconds,
+                drop_history_after_seconds=settings.drop_history_after_seconds,
                 batch_size=settings.prune_batch_size,
                 metrics=metrics,
             )

@@ -1,4 +1,5 @@
-"""Operator commands on rows: requeue finished rows, prune old ones (`reactor.pg.prune`).
+"""Operator commands on rows: requeue finished rows, prune old ones (`reactor.pg.prune`),
+archive them (`reactor.pg.history`).
 
 Both work in batches of `batch_size` rows, each its own short transaction with `SKIP LOCKED`,
 so they never hold locks on a large table for long and never wait behind the dispatcher.
@@ -10,14 +11,23 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from reactor.errors import ConfigError
 from reactor.pg import queries
 from reactor.pg.db import Connection, translating
-from reactor.pg.prune import PruneResult, count_finished, prune_finished
+from reactor.pg.history import (
+    HistoryMonth,
+    archive_finished,
+    drop_history,
+    history_months_before,
+)
+from reactor.pg.prune import PRUNED_STATES, PruneResult, count_finished, prune_finished
 
 __all__ = [
+    "ArchiveResult",
     "PruneResult",
+    "archive",
     "missing_photo_ids",
     "parse_duration",
     "prune",
@@ -75,22 +85,23 @@ def requeue_photos(
     *,
     batch_size: int = DEFAULT_ADMIN_BATCH,
 ) -> int:
-    """Move the `done`/`failed`/`cancelled` rows of these photos back to `pending`; rows
+    """Move the `done`/`failed`/`cancelled` rows of these photos back to `pending`, and bring
+    back as `pending` the latest archived life of those that have no row any more; rows
     moved."""
     total = 0
     for start in range(0, len(photo_ids), batch_size):
-        chunk = list(photo_ids[start : start + batch_size])
+        params = {"photo_ids": list(photo_ids[start : start + batch_size]), "type": job_type}
         with translating(f"requeue failed after {total} rows"), conn.transaction():
-            total += conn.execute(
-                queries.REQUEUE_PHOTOS, {"photo_ids": chunk, "type": job_type}
-            ).rowcount
+            total += conn.execute(queries.REQUEUE_PHOTOS, params).rowcount
+            total += conn.execute(queries.RESTORE_ARCHIVED, params).rowcount
     return total
 
 
 def missing_photo_ids(
     conn: Connection, photo_ids: Sequence[str], job_type: str | None = None
 ) -> list[str]:
-    """The given photo ids that have no row (of `job_type`, if given), in the order given."""
+    """The given photo ids that have no row (of `job_type`, if given), in photo_jobs or its
+    history, in the order given."""
     with translating("cannot look the photos up"), conn.transaction():
         found = {
             row[0]
@@ -130,3 +141,47 @@ def prune(
             estimated=tuple(state for state, count in found.items() if count.estimated),
         )
     return prune_finished(conn, ages, batch_size)
+
+
+@dataclass(frozen=True)
+class ArchiveResult:
+    """Rows moved to the history (or, in a dry run, that would be) by state, and the history
+    months dropped (or that would be), with their rows as the statistics have them."""
+
+    moved: PruneResult
+    dropped: list[HistoryMonth]
+
+
+def archive(
+    conn: Connection,
+    *,
+    older_than: float | None,
+    drop_history_after: float | None = None,
+    batch_size: int = DEFAULT_ADMIN_BATCH,
+    dry_run: bool = False,
+    exact: bool = False,
+) -> ArchiveResult:
+    """Move every done, failed and cancelled row last updated longer ago than `older_than`
+    seconds into the history, then drop the history months older than `drop_history_after`;
+    with `dry_run`, count what would go and change nothing."""
+    ages = [] if older_than is None else [(state, older_than) for state in PRUNED_STATES]
+    if dry_run:
+        found = {state: count_finished(conn, state, age, exact=exact) for state, age in ages}
+        counts = {state: count.rows for state, count in found.items()}
+        moved = PruneResult(
+            counts.get("done", 0),
+            counts.get("failed", 0),
+            cancelled=counts.get("cancelled", 0),
+            estimated=tuple(state for state, count in found.items() if count.estimated),
+        )
+        months = (
+            [] if drop_history_after is None else history_months_before(conn, drop_history_after)
+        )
+        return ArchiveResult(moved, months)
+    moved = archive_finished(conn, ages, batch_size)
+    if drop_history_after is None:
+        return ArchiveResult(moved, [])
+    # Names only: a dropped partition's rows are known only from the statistics read before.
+    before = {m.name: m for m in history_months_before(conn, drop_history_after)}
+    dropped = drop_history(conn, drop_history_after)
+    return ArchiveResult(moved, [before.get(name, HistoryMonth(name, 0)) for name in dropped])

@@ -30,7 +30,8 @@ from reactor.ops.pause import PausedType, paused_types
 from reactor.ops.terminal import visible
 from reactor.pg import queries
 from reactor.pg.db import Connection, translating
-from reactor.pg.estimates import counts_by_type
+from reactor.pg.estimates import Count, counts_by_type
+from reactor.pg.history import count_history
 from reactor.pg.registry import RecordedRoute, read_recorded_routes
 from reactor.pg.vacuum import VacuumHealth, read_vacuum_health
 from reactor.redact import redact
@@ -91,6 +92,9 @@ class Status:
     claim_refused: list[tuple[str, str, str]] = field(default_factory=list)
     #: What holds back vacuum of the table (None: not read).
     vacuum: VacuumHealth | None = None
+    #: Rows archived into photo_jobs_history, and its monthly partitions.
+    history: Count = field(default_factory=lambda: Count(0))
+    history_months: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -116,6 +120,11 @@ class Status:
                 {"type": t, "photo_id": p, "error": e} for t, p, e in self.claim_refused
             ],
             "postgres": None if self.vacuum is None else self.vacuum.as_dict(),
+            "history": {
+                "rows": self.history.rows,
+                "estimated": self.history.estimated,
+                "months": self.history_months,
+            },
         }
 
 
@@ -225,6 +234,7 @@ def read_status(
                 {"prefix": CLAIM_REFUSED_PREFIX, "limit": MAX_REFUSED_SHOWN},
             )
         ]
+        history, history_months = count_history(conn, exact=exact)
     vacuum = read_vacuum_health(conn)
     gone: dict[str, int] | None = None
     redis_error = None
@@ -250,7 +260,9 @@ def read_status(
         for job_type, age, next_at, stale in rows
     ]
     unrouted = sorted(t for t in pending_types if t not in routed)
-    return Status(types, unrouted, routes, paused, redis_error, refused, vacuum)
+    return Status(
+        types, unrouted, routes, paused, redis_error, refused, vacuum, history, history_months
+    )
 
 
 def _workers_gone(client: redis.Redis, refs: list[JobRef]) -> dict[str, int]:
@@ -324,7 +336,12 @@ def format_status(status: Status) -> str:
         lines.append(f"workers' liveness unknown (Redis: {status.redis_error})")
     for job_type, photo_id, error in status.claim_refused:
         lines.append(f"claim refused: {job_type} {photo_id!r}: {error}")
-    if any(t.estimated for t in status.types):
+    if status.history.rows or status.history_months:
+        lines.append(
+            f"history: {shown_count(status.history.rows, status.history.estimated)} rows"
+            f" archived, in {status.history_months} monthly partitions (photo_jobs_history)"
+        )
+    if any(t.estimated for t in status.types) or status.history.estimated:
         lines.append(
             "\N{ALMOST EQUAL TO}: the planner's estimate of many rows (--exact counts them all)"
         )

@@ -262,9 +262,15 @@ SELECT r.type, r.handler, r.queue, max(r.registered_at) AS registered_at,
  ORDER BY r.type, max(r.registered_at) DESC
 
 -- name: FOUND_PHOTO_IDS
--- The photo ids among the given ones that have a row (of `type`, if given).
-SELECT DISTINCT photo_id
+-- The photo ids among the given ones that have a row (of `type`, if given), in photo_jobs or
+-- archived.
+SELECT photo_id
   FROM photo_jobs
+ WHERE photo_id = ANY (%(photo_ids)s::text[])
+   AND (%(type)s::text IS NULL OR type = %(type)s)
+UNION
+SELECT photo_id
+  FROM photo_jobs_history
  WHERE photo_id = ANY (%(photo_ids)s::text[])
    AND (%(type)s::text IS NULL OR type = %(type)s)
 
@@ -378,6 +384,77 @@ EXPLAIN (FORMAT JSON)
 SELECT FROM photo_jobs
  WHERE state = %(state)s
    AND updated_at < now() - make_interval(secs => %(age)s::float8)
+
+-- name: ARCHIVE_FINISHED
+-- Move up to `limit` rows in `state` (done, failed or cancelled) last updated more than `age`
+-- seconds ago, oldest first, from photo_jobs to photo_jobs_history in one statement: the rows
+-- PRUNE_FINISHED would delete, inserted as they were (`updated_at` as `finished_at`). Rows
+-- locked by others are skipped; a failure (a month without its partition) moves none.
+WITH moved AS (
+     DELETE FROM photo_jobs
+      WHERE ctid = ANY (ARRAY(
+              SELECT ctid FROM photo_jobs
+               WHERE state = %(state)s
+                 AND updated_at < now() - make_interval(secs => %(age)s::float8)
+               ORDER BY updated_at
+               LIMIT %(limit)s
+                 FOR UPDATE SKIP LOCKED))
+        AND state = %(state)s
+  RETURNING photo_id, type, state, attempts, max_attempts, prior_attempts, last_error,
+            created_at, updated_at, traceparent, tracestate)
+INSERT INTO photo_jobs_history (photo_id, type, state, attempts, max_attempts, prior_attempts,
+                                last_error, created_at, finished_at, traceparent, tracestate)
+SELECT photo_id, type, state, attempts, max_attempts, prior_attempts, last_error,
+       created_at, updated_at, traceparent, tracestate
+  FROM moved
+
+-- name: ADD_HISTORY_MONTHS
+-- Before an archive of `state`: the history partitions for every month from the oldest row
+-- ARCHIVE_FINISHED would move through next month, those missing created (how many). One
+-- probe of the state's index; nothing is created when there is no such row.
+SELECT photo_jobs_history_add_months(
+           (SELECT min(updated_at) FROM photo_jobs
+             WHERE state = %(state)s
+               AND updated_at < now() - make_interval(secs => %(age)s::float8)),
+           now() + interval '1 month')
+
+-- name: DROP_HISTORY_BEFORE
+-- Drop the history months whose every row finished more than `age` seconds ago: their names.
+SELECT photo_jobs_history_drop_before(now() - make_interval(secs => %(age)s::float8))
+
+-- name: HISTORY_MONTHS_BEFORE
+-- What DROP_HISTORY_BEFORE would drop (`reactor archive --dry-run`): each month's partition
+-- and its rows as the statistics have them (0 before its first ANALYZE).
+SELECT name, estimated_rows
+  FROM photo_jobs_history_months_before(now() - make_interval(secs => %(age)s::float8))
+
+-- name: HISTORY_COUNT_UP_TO
+-- `reactor status`: rows in photo_jobs_history, reading at most `limit` of them (NULL: all),
+-- and its monthly partitions; a count that reaches `limit` stopped early, and the caller
+-- asks the planner instead (ESTIMATE_HISTORY).
+SELECT (SELECT count(*) FROM (SELECT FROM photo_jobs_history LIMIT %(limit)s) AS h),
+       (SELECT count(*) FROM pg_inherits
+         WHERE inhparent = 'photo_jobs_history'::regclass)
+
+-- name: ESTIMATE_HISTORY
+-- The planner's estimate of the rows in photo_jobs_history (a one-row EXPLAIN in JSON).
+EXPLAIN (FORMAT JSON) SELECT FROM photo_jobs_history
+
+-- name: RESTORE_ARCHIVED
+-- `reactor requeue` of photos whose rows were archived: the latest archived life of each
+-- (photo, type) among the given ids (of `type`, if not NULL) that has no row in photo_jobs
+-- comes back as a pending row, due now, at attempts 0, its token going on from the archived
+-- life's (prior_attempts + attempts). The history row stays: the record of that life.
+INSERT INTO photo_jobs (photo_id, type, max_attempts, prior_attempts, next_retry_at)
+SELECT l.photo_id, l.type, l.max_attempts, l.prior_attempts + l.attempts, now()
+  FROM (SELECT DISTINCT ON (h.photo_id, h.type) h.photo_id, h.type, h.max_attempts,
+               h.prior_attempts, h.attempts
+          FROM photo_jobs_history AS h
+         WHERE h.photo_id = ANY (%(photo_ids)s::text[])
+           AND (%(type)s::text IS NULL OR h.type = %(type)s)
+         ORDER BY h.photo_id, h.type, h.finished_at DESC) AS l
+ ORDER BY l.photo_id, l.type
+ON CONFLICT (photo_id, type) DO NOTHING
 
 -- name: CURRENT_MINUTE
 -- The dashboard: the database's clock, and its current minute (the right end of the
