@@ -546,7 +546,8 @@ def test_no_postgres_session_is_opened_per_job(
     burst_ours(spawn, env, kind, handler="noop")
     opened = sessions(conn, env.database_name) - before
     assert states(conn) == {"done": 201}
-    assert opened <= 1, opened  # the worker's one connection
+    # The worker's connections at start (one, at times two), never one per job (201 jobs).
+    assert opened <= 2, opened
     # What the plain `rq worker` path costs, measured the same way: the test can fail.
     with conn.transaction():
         for i in range(20):
