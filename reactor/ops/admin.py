@@ -112,6 +112,18 @@ def missing_photo_ids(
     return [p for p in dict.fromkeys(photo_ids) if p not in found]
 
 
+def _counted(conn: Connection, ages: list[tuple[str, float]], exact: bool) -> PruneResult:
+    """What a prune or an archive of these (state, age) would take, counted (a dry run)."""
+    found = {state: count_finished(conn, state, age, exact=exact) for state, age in ages}
+    counts = {state: count.rows for state, count in found.items()}
+    return PruneResult(
+        counts.get("done", 0),
+        counts.get("failed", 0),
+        cancelled=counts.get("cancelled", 0),
+        estimated=tuple(state for state, count in found.items() if count.estimated),
+    )
+
+
 def prune(
     conn: Connection,
     *,
@@ -132,14 +144,7 @@ def prune(
         if age is not None
     ]
     if dry_run:
-        found = {state: count_finished(conn, state, age, exact=exact) for state, age in ages}
-        counts = {state: count.rows for state, count in found.items()}
-        return PruneResult(
-            counts.get("done", 0),
-            counts.get("failed", 0),
-            cancelled=counts.get("cancelled", 0),
-            estimated=tuple(state for state, count in found.items() if count.estimated),
-        )
+        return _counted(conn, ages, exact)
     return prune_finished(conn, ages, batch_size)
 
 
@@ -166,14 +171,7 @@ def archive(
     with `dry_run`, count what would go and change nothing."""
     ages = [] if older_than is None else [(state, older_than) for state in PRUNED_STATES]
     if dry_run:
-        found = {state: count_finished(conn, state, age, exact=exact) for state, age in ages}
-        counts = {state: count.rows for state, count in found.items()}
-        moved = PruneResult(
-            counts.get("done", 0),
-            counts.get("failed", 0),
-            cancelled=counts.get("cancelled", 0),
-            estimated=tuple(state for state, count in found.items() if count.estimated),
-        )
+        moved = _counted(conn, ages, exact)
         months = (
             [] if drop_history_after is None else history_months_before(conn, drop_history_after)
         )
