@@ -179,8 +179,11 @@ def client_for(url: str, **kwargs: Any) -> redis.Redis:
         sentinel_kwargs["username"] = target.sentinel_username
     if target.sentinel_password:
         sentinel_kwargs["password"] = target.sentinel_password
-    sentinel = Sentinel(list(target.sentinels), sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
-    client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
+    # Typed as Any: redis-py releases differ in whether Sentinel is annotated (a type: ignore
+    # is needed with one and refused as unused with the other).
+    sentinel_class: Any = Sentinel
+    sentinel = sentinel_class(list(target.sentinels), sentinel_kwargs=sentinel_kwargs)
+    client: redis.Redis = sentinel.master_for(
         target.master_name,
         db=target.db,
         username=target.username,
