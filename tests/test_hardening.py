@@ -596,9 +596,19 @@ def test_a_session_holding_a_doorbell_key_does_not_keep_the_reactor_spinning(
         timeout=20,
         what="the shared request queued behind the armed reactor",
     )
-    for i in range(BUSY_RINGS):  # notifications coming fast: the reactor releases the keys
+    # Notifications coming fast: the reactor drains and releases the keys. They are sent by
+    # one commit, so they arrive together however slow the machine (separate commits could
+    # be spread beyond the busy window); distinct payloads, so Postgres sends each.
+    with conn.transaction():
         conn.execute(
-            "INSERT INTO photo_jobs (photo_id, type) VALUES (%s, 'photo.process')", [f"wake{i}"]
+            "INSERT INTO photo_jobs (photo_id, type)"
+            " SELECT 'wake' || i, 'photo.process' FROM generate_series(1, %s) AS i",
+            [BUSY_RINGS],
+        )
+        conn.execute(
+            "SELECT pg_notify('photo_jobs', 'photo.process wake' || i)"
+            " FROM generate_series(1, %s) AS i",
+            [BUSY_RINGS],
         )
     assert taken.wait(20), "the reactor never released the doorbell after routed NOTIFYs"
     wait_for(
