@@ -1,5 +1,5 @@
 """`python -m bench [all|latency|drain|sweep|writers|memory|scaleout|operator|workers|dashboard|
-tracing|counts|hot|pressure|history ...] [--quick] [--minutes M] [--before]`.
+tracing|fork|counts|hot|pressure|history ...] [--quick] [--minutes M] [--before]`.
 
 Runs the chosen benchmarks against real servers (see bench.common), prints each table, and
 writes bench/results/latest.json and bench/results/latest.md.
@@ -19,6 +19,7 @@ from bench import (
     big_counts,
     dashboard,
     drain,
+    forkcost,
     heap_only,
     history,
     latency,
@@ -44,6 +45,7 @@ SUITES: dict[str, tuple[str, Callable[[bool], dict[str, Any]]]] = {
     "workers": ("Workers end to end", workers.run),
     "dashboard": ("Dashboard on a big table", dashboard.run),
     "tracing": ("Tracing's cost end to end", tracing.run),
+    "fork": ("A work horse's fork with the OpenTelemetry SDK loaded", forkcost.run),
     "counts": ("Operator counts on a big table", big_counts.run),
     "hot": ("Heap-only updates of the lifecycle", heap_only.run),
     "pressure": ("Claims under a held snapshot", pressure.run),
