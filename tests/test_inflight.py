@@ -3,7 +3,7 @@
 Against a real Postgres, with and without prepared statements: answers and the fence, a start
 racing the claim that enqueued its job, a statement error, a session that lost its
 prepared statements, and a session terminated with a statement in flight (the store reconnects
-on the next send).
+on the next send) or before a read of the recorded routes (the read reconnects and answers).
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from reactor.errors import StatementError
+from reactor.errors import DatabaseError, StatementError
+from reactor.pg.registry import routes_in_use
 from reactor.worker.inflight import DONE, START, InFlight
 from reactor.worker.lifecycle import Store
 from tests.support.env import Env
@@ -177,6 +178,27 @@ def test_a_session_terminated_mid_statement_is_closed_and_the_next_send_reconnec
     assert written is not None and written.rows == 1
     assert store.conn.info.backend_pid != session
     assert state(conn) == ("done", 2)
+
+
+def test_a_read_on_a_terminated_session_reconnects_and_answers(
+    store: Store, conn: psycopg.Connection[Any]
+) -> None:
+    conn.execute(
+        "INSERT INTO reactor_routes (type, handler, queue, lock_key, registered_by)"
+        " VALUES ('photo.process', 'tests.handlers.ok', 'photos', 1, 'x')"
+    )
+    session = store.conn.info.backend_pid
+    conn.execute("SELECT pg_terminate_backend(%s)", [session])
+    # What a job's route check does: the killed session costs a reconnect, not the attempt.
+    routes = store.run(routes_in_use)
+    assert routes["photo.process"].handler == "tests.handlers.ok"
+    assert store.conn.info.backend_pid != session
+    # Once, without the retry, the same kill is the read's failure.
+    session = store.conn.info.backend_pid
+    conn.execute("SELECT pg_terminate_backend(%s)", [session])
+    with pytest.raises(DatabaseError, match="cannot read the routes"):
+        store.run_once(routes_in_use)
+    assert store.run_once(routes_in_use) == routes
 
 
 @pytest.fixture

@@ -139,7 +139,7 @@ class _Lifecycle(SystemdNotify, StartupChecks, KeyRenewal, BaseWorker):
                 self._settings_error = self._settings_error or exc
         # The only handlers this worker runs: every job is checked against them.
         self._own = OwnRoutes(
-            routes, settings.handler_prefixes, lambda: registry.routes_in_use(self._store.conn)
+            routes, settings.handler_prefixes, lambda: self._store.run(registry.routes_in_use)
         )
         try:
             prepared = db.prepared_statements_enabled()

@@ -264,7 +264,7 @@ def _process_own_routes(settings: WorkerSettings, store: Store) -> OwnRoutes:
     global _own, _own_pid
     if _own is None or _own_pid != os.getpid():
         _own = OwnRoutes(
-            given_routes() or None, settings.handler_prefixes, lambda: routes_in_use(store.conn)
+            given_routes() or None, settings.handler_prefixes, lambda: store.run(routes_in_use)
         )
         _own_pid = os.getpid()
     return _own

@@ -42,7 +42,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import tenacity
 
@@ -53,6 +53,8 @@ from reactor.redact import redact
 from reactor.settings import WorkerSettings
 from reactor.throttle import LogThrottle
 from reactor.validate import MAX_ERROR_CHARS
+
+_T = TypeVar("_T")
 
 __all__ = [
     "HEARTBEAT_SLACK",
@@ -178,19 +180,29 @@ class Store:
             self._conn.close()
             self._conn = None
 
+    @staticmethod
+    def _statement(
+        conn: db.Connection, query: str, params: dict[str, Any]
+    ) -> tuple[int, tuple[Any, ...] | None]:
+        with db.translating("worker query failed"):
+            cursor = conn.execute(query, params)
+            return cursor.rowcount, cursor.fetchone() if cursor.description else None
+
     def execute_once(
         self, query: str, params: dict[str, Any]
     ) -> tuple[int, tuple[Any, ...] | None]:
-        """Run one statement once; (rows changed, first row).
+        """One statement once; (rows changed, first row). Raises as `run_once` does."""
+        return self.run_once(lambda conn: self._statement(conn, query, params))
+
+    def run_once(self, work: Callable[[db.Connection], _T]) -> _T:
+        """`work(connection)` once; a failed connection is closed (the next call reconnects).
 
         Raises:
-            StatementError: the statement failed on a healthy connection.
-            DatabaseError: the connection failed (it is closed; the next call reconnects).
+            StatementError: a statement failed on a healthy connection.
+            DatabaseError: the connection failed.
         """
         try:
-            with db.translating("worker query failed"):
-                cursor = self.conn.execute(query, params)
-                return cursor.rowcount, cursor.fetchone() if cursor.description else None
+            return work(self.conn)
         except StatementError:
             raise  # the statement's own failure: retrying it cannot help
         except DatabaseError:
@@ -199,19 +211,32 @@ class Store:
             raise
 
     def execute(self, query: str, params: dict[str, Any]) -> tuple[int, tuple[Any, ...] | None]:
-        """`execute_once`, retried with backoff on connection failures (about 15 s in all).
+        """`execute_once`, retried as `run` is.
 
         Raises:
+            StatementError: the statement failed on a healthy connection.
+            DatabaseError: Postgres stayed unreachable through every retry.
+        """
+        return self.run(lambda conn: self._statement(conn, query, params))
+
+    def run(self, work: Callable[[db.Connection], _T]) -> _T:
+        """`run_once`, retried with backoff on connection failures (about 15 s in all): a
+        session killed under a statement or a read (the recorded routes) costs a reconnect,
+        not the attempt.
+
+        Raises:
+            StatementError: a statement failed on a healthy connection.
             DatabaseError: Postgres stayed unreachable through every retry.
         """
         try:
             # The first try outside tenacity: its bookkeeping would be paid on every job.
-            return self.execute_once(query, params)
+            return self.run_once(work)
         except StatementError:
             raise
         except DatabaseError:
             pass
-        return self._retrying(self.execute_once, query, params)
+        result: _T = self._retrying(self.run_once, work)
+        return result
 
 
 def _params(ref: JobRef) -> dict[str, Any]:
