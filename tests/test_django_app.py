@@ -88,6 +88,16 @@ def test_manage_migrate_then_the_admin(
             " ('IMG_4', 'photo.thumb', 'failed', 5, 'boom IMG_4'),"
             " ('IMG_1', 'photo.thumb', 'done', 1, NULL)"
         )
+        # Two archived lives: one of a photo that has a row (it stays), one that has none.
+        conn.execute(
+            "SELECT photo_jobs_history_add_months(now() - interval '2 days', now());"
+            " INSERT INTO photo_jobs_history (photo_id, type, state, attempts, max_attempts,"
+            " prior_attempts, created_at, finished_at) VALUES"
+            " ('IMG_1', 'photo.process', 'done', 1, 5, 0, now() - interval '3 days',"
+            "  now() - interval '2 days'),"
+            " ('IMG_9', 'photo.process', 'failed', 5, 5, 0, now() - interval '3 days',"
+            "  now() - interval '2 days')"
+        )
     checked = manage(url, "admin_check.py")
     assert checked.returncode == 0, checked.stderr
     seen = json.loads(checked.stdout)
@@ -102,12 +112,15 @@ def test_manage_migrate_then_the_admin(
     # Every photo selected; the first action under a type filter, so only that type's row.
     assert seen["requeue_failed"] == {"status": 200, "messages": ["1 failed row(s) requeued"]}
     assert seen["requeue_done"] == {"status": 200, "messages": ["2 done row(s) requeued"]}
+    assert seen["history"] == {"status": 200, "photos": ["IMG_1", "IMG_9"]}
+    assert seen["restore"] == {"status": 200, "messages": ["1 archived photo(s) requeued"]}
     assert rows(url) == {
         ("IMG_1", "photo.process"): ("pending", 0, 2),  # a new life, the token going on
         ("IMG_2", "photo.process"): ("pending", 0, 1),
         ("IMG_3", "photo.process"): ("active", 1, 0),  # selected, but a worker's: untouched
         ("IMG_4", "photo.thumb"): ("failed", 5, 0),  # filtered out
         ("IMG_1", "photo.thumb"): ("pending", 0, 1),
+        ("IMG_9", "photo.process"): ("pending", 0, 5),  # back from the history
     }
 
     drop_djangos_tables(url)

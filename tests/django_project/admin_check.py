@@ -1,5 +1,6 @@
-"""Drive the admin with Django's test client: the changelist filtered and searched, and the
-requeue actions. Prints one JSON object of what it saw."""
+"""Drive the admin with Django's test client: the changelist filtered and searched, the
+requeue actions, and the history's list and its requeue. Prints one JSON object of what it
+saw."""
 
 from __future__ import annotations
 
@@ -42,4 +43,17 @@ for action, query in (("requeue_failed", "?type__exact=photo.process"), ("requeu
         "status": page.status_code,
         "messages": [str(m) for m in page.context["messages"]],
     }
+history = "/admin/reactor/archivedphotojob/"
+page = client.get(history)
+seen["history"] = {
+    "status": page.status_code,
+    "photos": sorted(r.photo_id for r in page.context["cl"].result_list),
+}
+page = client.post(
+    history, {"action": "restore", "_selected_action": ["IMG_1", "IMG_9"]}, follow=True
+)
+seen["restore"] = {
+    "status": page.status_code,
+    "messages": [str(m) for m in page.context["messages"]],
+}
 print(json.dumps(seen))

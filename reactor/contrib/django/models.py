@@ -1,4 +1,5 @@
-"""`PhotoJob`: the rows of `photo_jobs`, unmanaged (the SQL migrations own the table).
+"""`PhotoJob`: the rows of `photo_jobs`; `ArchivedPhotoJob`: those of `photo_jobs_history`.
+Both unmanaged (the SQL migrations own the tables).
 
 The table's key is (photo_id, type); Django's admin takes only a one-column key, so
 `photo_id` stands in for it here: query with both (`PhotoJob.objects.filter(photo_id=...,
@@ -34,3 +35,29 @@ class PhotoJob(models.Model):
 
     def __str__(self) -> str:
         return f"{self.type} {self.photo_id} ({self.state})"
+
+
+class ArchivedPhotoJob(models.Model):
+    """A finished life of a photo's job, moved out of `photo_jobs` by `reactor archive`.
+    Several lives of one (photo_id, type) may be here; `photo_id` stands in for a key as in
+    `PhotoJob`."""
+
+    photo_id = models.TextField(primary_key=True)
+    type = models.TextField()
+    state = models.TextField(choices=STATES)
+    attempts = models.IntegerField()
+    max_attempts = models.IntegerField()
+    prior_attempts = models.BigIntegerField()
+    last_error = models.TextField(null=True)
+    created_at = models.DateTimeField()
+    finished_at = models.DateTimeField()
+    archived_at = models.DateTimeField()
+
+    class Meta:
+        managed = False
+        db_table = "photo_jobs_history"
+        verbose_name = "archived photo job"
+        ordering = ("-finished_at",)
+
+    def __str__(self) -> str:
+        return f"{self.type} {self.photo_id} ({self.state}, archived)"
