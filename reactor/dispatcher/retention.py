@@ -18,7 +18,7 @@ import threading
 import time
 
 from reactor.dispatcher.metrics import Metrics
-from reactor.errors import ReactorError
+from reactor.errors import ReactorError, StatementError
 from reactor.pg import db
 from reactor.pg.db import Connection
 from reactor.pg.history import ARCHIVED_STATES, archive_finished, drop_history
@@ -128,7 +128,21 @@ class Pruner:
                 time.monotonic() - started,
             )
         if self._archive_ages:
-            started = time.monotonic()
+            self._archive()
+        if self._drop_history_after is not None and not self._stop.is_set():
+            dropped = drop_history(self._conn, self._drop_history_after)
+            if dropped:
+                logger.info("history_dropped partitions=%s", ",".join(dropped))
+                if self._metrics is not None:
+                    self._metrics.history_months_dropped.inc(len(dropped))
+        return result
+
+    def _archive(self) -> None:
+        # A state that cannot be archived (its partitions, a user's trigger) is reported each
+        # round; the other states were archived, and the history's drop still runs.
+        assert self._conn is not None
+        started = time.monotonic()
+        try:
             moved = archive_finished(
                 self._conn,
                 self._archive_ages,
@@ -137,22 +151,20 @@ class Pruner:
                 stop=self._stop,
                 on_batch=self._archived,
             )
-            if moved.done or moved.failed or moved.cancelled:
-                logger.info(
-                    "rows_archived done=%d failed=%d cancelled=%d batches=%d seconds=%.1f",
-                    moved.done,
-                    moved.failed,
-                    moved.cancelled,
-                    moved.batches,
-                    time.monotonic() - started,
-                )
-        if self._drop_history_after is not None and not self._stop.is_set():
-            dropped = drop_history(self._conn, self._drop_history_after)
-            if dropped:
-                logger.info("history_dropped partitions=%s", ",".join(dropped))
-                if self._metrics is not None:
-                    self._metrics.history_months_dropped.inc(len(dropped))
-        return result
+        except StatementError as exc:
+            logger.warning(
+                "archive_failed error=%s (next round in %gs)", exc, PRUNE_INTERVAL_SECONDS
+            )
+            return
+        if moved.done or moved.failed or moved.cancelled:
+            logger.info(
+                "rows_archived done=%d failed=%d cancelled=%d batches=%d seconds=%.1f",
+                moved.done,
+                moved.failed,
+                moved.cancelled,
+                moved.batches,
+                time.monotonic() - started,
+            )
 
     def _counted(self, state: str, rows: int) -> None:
         if self._metrics is not None:

@@ -13,7 +13,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from reactor.errors import ConfigError
+from reactor.errors import ConfigError, StatementError
 from reactor.pg import queries
 from reactor.pg.db import Connection, translating
 from reactor.pg.history import (
@@ -176,7 +176,13 @@ def archive(
             [] if drop_history_after is None else history_months_before(conn, drop_history_after)
         )
         return ArchiveResult(moved, months)
-    moved = archive_finished(conn, ages, batch_size)
+    try:
+        moved = archive_finished(conn, ages, batch_size)
+    except StatementError:
+        # One state that cannot be archived does not keep old months: drop, then report it.
+        if drop_history_after is not None:
+            drop_history(conn, drop_history_after)
+        raise
     if drop_history_after is None:
         return ArchiveResult(moved, [])
     # Names only: a dropped partition's rows are known only from the statistics read before.

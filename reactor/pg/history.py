@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from reactor.errors import StatementError
 from reactor.pg import queries
 from reactor.pg.db import Connection, translating
 from reactor.pg.estimates import EXACT_UP_TO, Count, planner_rows
@@ -33,6 +34,11 @@ __all__ = [
 
 #: The states archived, like the states pruned.
 ARCHIVED_STATES = PRUNED_STATES
+
+#: The most months of history an archive round creates partitions for, per state (one index
+#: probe each): a state with rows in more months moves the oldest, then fails on the first
+#: month without its partition, and the next round goes on from there.
+MONTHS_PER_ROUND = 120
 
 
 @dataclass(frozen=True)
@@ -54,27 +60,51 @@ def archive_finished(
 ) -> PruneResult:
     """Move the rows of each (state, age) last updated more than `age` seconds ago into the
     history, as `reactor.pg.prune.prune_finished` deletes them (same batches, pauses and
-    stop); the result counts the rows moved.
+    stop); the result counts the rows moved. Rows last updated in a year BC stay (no
+    partition can be named for them; a prune deletes them).
+
+    A state whose partitions cannot be made or whose batch fails on a healthy connection does
+    not hold back the others: every state is archived as far as it goes, then the first
+    failure is raised.
 
     Raises:
-        DatabaseError: a batch failed, or a month's partition could not be created (the rows
-            of that batch stay in photo_jobs; the message says how many went).
+        StatementError: a state's partitions could not be made or its batch failed (that
+            batch's rows stay in photo_jobs; the message says how many rows went).
+        DatabaseError: the connection was lost.
     """
-    ages = list(ages)
+    moved = PruneResult(0, 0, 0, 0)
+    failure: StatementError | None = None
     for state, age in ages:
-        failing = f"cannot make the history's partitions for {state} rows"
-        with translating(failing), conn.transaction():
-            conn.execute(queries.ADD_HISTORY_MONTHS, {"state": state, "age": age})
-    return prune_finished(
-        conn,
-        ages,
-        batch_size,
-        pause_seconds=pause_seconds,
-        stop=stop,
-        on_batch=on_batch,
-        statement=queries.ARCHIVE_FINISHED,
-        what="archive",
-    )
+        try:
+            failing = f"cannot make the history's partitions for {state} rows"
+            with translating(failing), conn.transaction():
+                conn.execute(
+                    queries.ADD_HISTORY_MONTHS,
+                    {"state": state, "age": age, "months": MONTHS_PER_ROUND},
+                )
+            result = prune_finished(
+                conn,
+                [(state, age)],
+                batch_size,
+                pause_seconds=pause_seconds,
+                stop=stop,
+                on_batch=on_batch,
+                statement=queries.ARCHIVE_FINISHED,
+                what="archive",
+            )
+        except StatementError as exc:
+            failure = failure or exc
+            continue
+        moved = PruneResult(
+            moved.done + result.done,
+            moved.failed + result.failed,
+            moved.batches + result.batches,
+            moved.cancelled + result.cancelled,
+        )
+    if failure is not None:
+        archived = moved.done + moved.failed + moved.cancelled
+        raise StatementError(f"{failure} ({archived} rows archived)") from failure
+    return moved
 
 
 def drop_history(conn: Connection, age: float) -> list[str]:

@@ -388,13 +388,15 @@ SELECT FROM photo_jobs
 -- name: ARCHIVE_FINISHED
 -- Move up to `limit` rows in `state` (done, failed or cancelled) last updated more than `age`
 -- seconds ago, oldest first, from photo_jobs to photo_jobs_history in one statement: the rows
--- PRUNE_FINISHED would delete, inserted as they were (`updated_at` as `finished_at`). Rows
--- locked by others are skipped; a failure (a month without its partition) moves none.
+-- PRUNE_FINISHED would delete, inserted as they were (`updated_at` as `finished_at`), except
+-- rows of a year BC, which no partition's name can hold (prune deletes them). Rows locked by
+-- others are skipped; a failure (a month without its partition) moves none.
 WITH moved AS (
      DELETE FROM photo_jobs
       WHERE ctid = ANY (ARRAY(
               SELECT ctid FROM photo_jobs
                WHERE state = %(state)s
+                 AND updated_at >= '0001-01-01 00:00:00+00'
                  AND updated_at < now() - make_interval(secs => %(age)s::float8)
                ORDER BY updated_at
                LIMIT %(limit)s
@@ -409,14 +411,36 @@ SELECT photo_id, type, state, attempts, max_attempts, prior_attempts, last_error
   FROM moved
 
 -- name: ADD_HISTORY_MONTHS
--- Before an archive of `state`: the history partitions for every month from the oldest row
--- ARCHIVE_FINISHED would move through next month, those missing created (how many). One
--- probe of the state's index; nothing is created when there is no such row.
-SELECT photo_jobs_history_add_months(
-           (SELECT min(updated_at) FROM photo_jobs
-             WHERE state = %(state)s
-               AND updated_at < now() - make_interval(secs => %(age)s::float8)),
-           now() + interval '1 month')
+-- Before an archive of `state`: the history partitions for each month that holds a row
+-- ARCHIVE_FINISHED would move, oldest first, at most `months` of them, and for the months of
+-- the cutoff, of now and the next (rows that pass the cutoff meanwhile); those missing are
+-- created (how many). One index probe a month holding rows, so a row of 1900 costs one partition, not one
+-- per month since. Nothing is created when there is no such row.
+WITH RECURSIVE held(month) AS (
+     SELECT date_trunc('month', min(updated_at) AT TIME ZONE 'UTC')
+       FROM photo_jobs
+      WHERE state = %(state)s
+        AND updated_at >= '0001-01-01 00:00:00+00'
+        AND updated_at < now() - make_interval(secs => %(age)s::float8)
+  UNION ALL
+     SELECT (SELECT date_trunc('month', min(p.updated_at) AT TIME ZONE 'UTC')
+               FROM photo_jobs p
+              WHERE p.state = %(state)s
+                AND p.updated_at >= (held.month + interval '1 month') AT TIME ZONE 'UTC'
+                AND p.updated_at < now() - make_interval(secs => %(age)s::float8))
+       FROM held
+      WHERE held.month IS NOT NULL),
+months(month) AS (
+     (SELECT month FROM held WHERE month IS NOT NULL LIMIT %(months)s)
+  UNION
+     SELECT date_trunc('month', at)
+       FROM unnest(ARRAY[now() AT TIME ZONE 'UTC' - make_interval(secs => %(age)s::float8),
+                         now() AT TIME ZONE 'UTC',
+                         now() AT TIME ZONE 'UTC' + interval '1 month']) AS at
+      WHERE EXISTS (SELECT FROM held WHERE month IS NOT NULL))
+SELECT coalesce(sum(photo_jobs_history_add_months(month AT TIME ZONE 'UTC',
+                                                  month AT TIME ZONE 'UTC')), 0)
+  FROM months
 
 -- name: DROP_HISTORY_BEFORE
 -- Drop the history months whose every row finished more than `age` seconds ago: their names.
