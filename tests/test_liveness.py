@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 from collections.abc import Callable
@@ -210,8 +211,10 @@ def test_with_the_defaults_killed_workers_rows_are_done_within_150_s(
     reap: list[int],
 ) -> None:
     """Both kinds of `reactor worker` SIGKILLed mid-job, every setting at its default: each
-    row is re-dispatched and done within `DEFAULTS_TARGET_SECONDS` of the kill, and `reactor
-    status` shows its worker gone before the sweep takes it."""
+    row is re-dispatched and done within `DEFAULTS_TARGET_SECONDS` of the kill, by the sweep's
+    worker-gone rescue (not `stale_after`'s). That `reactor status` shows such a row gone
+    before the sweep takes it is the fast tests' to show: with the defaults the gap between
+    the two is anywhere from 0 to one sweep interval."""
     reactor = spawn("-m", "reactor", "run", "--route", ROUTE, name="reactor", extra_env={})
     reactor.wait_for_line("reactor_started")
     doomed = {
@@ -227,27 +230,22 @@ def test_with_the_defaults_killed_workers_rows_are_done_within_150_s(
         worker.kill()
     killed = time.monotonic()
     start_worker(spawn, "simple")
-    shown: dict[str, float] = {}  # photo → seconds from the kill to "worker gone" in status
     finished: dict[str, float] = {}  # photo → seconds from the kill to `done`
 
     def done() -> bool:
-        rows = {p: row(conn, p) for p in ("p1", "p2")}
-        count = gone(env)
-        # Rows still at their first attempt whose worker the status counts as gone.
-        waiting = [p for p, state in rows.items() if state == ("active", 1)]
-        if count and count == len(waiting):
-            for p in waiting:
-                shown.setdefault(p, round(time.monotonic() - killed, 1))
-        for p, state in rows.items():
-            if state == ("done", 2):
+        for p in ("p1", "p2"):
+            if row(conn, p) == ("done", 2):
                 finished.setdefault(p, round(time.monotonic() - killed, 1))
-        return len(finished) == len(rows)
+        return len(finished) == 2
 
     wait_for(done, timeout=DEFAULTS_TARGET_SECONDS + 60, interval=0.5, what="both rows done")
     elapsed = time.monotonic() - killed
-    print(f"\ndefaults: seconds from the kill to worker gone in status {shown}, to done {finished}")
+    print(f"\ndefaults: seconds from the kill to done {finished}")
     assert elapsed < DEFAULTS_TARGET_SECONDS
-    assert shown, "reactor status never showed a worker gone before the rescue"
+    rescues = re.findall(r"rows_rescued stale=(\d+) worker_gone=(\d+)", reactor.output())
+    stale = sum(int(count) for count, _ in rescues)
+    worker_gone = sum(int(count) for _, count in rescues)
+    assert (stale, worker_gone) == (0, 2), rescues
 
 
 def test_status_without_redis_still_answers_and_says_liveness_is_unknown(

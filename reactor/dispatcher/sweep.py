@@ -222,7 +222,7 @@ class Sweeper:
         Returns (rescued, lost, failed) row counts.
         """
         conn = self._conn
-        dead_rows = lost_rows = BatchResult()
+        dead_rows = gone_rows = lost_rows = BatchResult()
         with translating("rescue pass failed", conn):
             with conn.transaction():
                 row = conn.execute(queries.DATABASE_NOW).fetchone()
@@ -298,7 +298,7 @@ class Sweeper:
                     f"worker lost: no heartbeat for {self._stale_after:g} s",
                 )
                 # Re-checked under the lock: a worker that resumed and beat keeps its attempt.
-                dead_rows += self._row_by_row(
+                gone_rows += self._row_by_row(
                     dispatcher.redispatch_stale, dead_gone, self._gone_after, _WORKER_GONE
                 )
                 last = page[-1]
@@ -315,10 +315,17 @@ class Sweeper:
                     gone[start : start + self._batch_size],
                     _JOB_LOST,
                 )
-        rescued, lost = dead_rows.claimed, lost_rows.claimed
-        failed = dead_rows.failed + lost_rows.failed
+        stale, lost = dead_rows.claimed, lost_rows.claimed
+        rescued = stale + gone_rows.claimed
+        failed = dead_rows.failed + gone_rows.failed + lost_rows.failed
         if rescued or lost or failed:
-            logger.warning("rows_rescued stale=%d lost=%d failed=%d", rescued, lost, failed)
+            logger.warning(
+                "rows_rescued stale=%d worker_gone=%d lost=%d failed=%d",
+                stale,
+                gone_rows.claimed,
+                lost,
+                failed,
+            )
         return rescued, lost, failed
 
     def _row_by_row(
