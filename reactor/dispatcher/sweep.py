@@ -19,9 +19,9 @@
    once the worker that ran it is gone, after `gone_after`: no outcome can come any more);
 3. notes pending rows of types no route covers (left alone; warned about once per type, a few
    by name per sweep and the rest in one line).
-`refresh_backlog_metrics()` (called after each sweep when metrics are served) counts the
-backlog for the gauges (routed types by name, the others under one label); then the vacuum
-gauges are read from the catalogs (`reactor.pg.vacuum`: never on the dispatch path).
+After each round, when metrics are served, `guarded_round` refreshes the backlog gauges
+(`reactor.dispatcher.backlog`) and the vacuum gauges (`reactor.pg.vacuum`): never on the
+dispatch path.
 RQ's keys are read one by one inside each round trip (`reactor.rq.state`): a key of the wrong
 type leaves only its row alone, logged once (`reactor.dispatcher.sweep_notes`), and makes the
 round's `rescue_error` (counted in `reactor_sweep_failures_total`, and in `/healthz` after a
@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from reactor.dispatcher.backlog import refresh_backlog_metrics
 from reactor.dispatcher.drain import BatchResult, Dispatcher
 from reactor.dispatcher.metrics import HealthCheck, Metrics
 from reactor.dispatcher.sweep_notes import SweepNotes
@@ -56,17 +57,13 @@ from reactor.rq.state import ALIVE_STATUSES, FAILED, QUEUED, STARTED, UNREADABLE
 from reactor.settings import DEFAULT_GONE_AFTER_SECONDS
 from reactor.throttle import LogThrottle
 
-__all__ = ["OTHER_TYPES_LABEL", "SweepResult", "Sweeper", "guarded_round"]
+__all__ = ["SweepResult", "Sweeper", "guarded_round"]
 
 logger = logging.getLogger(__name__)
 
-#: The `type` label of the backlog of every type no route covers.
-OTHER_TYPES_LABEL = "(unrouted)"
 #: Failed sweeps logged per `SWEEP_FAILED_LOG_SECONDS` (the rest are counted in the next line).
 SWEEP_FAILED_LOG_BURST = 3
 SWEEP_FAILED_LOG_SECONDS = 60.0
-#: The states the backlog gauge counts (finished rows are no backlog).
-_BACKLOG_STATES = ("pending", "active")
 
 #: `last_error` of a row failed because its job vanished from Redis and its attempts are spent.
 _JOB_LOST = "job lost: its RQ job vanished from Redis"
@@ -124,7 +121,7 @@ class Sweeper:
     ) -> None:
         self._dispatcher = dispatcher
         self._rq = rq_state
-        self._routes = routes
+        self.routes = routes
         self._types = list(routes)
         self._batch_size = batch_size
         self._stale_after = stale_after_seconds
@@ -191,7 +188,7 @@ class Sweeper:
             more,
             rescue_refused=self._refused,
             claim_failures=sum(t in dispatcher.quarantined for t in self._types),
-            claim_refused=sum(r.type in self._routes for r in dispatcher.refused.current()),
+            claim_refused=sum(r.type in self.routes for r in dispatcher.refused.current()),
             unreadable_keys=len(unreadable),
             rescue_error=rescue_error,
         )
@@ -377,40 +374,11 @@ class Sweeper:
             )
         return total
 
-    def refresh_backlog_metrics(self, conn: Connection) -> None:
-        """Set the backlog, oldest-due and cancelled-rows gauges. Counting is O(pending + active
-        + cancelled rows), so the loop does it after a sweep only when metrics are served, not
-        as part of the sweep."""
-        with translating("backlog query failed", conn), conn.transaction():
-            backlog = conn.execute(queries.BACKLOG).fetchall()
-            ages = conn.execute(queries.OLDEST_DUE_AGE, {"types": self._types}).fetchall()
-            cancelled_rows = conn.execute(queries.CANCELLED_COUNTS).fetchall()
-        # Routed types by name, the rest summed under one label: series stay bounded whatever
-        # types the table holds.
-        counts: dict[tuple[str, str], int] = {
-            (label, state): 0
-            for label in (*self._types, OTHER_TYPES_LABEL)
-            for state in _BACKLOG_STATES
-        }
-        for job_type, state, count in backlog:
-            label = job_type if job_type in self._routes else OTHER_TYPES_LABEL
-            counts[label, state] += count
-        self.metrics.backlog.clear()
-        for (label, state), count in counts.items():
-            self.metrics.backlog.labels(label, state).set(count)
-        for job_type, age in ages:
-            self.metrics.oldest_due_age.labels(job_type).set(age)
-        cancelled = dict.fromkeys((*self._types, OTHER_TYPES_LABEL), 0)
-        for job_type, count in cancelled_rows:
-            cancelled[job_type if job_type in self._routes else OTHER_TYPES_LABEL] += count
-        for label, count in cancelled.items():
-            self.metrics.cancelled_rows.labels(label).set(count)
-
     def _unrouted_types(self) -> list[str]:
         conn = self._conn
         with translating("pending-types query failed", conn), conn.transaction():
             types = [row[0] for row in conn.execute(queries.PENDING_TYPES)]
-        return self._notes.unrouted(types, self._routes)
+        return self._notes.unrouted(types, self.routes)
 
 
 def guarded_round(
@@ -432,7 +400,7 @@ def guarded_round(
     try:
         result = sweeper.run_once(conn, should_stop, slice_seconds)
         if refresh_backlog:
-            sweeper.refresh_backlog_metrics(conn)
+            refresh_backlog_metrics(conn, sweeper.metrics, sweeper.routes)
             sweeper.metrics.record_vacuum(read_vacuum_health(conn))
     except StatementError as exc:
         health.sweep_failed(str(exc))
