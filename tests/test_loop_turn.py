@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -19,6 +20,7 @@ from reactor.dispatcher.doorbell import BUSY_RINGS, RECHECK_SECONDS, ArmOutcome,
 from reactor.dispatcher.listener import Listener
 from reactor.dispatcher.loop import Reactor, Turn, Work
 from reactor.jobs import job_id
+from reactor.pg import queries
 from reactor.routes import parse_routes
 from reactor.settings import ReactorSettings
 from tests.support.env import Env
@@ -126,6 +128,34 @@ def test_a_polling_turn_finds_a_row_of_a_writer_that_did_not_notify(
     turn = reactor.turn()
     assert (turn.notifications, turn.work, turn.claimed) == (0, Work.POLL, 1)
     assert state_of(conn, "silent") == ("active", 1)
+
+
+def test_an_empty_poll_after_an_empty_poll_sends_one_statement_and_no_transaction(
+    env: Env, make_reactor: Callable[..., Reactor], tmp_path: Path
+) -> None:
+    conn = env.connect()
+    reactor = make_reactor(doorbell=DoorbellMode.POLL_ONLY, poll_interval_seconds=0.01)
+    reactor.turn()  # the drain at start: full claims, which set the types' marks
+    assert reactor.turn().work is Work.POLL  # claims, finds nothing
+    work = reactor._sessions.work
+    assert work is not None
+    trace = tmp_path / "work.trace"
+    with trace.open("w") as out:
+        work.pgconn.trace(out.fileno())
+        work.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
+        turn = reactor.turn()
+        work.pgconn.untrace()
+    assert (turn.work, turn.claimed) == (Work.POLL, 0)
+    sent = [line for line in trace.read_text().splitlines() if line.startswith("F")]
+    statements = [line for line in sent if "\tQuery\t" in line or "\tParse\t" in line]
+    assert len(statements) == 1, sent
+    assert queries.DUE_TYPES.splitlines()[0] in statements[0]
+    assert not [line for line in sent if "BEGIN" in line or "COMMIT" in line], sent
+    # The probe hides no row: the next poll claims a row a silent writer committed.
+    conn.execute(INSERT, ["after-empty-polls"])
+    turn = reactor.turn()
+    assert (turn.work, turn.claimed) == (Work.POLL, 1)
+    assert state_of(conn, "after-empty-polls") == ("active", 1)
 
 
 def test_an_idle_turn_waits_and_does_nothing_while_another_reactor_holds_the_doorbell(

@@ -10,7 +10,9 @@
 3. does the first of: a sweep, if it is due; a drain of every type (at start, after a
    reconnect or an arm, after a drain cut by its time slice, a row became due, or a full
    claim is owed); a drain
-   of the notified types; a poll (a drain of every type, while the doorbell is not armed);
+   of the notified types; a poll (a drain of every type, while the doorbell is not armed;
+   after a poll that found nothing, only of the types a probe outside any transaction finds
+   due rows of, `reactor.dispatcher.probe`, so an empty poll sends no BEGIN or COMMIT);
 4. tells the doorbell how many rows the drain claimed, and gives the keys back if it says so;
 and returns a `Turn`, which says what it did.
 
@@ -62,6 +64,7 @@ from reactor.dispatcher.drain import DrainResult
 from reactor.dispatcher.failures import TurnFailures
 from reactor.dispatcher.liveness import RouteLiveness
 from reactor.dispatcher.metrics import HealthCheck, Metrics
+from reactor.dispatcher.probe import due_types
 from reactor.dispatcher.root import Parts
 from reactor.dispatcher.sessions import Sessions, backoff
 from reactor.dispatcher.sweep import SweepResult, guarded_round
@@ -172,6 +175,7 @@ class Reactor:
         self._next_due: float | None = None  # when the next row becomes due (monotonic)
         self._due_known = False  # _next_due was looked up after the last drain
         self._backlog = True  # drain every type at the next turn
+        self._poll_empty = False  # the last poll claimed nothing: the next one probes first
         self._failures = TurnFailures(self.metrics, self.health, self.stopper)
 
     # -- start-up ----------------------------------------------------------------------------
@@ -341,7 +345,8 @@ class Reactor:
         elif bell.should_poll():
             self.metrics.polls.inc()
             work, drained = Work.POLL, self._types
-            result = self._drain(drained)
+            result = self._drain(drained, probe=self._poll_empty)
+            self._poll_empty = not result.claimed
         else:
             return Turn(waited=waited, notifications=len(payloads), arm=arm)
 
@@ -386,11 +391,12 @@ class Reactor:
             self.metrics.notifications.inc(len(payloads))
         return payloads
 
-    def _drain(self, types: Iterable[str]) -> DrainResult:
-        """Drain `types` for up to one slice, retrying while Redis refuses."""
+    def _drain(self, types: Iterable[str], *, probe: bool = False) -> DrainResult:
+        """Drain `types` for up to one slice, retrying while Redis refuses; with `probe`, only
+        the types that have due rows (`reactor.dispatcher.probe`)."""
         dispatcher = self._started().dispatcher
         conn = self._work()
-        wanted = list(types)
+        wanted = due_types(conn, list(types), dispatcher.bounds) if probe else list(types)
         should_stop = self._should_stop
         try:
             # Called directly first: a tenacity loop costs more than a drain that finds

@@ -54,6 +54,7 @@ __all__ = [
     "connect",
     "describe_error",
     "is_connection_failure",
+    "outside_transaction",
     "prefer_prepared_statements",
     "prepared_statements_enabled",
     "rehearse",
@@ -196,6 +197,30 @@ def abandon(conn: Connection) -> None:
         conn.rollback()
     except psycopg.Error:
         conn.close()
+
+
+@contextmanager
+def outside_transaction(conn: Connection) -> Iterator[None]:
+    """Run the block's statements in autocommit on an idle connection: each is its own
+    implicit transaction, with no BEGIN or COMMIT to send (psycopg switches modes client-side,
+    without a round trip). The connection is back in its own mode afterwards, unless the
+    block lost it.
+
+    Raises:
+        DatabaseError: the connection was inside a transaction (it is rolled back).
+    """
+    if conn.autocommit:
+        yield
+        return
+    if conn.info.transaction_status is not psycopg.pq.TransactionStatus.IDLE:
+        abandon(conn)
+        raise DatabaseError("autocommit refused: the connection was inside a transaction")
+    conn.autocommit = True
+    try:
+        yield
+    finally:
+        if not (conn.closed or conn.broken):
+            conn.autocommit = False
 
 
 def connect(

@@ -72,6 +72,21 @@ UPDATE photo_jobs AS j
             FOR UPDATE SKIP LOCKED))
 RETURNING j.type, j.photo_id, j.prior_attempts + j.attempts, j.state, j.traceparent, j.tracestate
 
+-- name: DUE_TYPES
+-- Which of the given types have a pending row due within its claim's `window` (seconds back
+-- from now(), as CLAIM_DUE reads) and are not paused: the probe a poll runs before claiming,
+-- outside any transaction. One index probe per type; a row another transaction has locked or
+-- one the claims refuse still counts (the claim then finds nothing, as without the probe).
+SELECT t.type
+  FROM unnest(%(types)s::text[], %(windows)s::float8[]) AS t(type, secs)
+ WHERE EXISTS (SELECT FROM photo_jobs AS p
+                WHERE p.type = t.type
+                  AND p.state = 'pending'
+                  AND coalesce(p.next_retry_at, p.created_at) <= now()
+                  AND coalesce(p.next_retry_at, p.created_at)
+                      >= now() - make_interval(secs => t.secs))
+   AND NOT EXISTS (SELECT FROM reactor_paused_types AS x WHERE x.type = t.type)
+
 -- name: NOTE_CLAIM_REFUSED
 -- Write why a pending row's claim fails into its last_error (`reactor status` and `reactor
 -- failures` show it); the row stays pending, as due as before.
