@@ -125,6 +125,7 @@ def test_a_killed_worker_s_row_is_shown_gone_then_rescued_long_before_stale_afte
     print(f"\nworker gone in status {known:.1f} s after the kill ({kind})")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["fork", "simple"])
 def test_a_slow_handler_on_a_live_worker_is_never_shown_gone_nor_rescued(
     env: Env,
@@ -174,6 +175,7 @@ def test_a_slow_handler_on_a_live_worker_is_never_shown_gone_nor_rescued(
     assert "rows_rescued" not in reactor.output()
 
 
+@pytest.mark.slow
 def test_a_paused_worker_is_rescued_once_its_key_lapsed_and_its_late_outcome_is_fenced(
     env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
 ) -> None:

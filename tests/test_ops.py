@@ -95,6 +95,7 @@ def test_metrics_and_health_over_http(env: Env, spawn: Callable[..., Process]) -
     wait_for(lambda: get(base + "/healthz")[0] == 200, timeout=20, what="200 after reconnect")
 
 
+@pytest.mark.slow
 def test_healthz_is_503_from_the_third_failed_drain_and_200_once_redis_answers(
     env: Env, spawn: Callable[..., Process], private_redis: RedisServer
 ) -> None:
@@ -124,6 +125,7 @@ def test_healthz_is_503_from_the_third_failed_drain_and_200_once_redis_answers(
     wait_for(lambda: get(base + "/healthz") == (200, "ok\n"), timeout=30, what="200 again")
 
 
+@pytest.mark.slow
 def test_healthz_is_503_while_the_loop_stalls_and_200_once_it_turns(
     env: Env, spawn: Callable[..., Process], private_redis: RedisServer
 ) -> None:

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
+import pytest
 
 from tests.support.cli import run_cli
 from tests.support.env import Env
@@ -53,6 +54,7 @@ def dispatch_delay(conn: psycopg.Connection[Any], photo_id: str) -> float:
     return time.monotonic() - committed
 
 
+@pytest.mark.slow
 def test_old_rows_disappear_in_batches_while_new_rows_are_dispatched(
     env: Env, spawn: Callable[..., Process]
 ) -> None:

@@ -303,6 +303,7 @@ def sentinel() -> Iterator[tuple[RedisServer, SentinelServer]]:
         master.close()
 
 
+@pytest.mark.slow
 def test_bad_multi_host_and_sentinel_set_ups_exit_2(
     env: Env, sentinel: tuple[RedisServer, SentinelServer]
 ) -> None:

@@ -10,6 +10,8 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests.support.paths import ROOT
 
 UNIT_TEST = "tests/test_units.py::test_route_parsing"
@@ -35,6 +37,7 @@ def collected(*args: str) -> set[str]:
     return {line for line in out.splitlines() if "::" in line}
 
 
+@pytest.mark.slow
 def test_pytest_options_alone_keep_the_default_selection() -> None:
     slow = collected("-m", "slow")
     default = collected("-x")
