@@ -18,6 +18,7 @@ import psycopg
 import pytest
 
 from reactor.errors import DatabaseError, StatementError
+from reactor.pg import db
 from reactor.pg.registry import routes_in_use
 from reactor.worker.inflight import DONE, START, InFlight
 from reactor.worker.lifecycle import Store
@@ -26,8 +27,11 @@ from tests.support.waiting import wait_for
 
 
 @pytest.fixture(params=[False, True], ids=["unnamed", "prepared"])
-def prepared(request: pytest.FixtureRequest) -> bool:
-    return bool(request.param)
+def prepared(request: pytest.FixtureRequest) -> Iterator[bool]:
+    """Connections opened meanwhile prepare statements or not (the store connects lazily)."""
+    db.set_prepared_statements(bool(request.param))
+    yield bool(request.param)
+    db.set_prepared_statements(None)
 
 
 @pytest.fixture
@@ -74,7 +78,7 @@ def wait_for_lock(conn: psycopg.Connection[Any], session: int, statement: str) -
 def test_answers_follow_the_fence(
     store: Store, conn: psycopg.Connection[Any], prepared: bool
 ) -> None:
-    inflight = InFlight(store, prepared=prepared)
+    inflight = InFlight(store)
     assert inflight.send(START, params(2))
     started = inflight.receive()
     assert (
@@ -105,7 +109,7 @@ def test_a_start_waits_for_the_claim_that_enqueued_its_job(
     still open: the start waits for it, then stamps the row (it read the row pending) and
     runs. Rolled back (its COMMIT lost), the row stays pending and the job does not run."""
     conn.execute("UPDATE photo_jobs SET state = 'pending', attempts = 2 WHERE photo_id = 'p1'")
-    inflight = InFlight(store, prepared=prepared)
+    inflight = InFlight(store)
     session = store.conn.info.backend_pid
     with env.connect(autocommit=False) as claim:
         claimed = claim.execute(
@@ -136,7 +140,7 @@ def test_a_start_waits_for_the_claim_that_enqueued_its_job(
 def test_a_statement_error_is_no_answer_and_the_connection_stays_usable(
     store: Store, conn: psycopg.Connection[Any], prepared: bool
 ) -> None:
-    inflight = InFlight(store, prepared=prepared)
+    inflight = InFlight(store)
     assert inflight.send(START, {**params(2), "token": "two"})
     assert inflight.receive() is None
     session = store.conn.info.backend_pid
@@ -149,7 +153,8 @@ def test_a_statement_error_is_no_answer_and_the_connection_stays_usable(
 def test_a_session_that_lost_its_prepared_statements_prepares_them_again(
     store: Store, conn: psycopg.Connection[Any]
 ) -> None:
-    inflight = InFlight(store, prepared=True)
+    inflight = InFlight(store)
+    assert store.conn.prepare_threshold is not None  # a direct session prepares by default
     assert inflight.send(START, params(2))
     assert inflight.receive() is not None
     store.conn.execute("DEALLOCATE ALL")  # what a pooler's reset query does
@@ -163,7 +168,7 @@ def test_a_session_that_lost_its_prepared_statements_prepares_them_again(
 def test_a_session_terminated_mid_statement_is_closed_and_the_next_send_reconnects(
     env: Env, store: Store, conn: psycopg.Connection[Any], prepared: bool
 ) -> None:
-    inflight = InFlight(store, prepared=prepared)
+    inflight = InFlight(store)
     session = store.conn.info.backend_pid
     with env.connect() as locker, locker.transaction():
         # The row is locked: the `done` waits on the server, in flight, until its session ends.
@@ -218,7 +223,7 @@ def test_parameters_go_out_in_the_session_encoding(
         " ('café', 'photo.process', 'active', 2)"
     )
     assert latin1_store.conn.info.encoding == "iso8859-1"
-    inflight = InFlight(latin1_store, prepared=prepared)
+    inflight = InFlight(latin1_store)
     assert inflight.send(START, params(2, "café"))
     started = inflight.receive()
     assert started is not None and started.rows == 1
@@ -235,7 +240,7 @@ def test_a_nul_character_is_not_sent(
     store: Store, conn: psycopg.Connection[Any], prepared: bool
 ) -> None:
     # libpq would cut the value at the NUL, and the fence would match photo p1.
-    inflight = InFlight(store, prepared=prepared)
+    inflight = InFlight(store)
     session = store.conn.info.backend_pid
     assert not inflight.send(START, params(2, "p1\x00x"))
     assert not inflight.send(DONE, params(2, "p1\x00x"))
@@ -253,7 +258,7 @@ class _TimeoutSignalError(Exception):
 def test_an_exception_while_waiting_propagates_and_closes_the_connection(
     env: Env, store: Store, conn: psycopg.Connection[Any], prepared: bool
 ) -> None:
-    inflight = InFlight(store, prepared=prepared)
+    inflight = InFlight(store)
     session = store.conn.info.backend_pid
 
     def interrupt(signum: int, frame: object) -> None:
@@ -286,7 +291,7 @@ def test_a_socket_numbered_above_fd_setsize_works(
     owner = Store(env.database_url)
     try:
         assert owner.conn.pgconn.socket > 1024
-        inflight = InFlight(owner, prepared=prepared)
+        inflight = InFlight(owner)
         assert inflight.send(START, params(2))
         started = inflight.receive()
         assert started is not None and started.first is not None and started.first[1] == "7"

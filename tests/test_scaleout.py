@@ -98,23 +98,35 @@ def test_read_only_and_shutdown_errors_are_connection_failures(env: Env) -> None
 
 
 def test_prepared_statements_setting(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert not db.prepared_statements_enabled({})
-    assert db.prepared_statements_enabled({db.PREPARED_STATEMENTS_ENV: "1"})
-    assert not db.prepared_statements_enabled({db.PREPARED_STATEMENTS_ENV: "off"})
+    assert db.prepared_statements_enabled({}) is None  # each connection decides
+    assert db.prepared_statements_enabled({db.PREPARED_STATEMENTS_ENV: "1"}) is True
+    assert db.prepared_statements_enabled({db.PREPARED_STATEMENTS_ENV: "off"}) is False
     with pytest.raises(ConfigError):
         db.prepared_statements_enabled({db.PREPARED_STATEMENTS_ENV: "maybe"})
     monkeypatch.setattr(db, "_prepared_statements", True)
     assert db.prepared_statements_enabled({})
 
 
-def test_connections_never_prepare_by_default(env: Env) -> None:
-    conn = db.connect(env.database_url, autocommit=True)
-    try:
-        for _ in range(10):
-            conn.execute("SELECT 1 WHERE %s", [True])
-        assert conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone() == (0,)
-    finally:
-        conn.close()
+def prepared_after_ten_runs(conn: psycopg.Connection[Any]) -> int:
+    for _ in range(10):
+        conn.execute("SELECT 1 WHERE %s", [True])
+    row = conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.mark.parametrize("autocommit", [True, False])
+def test_a_direct_session_prepares_by_default_and_refusing_turns_it_off(
+    env: Env, monkeypatch: pytest.MonkeyPatch, autocommit: bool
+) -> None:
+    monkeypatch.delenv(db.PREPARED_STATEMENTS_ENV, raising=False)
+    with db.connect(env.database_url, autocommit=autocommit) as conn:
+        assert db.direct_session(conn)
+        assert prepared_after_ten_runs(conn) == 1
+        assert conn.autocommit is autocommit
+    monkeypatch.setenv(db.PREPARED_STATEMENTS_ENV, "0")
+    with db.connect(env.database_url, autocommit=True) as conn:
+        assert prepared_after_ten_runs(conn) == 0
 
 
 #: A statement-level trigger runs inside the claim's own session, so it can read that
@@ -137,17 +149,24 @@ CREATE TRIGGER note_prepared AFTER UPDATE ON photo_jobs
     ("args", "prepared"),
     [
         (("--prepared-statements", "--doorbell", "poll-only", "--poll-interval", "0.05"), True),
-        (("--doorbell", "poll-only", "--poll-interval", "0.05"), False),
+        (("--doorbell", "poll-only", "--poll-interval", "0.05"), True),
         ((), True),
         (("--no-prepared-statements",), False),
+        (("--no-prepared-statements", "--doorbell", "poll-only", "--poll-interval", "0.05"), False),
     ],
-    ids=["flag-on-polling", "default-polling", "default-listening", "flag-off-listening"],
+    ids=[
+        "flag-on-polling",
+        "default-polling",
+        "default-listening",
+        "flag-off-listening",
+        "flag-off-polling",
+    ],
 )
 def test_run_prepares_its_claims_as_the_flag_says(
     env: Env, spawn: Callable[..., Process], args: tuple[str, ...], prepared: bool
 ) -> None:
-    """`reactor run --prepared-statements` dispatches rows with its claims prepared on the
-    server; --no-prepared-statements, or a polling reactor by default, prepares none."""
+    """`reactor run` on a direct session dispatches rows with its claims prepared on the
+    server, by default or with --prepared-statements; --no-prepared-statements prepares none."""
     conn = env.connect()
     conn.execute(NOTE_PREPARED)
     start_reactor(spawn, *args)
@@ -366,6 +385,10 @@ def test_reactor_and_workers_through_pgbouncer(env: Env, spawn: Callable[..., Pr
     bouncer, pooled = pgbouncer_in_front(env)
     admin = env.connect()
     admin.execute(SCHEMA)
+    with db.connect(pooled, autocommit=True) as through:
+        # A pooled session is told from a direct one, and prepares nothing by default.
+        assert not db.direct_session(through)
+        assert through.prepare_threshold is None
     env.database_url = pooled  # the reactor's and the workers' DATABASE_URL
     poll = 0.2
     reactor = start_reactor(

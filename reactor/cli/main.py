@@ -181,10 +181,6 @@ def run(
         archive_after_seconds=archive_after,
         drop_history_after_seconds=drop_history_after,
     )
-    if settings.listen:
-        # LISTEN needs a session of its own on the server (no transaction pooler in between),
-        # so preparing statements is safe, and it saves the claim's planning on every wake-up.
-        db.prefer_prepared_statements()
     notifier = Notifier.from_env()  # systemd's, under Type=notify
     stopper = Stopper(on_request=notifier.stopping)
     stopper.install()

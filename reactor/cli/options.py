@@ -93,8 +93,8 @@ def database_option(func: F) -> F:
         expose_value=False,
         callback=_set_prepared_statements,
         help="Let psycopg prepare statements on the server (never behind PgBouncer in "
-        "transaction mode). Default: on for `reactor run` when it LISTENs (it needs a "
-        "direct session anyway), off otherwise.",
+        "transaction mode before 1.21). Default: on for a direct session to Postgres, off "
+        "behind a pooler.",
     )(func)
     return click.option(
         "--database-url",

@@ -18,10 +18,11 @@ idle_in_transaction_seconds=...)`, a session setting, so only where no pooler si
 Postgres then closes a session whose transaction waits on something else (a hung Redis during
 a claim) longer than that, and the rollback frees the transaction's row locks.
 
-Server-side prepared statements are off unless asked for (`set_prepared_statements`, or
-`REACTOR_PREPARED_STATEMENTS=1`), or preferred by a process that LISTENs (`reactor run` with
-a doorbell): behind a pooler in transaction mode (PgBouncer) each transaction may run on
-another server session, where a statement prepared earlier does not exist.
+Server-side prepared statements are on for a connection that reaches its Postgres backend
+itself (`direct_session`) and off behind a pooler, unless asked for or refused
+(`set_prepared_statements`, `REACTOR_PREPARED_STATEMENTS=1|0`): behind a pooler in
+transaction mode (PgBouncer before 1.21) each transaction may run on another server session,
+where a statement prepared earlier does not exist, or one of another client's has the name.
 """
 
 from __future__ import annotations
@@ -53,9 +54,9 @@ __all__ = [
     "check_url",
     "connect",
     "describe_error",
+    "direct_session",
     "is_connection_failure",
     "outside_transaction",
-    "prefer_prepared_statements",
     "prepared_statements_enabled",
     "rehearse",
     "schema_version",
@@ -90,7 +91,7 @@ PREPARED_STATEMENTS_ENV = "REACTOR_PREPARED_STATEMENTS"
 #: psycopg prepares a statement after it ran this many times on a connection (its default).
 PREPARE_THRESHOLD = 5
 _TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"", "0", "false", "no", "off"})
+_FALSE = frozenset({"0", "false", "no", "off"})
 #: The CLI's choice; None: read `PREPARED_STATEMENTS_ENV`.
 _prepared_statements: bool | None = None
 
@@ -104,22 +105,15 @@ _CONNECTION_MESSAGES = ("recovery", "read-only", "shutting down", "server closed
 
 def set_prepared_statements(enabled: bool | None) -> None:
     """Turn server-side prepared statements on or off for connections opened from now on
-    (None: follow `REACTOR_PREPARED_STATEMENTS`)."""
+    (None: follow `REACTOR_PREPARED_STATEMENTS`, else each connection's `direct_session`)."""
     global _prepared_statements
     _prepared_statements = enabled
 
 
-def prefer_prepared_statements() -> None:
-    """Turn prepared statements on for connections opened from now on, unless the CLI option
-    or `REACTOR_PREPARED_STATEMENTS` chose already (for a process that LISTENs, whose
-    connections cannot sit behind a transaction pooler)."""
-    global _prepared_statements
-    if _prepared_statements is None and not os.environ.get(PREPARED_STATEMENTS_ENV, "").strip():
-        _prepared_statements = True
-
-
-def prepared_statements_enabled(env: Mapping[str, str] | None = None) -> bool:
-    """Whether new connections may prepare statements on the server (default: no).
+def prepared_statements_enabled(env: Mapping[str, str] | None = None) -> bool | None:
+    """Whether new connections may prepare statements on the server: as chosen (the CLI
+    option, else `REACTOR_PREPARED_STATEMENTS`), or None when nothing chose, and then each
+    connection prepares only if it is a `direct_session`.
 
     Raises:
         ConfigError: `REACTOR_PREPARED_STATEMENTS` is not a boolean.
@@ -127,6 +121,8 @@ def prepared_statements_enabled(env: Mapping[str, str] | None = None) -> bool:
     if _prepared_statements is not None:
         return _prepared_statements
     raw = (os.environ if env is None else env).get(PREPARED_STATEMENTS_ENV, "").strip().lower()
+    if not raw:
+        return None
     if raw in _TRUE:
         return True
     if raw in _FALSE:
@@ -247,12 +243,13 @@ def connect(
     if read_write and not wanted:
         extra["target_session_attrs"] = "read-write"
     check_after = read_write and wanted not in (None, "", "read-write", "primary")
+    prepared = prepared_statements_enabled()
     try:
         conn = psycopg.connect(
             url,
             autocommit=autocommit,
             application_name=f"photo-reactor {purpose}",
-            prepare_threshold=PREPARE_THRESHOLD if prepared_statements_enabled() else None,
+            prepare_threshold=PREPARE_THRESHOLD if prepared else None,
             **_KEEPALIVES,
             **extra,
         )
@@ -264,7 +261,23 @@ def connect(
         _require_writable(conn)
     if idle_in_transaction_seconds is not None:
         _end_idle_transactions(conn, idle_in_transaction_seconds)
+    if prepared is None and direct_session(conn):
+        conn.prepare_threshold = PREPARE_THRESHOLD
     return conn
+
+
+def direct_session(conn: Connection) -> bool:
+    """Whether `conn` reaches its Postgres backend with no pooler between: the backend's own
+    process id is the one the connection's start-up reported. A pooler (PgBouncer, Pgcat,
+    Odyssey, Supavisor) answers the start-up itself, with a cancel key of its own, and may
+    run each transaction on another server session.
+
+    Raises:
+        DatabaseError: the connection failed.
+    """
+    with outside_transaction(conn), translating("backend pid query failed", conn):
+        row = conn.execute(queries.BACKEND_PID).fetchone()
+    return row is not None and row[0] == conn.info.backend_pid
 
 
 def check_url(url: str) -> dict[str, Any]:

@@ -72,6 +72,11 @@ UPDATE photo_jobs AS j
             FOR UPDATE SKIP LOCKED))
 RETURNING j.type, j.photo_id, j.prior_attempts + j.attempts, j.state, j.traceparent, j.tracestate
 
+-- name: BACKEND_PID
+-- The process id of the session's Postgres backend (compared with the one its start-up
+-- reported: a pooler between reports its own).
+SELECT pg_backend_pid()
+
 -- name: DUE_TYPES
 -- Which of the given types have a pending row due within its claim's `window` (seconds back
 -- from now(), as CLAIM_DUE reads) and are not paused: the probe a poll runs before claiming,

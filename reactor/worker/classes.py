@@ -142,12 +142,11 @@ class _Lifecycle(SystemdNotify, StartupChecks, KeyRenewal, BaseWorker):
             routes, settings.handler_prefixes, lambda: self._store.run(registry.routes_in_use)
         )
         try:
-            prepared = db.prepared_statements_enabled()
+            db.prepared_statements_enabled()  # a bad value stops the start
         except ConfigError as exc:
             self._settings_error = self._settings_error or exc
-            prepared = False
         # The fenced start and the `done` write, overlapped with RQ's Redis work.
-        self._inflight = InFlight(self._store, prepared=prepared)
+        self._inflight = InFlight(self._store)
         self._checked = False
         self._heartbeat = lifecycle.Heartbeater(self._store, settings.heartbeat_seconds)
         # RQ's TTLs while an attempt runs: renewed at every beat, so they lapse only once the

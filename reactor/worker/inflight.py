@@ -19,10 +19,10 @@ Guarantees:
 - anything else raised while a statement is sent or awaited (RQ's job timeout, a signal)
   closes the connection and propagates: the timeout is never absorbed;
 - parameters are encoded in the session's client encoding;
-- with prepared statements enabled (`REACTOR_PREPARED_STATEMENTS`), each statement is prepared
-  once per server session, at the protocol level (so PgBouncer 1.21+ can track it), under a
-  name that carries a hash of its text; otherwise it goes out as an unnamed statement, which
-  any transaction pooler accepts.
+- on a connection that prepares statements (`reactor.pg.db.connect`: a direct session, or
+  `REACTOR_PREPARED_STATEMENTS=1`), each statement is prepared once per server session, at the
+  protocol level (so PgBouncer 1.21+ can track it), under a name that carries a hash of its
+  text; otherwise it goes out as an unnamed statement, which any transaction pooler accepts.
 """
 
 from __future__ import annotations
@@ -144,9 +144,8 @@ class InFlight:
     connection, since its state is then unknown, and propagates.
     """
 
-    def __init__(self, owner: ConnectionOwner, *, prepared: bool) -> None:
+    def __init__(self, owner: ConnectionOwner) -> None:
         self._owner = owner
-        self._prepared = prepared
         self._prepared_on: pq.abc.PGconn | None = None
         self._pending: pq.abc.PGconn | None = None
 
@@ -174,7 +173,7 @@ class InFlight:
         pgconn = conn.pgconn
         try:
             with self._closing_on_error():
-                if self._prepared:
+                if conn.prepare_threshold is not None:
                     self._prepare(pgconn)
                     pgconn.send_query_prepared(statement.name.encode(), values)
                 else:
