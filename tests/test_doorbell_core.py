@@ -74,12 +74,15 @@ def test_an_arm_calls_for_a_drain_then_the_bell_waits_for_a_notification() -> No
     assert not bell.should_arm(100.0)
 
 
-def test_rows_found_right_after_arming_release_the_adaptive_bell_not_the_plain_one() -> None:
+def test_rows_found_by_a_drain_of_every_type_keep_the_bell_armed() -> None:
+    # Right after arming, or by a full claim or a row come due: only the notifications' rate
+    # sends an armed adaptive reactor back to polling.
     adaptive = Doorbell(DoorbellMode.ADAPTIVE)
     quiet(adaptive, 0.0)
     adaptive.arm_result(ArmOutcome.ARMED, 0.0)
-    assert adaptive.drained(3, started=0.0, every_type=True) is Action.RELEASE
-    assert not adaptive.armed and adaptive.polling
+    assert adaptive.drained(3, started=0.0, every_type=True) is Action.NOTHING
+    assert adaptive.drained(1, started=1.0, every_type=True) is Action.NOTHING
+    assert adaptive.armed and not adaptive.polling
 
     plain = Doorbell(DoorbellMode.PLAIN)
     assert plain.should_arm(0.0)  # no quiet drains needed

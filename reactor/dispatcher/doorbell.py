@@ -243,11 +243,10 @@ class Doorbell:
         if claimed:
             self._busy = 0  # rows are coming: poll at full speed
         action = Action.NOTHING
-        # Rows are coming (notifications came fast, or rows were found by a drain of every
-        # type: right after arming, or by a timer or sweep): stop ringing and poll.
-        if self._release_after_drain or (
-            claimed and every_type and self.armed and self.mode is DoorbellMode.ADAPTIVE
-        ):
+        # Notifications came fast: stop ringing and poll. Rows found by a drain of every type
+        # (right after arming, a full claim, a row come due) are no such sign: a writer every
+        # few ms leaves one there, and releasing for it made the reactor poll and re-arm.
+        if self._release_after_drain:
             self._release_after_drain = False
             self.armed = False
             self.polling = True

@@ -154,6 +154,7 @@ class Dispatcher:
             # Pipeline mode sends the BEGIN together with the claim: one round trip, not two.
             with db.translating("claim failed", conn):
                 with conn.pipeline():
+                    conn.execute(queries.ASYNC_COMMIT)
                     cursor = conn.execute(query, params)
                 rows = cursor.fetchall()
         except (DatabaseError, StatementError):

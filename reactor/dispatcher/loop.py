@@ -100,7 +100,8 @@ def _next_due_at(conn: db.Connection, types: Iterable[str]) -> float | None:
     Raises:
         DatabaseError: the query failed.
     """
-    with db.translating("next-due query failed", conn), conn.transaction():
+    # Outside a transaction: one round trip, where BEGIN, the query and COMMIT were three.
+    with db.outside_transaction(conn), db.translating("next-due query failed", conn):
         row = conn.execute(queries.NEXT_DUE_IN, {"types": list(types)}).fetchone()
     if row is None or row[0] is None:
         return None

@@ -4,6 +4,15 @@
 -- Values are always bound parameters (%(name)s; a literal percent sign is written %%, except
 -- in a statement that takes no parameters, which psycopg sends as it is: there it is %).
 
+-- name: ASYNC_COMMIT
+-- First in every claiming transaction: its COMMIT does not wait for the WAL flush, which the
+-- worker's fenced start would otherwise wait for (it waits on the claim's row lock). The job
+-- is in Redis before that COMMIT either way. A claim lost in a crash or a failover is a lost
+-- COMMIT: the row is back at its attempt (pending, or active at the one before a rescue), a
+-- worker that took the job finds the row not at its token and skips it, and the next claim of
+-- the row finds the job alive and does not enqueue it twice, or replaces one that ended.
+SET LOCAL synchronous_commit = off
+
 -- name: CLAIM_DUE
 -- Claim up to `limit` due pending rows of one type: a new attempt each, now `active`, returned
 -- with its token (`prior_attempts + attempts`, the number its job id carries) and its stored

@@ -7,8 +7,8 @@ script first checks everything that could fail: every key a command writes must 
 of value that command writes, or nothing (`rq:queue:photo-process` set to a string makes the
 script refuse the batch, writing nothing: a `RedisUnavailableError`, and the claim rolls
 back). Only then does it write. It reads each key's type once a batch: the batch's jobs share
-their queue's keys, and nothing changes before the writes. A script runs atomically, and the claim is still open, so a
-job is never written half.
+their queue's keys, and nothing changes before the writes. A script runs atomically, and the
+claim is still open, so a job is never written half.
 
 Guarantee: an attempt's job is enqueued at most once. A job that is already *enqueued* — in
 its queue (or in RQ's intermediate list, taken by a worker that has not marked it started
