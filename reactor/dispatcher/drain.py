@@ -151,12 +151,10 @@ class Dispatcher:
         require_idle(conn)
         started = time.perf_counter()
         try:
-            # Pipeline mode sends the BEGIN together with the claim: one round trip, not two.
+            # BEGIN and the claim go in two round trips: psycopg's pipeline mode, which sends
+            # them in one, took longer here on every measure (bench/README.md).
             with db.translating("claim failed", conn):
-                with conn.pipeline():
-                    conn.execute(queries.ASYNC_COMMIT)
-                    cursor = conn.execute(query, params)
-                rows = cursor.fetchall()
+                rows = conn.execute(query, params).fetchall()
         except (DatabaseError, StatementError):
             db.abandon(conn)
             raise
