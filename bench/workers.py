@@ -6,8 +6,8 @@ latency sides of the list below in rotating order), with the same no-op function
 
 - throughput: 5,000 photos (`--quick`: 500) inserted in 100-row transactions, 2 worker
   processes of `reactor.Worker` / `reactor.SimpleWorker` behind a `reactor run` (default
-  settings; once more per run with `REACTOR_PREPARED_STATEMENTS=1`, which README allows for
-  workers connected straight to Postgres, to show what it is worth), clock from the
+  settings, which prepare statements on a direct session; once more per run with
+  `REACTOR_PREPARED_STATEMENTS=1`, which forces them, as a check), clock from the
   first insert to the last row `done`; plain RQ: the same number of jobs with
   `enqueue_many` (100 a call) to 2 `rq.worker.Worker` / `SimpleWorker`, clock to the last job
   finished. Once more per run, plain RQ's SimpleWorker renewing its worker key as ours do
