@@ -158,40 +158,6 @@ def test_an_empty_poll_after_an_empty_poll_sends_one_statement_and_no_transactio
     assert state_of(conn, "after-empty-polls") == ("active", 1)
 
 
-#: Records, from inside each UPDATE of photo_jobs, the session's synchronous_commit setting.
-NOTE_SYNC_COMMIT = """
-CREATE TABLE sync_seen (app text NOT NULL, setting text NOT NULL);
-CREATE FUNCTION note_sync() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    INSERT INTO sync_seen
-    VALUES (current_setting('application_name'), current_setting('synchronous_commit'));
-    RETURN NULL;
-END $$;
-CREATE TRIGGER note_sync AFTER UPDATE ON photo_jobs
-    FOR EACH STATEMENT EXECUTE FUNCTION note_sync();
-"""
-
-
-def test_a_claim_commits_without_waiting_for_the_wal_flush_and_the_next_transaction_does(
-    env: Env, make_reactor: Callable[..., Reactor]
-) -> None:
-    conn = env.connect()
-    conn.execute(NOTE_SYNC_COMMIT)
-    reactor = make_reactor()
-    reactor.turn()  # the drain at start
-    conn.execute(INSERT, ["flushless"])
-    turn_until(reactor, lambda t: t.claimed == 1)
-    work = reactor._sessions.work
-    assert work is not None
-    # Every claim (an empty one's UPDATE fires the statement trigger too).
-    seen = conn.execute("SELECT setting FROM sync_seen WHERE app LIKE '%work'").fetchall()
-    assert seen and set(seen) == {("off",)}
-    # Only the claim's own transaction: the session's setting is the server's.
-    row = work.execute("SELECT current_setting('synchronous_commit')").fetchone()
-    work.rollback()
-    assert row == ("on",)
-
-
 def test_an_idle_turn_waits_and_does_nothing_while_another_reactor_holds_the_doorbell(
     env: Env, make_reactor: Callable[..., Reactor]
 ) -> None:

@@ -12,7 +12,8 @@ Guarantees: the probe never hides a row its claim would take. A type that owes a
 (`reactor.dispatcher.bounds`) is claimed without asking; every other type is asked over the
 window its bounded claim would read, counting rows locked by other transactions and rows the
 claims refuse. A type found empty counts as a short claim at the probe's start for its
-low-water mark: it saw no due row in that window at all.
+low-water mark: it saw no due row in that window at all. A probe that fails on a healthy
+connection is skipped: the claims run as without it (the loop).
 """
 
 from __future__ import annotations

@@ -261,8 +261,16 @@ def connect(
         _require_writable(conn)
     if idle_in_transaction_seconds is not None:
         _end_idle_transactions(conn, idle_in_transaction_seconds)
-    if prepared is None and direct_session(conn):
-        conn.prepare_threshold = PREPARE_THRESHOLD
+    if prepared is None:
+        try:
+            direct = direct_session(conn)
+        except StatementError:
+            direct = False  # unknown: prepare nothing
+        except DatabaseError:
+            conn.close()
+            raise
+        if direct:
+            conn.prepare_threshold = PREPARE_THRESHOLD
     return conn
 
 

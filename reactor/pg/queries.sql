@@ -19,20 +19,12 @@
 -- the inner lock keeps them pending (FOR UPDATE rechecks `state` on the latest version), and an
 -- outer `state = 'pending'` would let the planner read the whole pending index for it, the
 -- entries a held snapshot keeps included.
--- The claim's COMMIT does not wait for the WAL flush (`synchronous_commit` off for its own
--- transaction): the worker's fenced start waits on the claim's row lock, so the flush would be
--- on every job's way to its handler. The job is in Redis before that COMMIT either way. A
--- claim lost in a crash or a failover is a lost COMMIT: the row is pending again at its
--- attempt, a worker that took the job finds the row not at its token and skips it, and the
--- next claim of the row finds the job alive and does not enqueue it twice, or replaces one
--- that ended.
 UPDATE photo_jobs AS j
    SET state = CASE WHEN j.attempts < j.max_attempts THEN 'active' ELSE 'failed' END,
        attempts = CASE WHEN j.attempts < j.max_attempts THEN j.attempts + 1 ELSE j.attempts END,
        last_error = CASE WHEN j.attempts < j.max_attempts THEN j.last_error
                     ELSE format('attempts spent before dispatch: attempt %%s of %%s',
                                 j.attempts, j.max_attempts) END
-  FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
  WHERE j.ctid = ANY (ARRAY(
          SELECT p.ctid
            FROM photo_jobs AS p
