@@ -48,7 +48,6 @@ at most `--redis-timeout` (a hung Redis cannot keep a claim's row locks).
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import gc
 import logging
@@ -70,7 +69,7 @@ from reactor.dispatcher.root import Parts
 from reactor.dispatcher.sessions import Sessions, backoff
 from reactor.dispatcher.sweep import SweepResult, guarded_round
 from reactor.dispatcher.wakeups import Wakeups
-from reactor.errors import ConfigError, DatabaseError, RedisUnavailableError, StatementError
+from reactor.errors import ConfigError, DatabaseError, RedisUnavailableError
 from reactor.pg import db, queries
 from reactor.routes import Route, format_route
 from reactor.rq.redis_url import connect_redis
@@ -398,11 +397,7 @@ class Reactor:
         the types that have due rows (`reactor.dispatcher.probe`)."""
         dispatcher = self._started().dispatcher
         conn = self._work()
-        wanted = list(types)
-        if probe:
-            # A failed probe: the claims run instead (a type whose claim fails is left out alone).
-            with contextlib.suppress(StatementError):
-                wanted = due_types(conn, wanted, dispatcher.bounds)
+        wanted = due_types(conn, list(types), dispatcher.bounds) if probe else list(types)
         should_stop = self._should_stop
         try:
             # Called directly first: a tenacity loop costs more than a drain that finds
