@@ -23,7 +23,7 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 
 import pytest
 
@@ -139,10 +139,31 @@ def private_redis() -> Iterator[RedisServer]:
 # -- processes -----------------------------------------------------------------------------
 
 
+#: The processes a test spawned, for the report of a failure.
+SPAWNED = pytest.StashKey[list[Process]]()
+#: Lines of each spawned process's output that a failed test's report shows.
+SHOWN_OUTPUT_LINES = 80
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item,
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failed test's report carries the last lines of every process it spawned: a failure
+    seen once on a loaded CI run can then be read, not only guessed at."""
+    report = yield
+    if report.when == "call" and report.failed:
+        for proc in item.stash.get(SPAWNED, []):
+            tail = "\n".join(proc.lines[-SHOWN_OUTPUT_LINES:])
+            report.sections.append((f"Captured output of {proc.name} (last lines)", tail))
+    return report
+
+
 @pytest.fixture
-def spawn(env: Env) -> Iterator[Callable[..., Process]]:
+def spawn(env: Env, request: pytest.FixtureRequest) -> Iterator[Callable[..., Process]]:
     """Start `python -m reactor ...` or `rq worker ...` subprocesses; all stopped at the end."""
     started: list[Process] = []
+    request.node.stash[SPAWNED] = started
 
     def start(
         *args: str, name: str = "process", extra_env: dict[str, str] | None = None
