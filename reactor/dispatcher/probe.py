@@ -1,8 +1,8 @@
 """The probe before a poll's claims: which types have a row a claim could take, asked in one
 statement outside any transaction.
 
-A claim is a transaction: BEGIN and the claiming UPDATE go in one round trip, then COMMIT in
-a second, so a claim that finds nothing still costs two round trips for each type. A reactor
+A claim is a transaction: BEGIN, the claiming UPDATE and COMMIT, a round trip each, so a
+claim that finds nothing still costs three round trips for each type. A reactor
 whose doorbell is silent polls, up to a thousand times a second; once a poll has found
 nothing, the next asks first which types have a due pending row in their claims' windows
 (`queries.DUE_TYPES`, in autocommit) and claims only those. An empty poll is then one round

@@ -6,9 +6,8 @@ the batch's size. Redis does not undo what a script wrote before an error inside
 script first checks everything that could fail: every key a command writes must hold the kind
 of value that command writes, or nothing (`rq:queue:photo-process` set to a string makes the
 script refuse the batch, writing nothing: a `RedisUnavailableError`, and the claim rolls
-back). Only then does it write. It reads each key's type once a batch: the batch's jobs share
-their queue's keys, and nothing changes before the writes. A script runs atomically, and the
-claim is still open, so a job is never written half.
+back). Only then does it write. A script runs atomically, and the claim is still open, so a
+job is never written half.
 
 Guarantee: an attempt's job is enqueued at most once. A job that is already *enqueued* — in
 its queue (or in RQ's intermediate list, taken by a worker that has not marked it started
@@ -56,17 +55,8 @@ __all__ = ["EnqueueResult", "Enqueuer"]
 #: enqueued, whose commands it did not run.
 _ENQUEUE = """
 local kinds = {HSET = 'hash', HMSET = 'hash', RPUSH = 'list', LPUSH = 'list', SADD = 'set'}
-local held_by = {}
-local function held_of(key)
-  local held = held_by[key]
-  if not held then
-    held = redis.call('TYPE', key).ok
-    held_by[key] = held
-  end
-  return held
-end
 local function check(key, kind)
-  local held = held_of(key)
+  local held = redis.call('TYPE', key).ok
   if held ~= 'none' and held ~= kind then
     error('WRONGTYPE ' .. key .. ' holds a ' .. held .. ', not a ' .. kind .. ': nothing written')
   end
@@ -90,7 +80,7 @@ for j = 1, n do
   check(ARGV[at + 3], 'list')
   check(ARGV[at + 4], 'zset')
   check(ARGV[at + 5], 'zset')
-  if held_of(key) ~= 'none' then
+  if redis.call('EXISTS', key) == 1 then
     local status = redis.call('HGET', key, 'status')
     if status == 'started' or (status == 'queued' and
         (redis.call('LPOS', ARGV[at + 2], id) or redis.call('LPOS', ARGV[at + 3], id))) then
