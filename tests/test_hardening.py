@@ -495,6 +495,7 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+@pytest.mark.slow  # a fault held for seconds
 def test_notify_flood_costs_bounded_cpu_and_rows_still_flow(
     env: Env, spawn: Callable[..., Process]
 ) -> None:

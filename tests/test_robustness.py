@@ -355,6 +355,7 @@ def idle_in_transaction(conn: psycopg.Connection[Any]) -> float:
     return float(row[0]) if row else 0.0
 
 
+@pytest.mark.slow  # a fault held for seconds
 def test_a_hung_redis_holds_no_claim_beyond_the_redis_timeout(
     env: Env, spawn: Callable[..., Process], private_redis: RedisServer
 ) -> None:

@@ -123,6 +123,7 @@ def test_an_idle_reactor_is_ready_beats_and_says_it_stops(
     stop_and_hear_stopping(reactor, notify)
 
 
+@pytest.mark.slow  # a fault held for seconds
 def test_a_reactor_whose_claim_waits_on_a_lock_goes_silent(
     env: Env, spawn: Callable[..., Process], notify: NotifySocket
 ) -> None:
@@ -208,6 +209,7 @@ def test_a_worker_is_ready_beats_through_a_long_job_and_says_it_stops(
     stop_and_hear_stopping(worker, notify)
 
 
+@pytest.mark.slow  # a fault held for seconds
 def test_a_worker_whose_redis_stops_answering_goes_silent(
     env: Env, spawn: Callable[..., Process], notify: NotifySocket, private_redis: RedisServer
 ) -> None:
