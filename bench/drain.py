@@ -31,9 +31,7 @@ def _ours(url: str, rows: int) -> float:
     insert_pending(url, rows)
     client = redis_client()
     with psycopg.connect(url) as conn:
-        dispatcher = Dispatcher(
-            Enqueuer(client, ROUTES), ROUTES, batch_size=BATCH, database_url=url
-        )
+        dispatcher = Dispatcher(Enqueuer(client, ROUTES), ROUTES, batch_size=BATCH)
         started = time.perf_counter()
         result = dispatcher.drain(conn, ["photo.process"])
         elapsed = time.perf_counter() - started

@@ -35,12 +35,11 @@ are slow, once the reactor is dispatching (a drain that fails forgets every mark
 claims after it are full). Every other guarantee of the claim stands: a bounded claim is the
 same statement with a lower bound on the due time.
 
-Thread-safe: the drain's prefetch thread claims on its own connection.
+Used by the reactor's loop thread alone.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass
 
@@ -78,46 +77,40 @@ class ClaimBounds:
 
     def __init__(self) -> None:
         self._types: dict[str, _Type] = {}
-        self._lock = threading.Lock()
 
     def window(self, job_type: str, now: float) -> float | None:
         """The `window` of a claim of `job_type` starting at monotonic `now`: seconds back
         from the claim's `now()` that it reads, or None for a full claim."""
-        with self._lock:
-            state = self._types.get(job_type)
-            if state is None or state.mark is None:
-                return None
-            if now >= state.full_at + _interval(state.full_seconds):
-                return None
-            state.owed = True
-            return max(0.0, now - state.mark) + MARGIN_SECONDS
+        state = self._types.get(job_type)
+        if state is None or state.mark is None:
+            return None
+        if now >= state.full_at + _interval(state.full_seconds):
+            return None
+        state.owed = True
+        return max(0.0, now - state.mark) + MARGIN_SECONDS
 
     def claimed(self, job_type: str, started: float, window: float | None, short: bool) -> None:
         """A claim of `job_type` with `window` (None: full) that began at monotonic `started`
         came back now, `short`: with fewer rows than its batch (its start is then the mark;
         when it retried without refused rows, its first try's start, which is earlier)."""
         seconds = time.monotonic() - started
-        with self._lock:
-            state = self._types.setdefault(job_type, _Type())
-            if window is None:
-                state.full_at, state.full_seconds, state.owed = started, seconds, False
-            if short and (state.mark is None or started > state.mark):
-                state.mark = started
+        state = self._types.setdefault(job_type, _Type())
+        if window is None:
+            state.full_at, state.full_seconds, state.owed = started, seconds, False
+        if short and (state.mark is None or started > state.mark):
+            state.mark = started
 
     def forget(self, job_type: str) -> None:
         """Forget the mark of `job_type` (quarantined: it owes no full claim meanwhile)."""
-        with self._lock:
-            self._types.pop(job_type, None)
+        self._types.pop(job_type, None)
 
     def reset(self) -> None:
         """Forget every mark (a drain failed: its rows may be pending again below them)."""
-        with self._lock:
-            self._types.clear()
+        self._types.clear()
 
     def full_claim_due(self) -> float | None:
         """Monotonic time by which some type owes a full claim (None: none is owed)."""
-        with self._lock:
-            owed = [s.full_at + _interval(s.full_seconds) for s in self._types.values() if s.owed]
+        owed = [s.full_at + _interval(s.full_seconds) for s in self._types.values() if s.owed]
         return min(owed, default=None)
 
 

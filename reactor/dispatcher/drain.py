@@ -4,8 +4,7 @@
 re-dispatches rows whose job is lost (`redispatch_lost`) or whose worker died
 (`redispatch_stale`) through the same unit: it is the only way a job reaches Redis. The work
 connection is its owner's, handed in with each call (`reactor.dispatcher.sessions` opens it
-and reopens it after a failure); the dispatcher opens only the prefetch connection below, and
-closes it in `close()`.
+and reopens it after a failure); the dispatcher opens no connection of its own.
 
 Guarantees:
 - A row is never `active` without its job in Redis: the enqueue happens inside the claiming
@@ -24,24 +23,17 @@ Guarantees:
   row committed late with an old due time waits at most that long
   (`reactor.dispatcher.bounds` says which rows those are).
 
-Throughput: building RQ jobs is Python work and claiming is Postgres work, so a drain of a
-backlog overlaps them. While batch N is enqueued and committed on the work connection, a
-helper thread already claims batch N+1 on a second connection (opened only when a drain finds
-a full batch; when it cannot be opened, a connection limit say, the drain goes on one batch at
-a time). Each batch is still its own claim → enqueue → COMMIT transaction; the two
-transactions never see each other's rows (`SKIP LOCKED`). Every failure of a drain rolls back
-the claims it holds open, and a claim refuses to run on a connection whose transaction is not
-idle, so a claim can never be committed by the next one without its jobs.
+Every failure of a drain rolls back the claim it holds open, and a claim refuses to run on a
+connection whose transaction is not idle, so a claim can never be committed by the next one
+without its jobs.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -50,7 +42,6 @@ from psycopg.pq import TransactionStatus
 from reactor import tracing
 from reactor.dispatcher.bounds import ClaimBounds
 from reactor.dispatcher.metrics import Metrics
-from reactor.dispatcher.prefetch import Prefetch, Row
 from reactor.dispatcher.refused import RefusedRows
 from reactor.errors import DatabaseError, RedisUnavailableError, StatementError
 from reactor.jobs import JobRef, warm_up_ref
@@ -62,6 +53,9 @@ from reactor.rq.enqueue import Enqueuer
 __all__ = ["BatchResult", "Dispatcher", "DrainResult", "Quarantine", "require_idle"]
 
 logger = logging.getLogger(__name__)
+
+#: A claimed row: type, photo id, token, state, traceparent, tracestate.
+Row = tuple[str, str, int, str, str | None, str | None]
 
 
 #: A type whose claim fails with a statement error is left out of drains for this long,
@@ -120,7 +114,7 @@ class DrainResult:
 
 
 class Dispatcher:
-    """Runs the claim → enqueue → COMMIT unit on the work connection (and a prefetch one)."""
+    """Runs the claim → enqueue → COMMIT unit on the connection it is handed."""
 
     def __init__(
         self,
@@ -129,14 +123,11 @@ class Dispatcher:
         *,
         batch_size: int,
         metrics: Metrics | None = None,
-        database_url: str | None = None,
-        idle_in_transaction_seconds: float | None = None,
     ) -> None:
         self._metrics = metrics or Metrics()
         self._enqueuer = enqueuer
         self._routes = routes
         self._batch_size = batch_size
-        self._prefetch = Prefetch(database_url, idle_in_transaction_seconds)
         #: Types whose claim failed with a statement error, and until when they are skipped.
         self.quarantined: dict[str, Quarantine] = {}
         #: Rows whose claim failed alone, left out of their type's claims for a while.
@@ -364,60 +355,32 @@ class Dispatcher:
 
     def _drain_rotation(
         self,
-        work: Connection,
+        conn: Connection,
         rotation: deque[str],
         should_stop: Callable[[], bool],
         started: float,
         slice_seconds: float | None,
     ) -> DrainResult:
         total = DrainResult()
-        conn = work
-        job_type = rotation.popleft()
-        rows = self._claim_type(conn, job_type)
-        ahead: Future[list[Row]] | None = None
-        other: Connection | None = None
         try:
-            while True:
+            while rotation and not should_stop():
+                if slice_seconds is not None and time.monotonic() - started > slice_seconds:
+                    return replace(total, more=True)
+                job_type = rotation.popleft()
+                rows = self._claim_type(conn, job_type)
                 if len(rows) == self._batch_size:
                     rotation.append(job_type)  # a full batch: this type may have more
-                out_of_time = (
-                    slice_seconds is not None and time.monotonic() - started > slice_seconds
-                )
-                next_type = rotation.popleft() if rotation and not should_stop() else None
-                if out_of_time and next_type is not None:
-                    next_type = None
-                    total = replace(total, more=True)
-                ahead, other = None, None
-                if next_type is not None and len(rows) == self._batch_size:
-                    # A backlog: claim the next batch on the other connection meanwhile.
-                    other = self._prefetch.other(conn, work)
-                    if other is not None:
-                        ahead = self._prefetch.submit(self._claim_type, other, next_type)
                 total = total.add(self._deliver(conn, rows))
-                if next_type is None:
-                    return total
-                if ahead is not None and other is not None:
-                    rows, conn = ahead.result(), other
-                    ahead = None
-                else:
-                    rows = self._claim_type(conn, next_type)
-                job_type = next_type
+            return total
         except BaseException:
-            # Whatever failed, no claim of this drain stays open: an open claim would be
-            # committed by the next one, with no job behind its rows.
+            # Whatever failed, no claim stays open: an open claim would be committed by the
+            # next one, with no job behind its rows.
             db.abandon(conn)
-            if ahead is not None and other is not None:
-                # Let the claim ahead finish, then give its rows back; the first failure is
-                # the one reported.
-                with contextlib.suppress(BaseException):
-                    ahead.result()
-                db.abandon(other)
             raise
 
     def close(self) -> None:
-        """Close the prefetch connection and thread (the work connection is the caller's)."""
+        """Forget the claims' low-water marks (the connection is the caller's)."""
         self.bounds.reset()
-        self._prefetch.close()
 
 
 def require_idle(conn: Connection) -> None:

@@ -266,7 +266,7 @@ class Reactor:
         self._backlog = True
 
     def _drop(self) -> None:
-        """Close both sessions and the dispatcher's prefetch connection (reopened on use)."""
+        """Close both sessions; the dispatcher forgets its claims' low-water marks."""
         self._sessions.drop()
         if self._parts is not None:
             self._parts.dispatcher.close()

@@ -12,7 +12,7 @@ written into its own `last_error` when the row accepts that write (so `reactor s
 search that finds no single failing row, or more than `MAX_REFUSED_PER_SEARCH`, is the type's
 own problem: the caller quarantines the whole type, as for a failing claim before.
 
-Thread-safe: the drain's prefetch thread claims, and may search, on its own connection.
+Thread-safe: `/healthz` reads the refused rows from the metrics server's thread.
 """
 
 from __future__ import annotations

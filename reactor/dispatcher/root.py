@@ -77,8 +77,6 @@ class Parts:
                 routes,
                 batch_size=settings.batch_size,
                 metrics=metrics,
-                database_url=settings.database_url,
-                idle_in_transaction_seconds=sessions.idle_in_transaction_seconds,
             )
             quarantined = dispatcher.quarantined
             health.failing_types = lambda: [(t, q.error) for t, q in list(quarantined.items())]
@@ -138,8 +136,8 @@ class Parts:
         return parts
 
     def close(self) -> None:
-        """Stop the retention thread and the metrics server, and close the dispatcher's
-        prefetch connection (the sessions are the caller's)."""
+        """Stop the retention thread and the metrics server, and close the dispatcher (the
+        sessions are the caller's)."""
         self.dispatcher.close()
         if self.pruner is not None:
             self.pruner.stop()

@@ -112,10 +112,6 @@ class Sessions:
         self.listener = Listener(settings.database_url) if settings.listen else None
         self.work: db.Connection | None = None
 
-    @property
-    def idle_in_transaction_seconds(self) -> float | None:
-        return self._idle_in_transaction
-
     def open_work(self) -> db.Connection:
         """A new work connection, holding the routes' liveness lock if they are registered.
 
