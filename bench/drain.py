@@ -35,7 +35,6 @@ def _ours(url: str, rows: int) -> float:
         started = time.perf_counter()
         result = dispatcher.drain(conn, ["photo.process"])
         elapsed = time.perf_counter() - started
-        dispatcher.close()
     assert result.enqueued == rows, result
     return rows / elapsed
 

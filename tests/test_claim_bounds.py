@@ -197,7 +197,6 @@ def test_the_bounded_claim_does_not_walk_the_rows_dispatched_under_a_held_snapsh
             assert window is not None, "a full claim just ran: the next one is bounded"
             measured.append((_claim_buffers(conn, window), _claim_buffers(conn, None)))
     finally:
-        dispatcher.close()
         holder.rollback()
     (bounded_before, full_before), (bounded_after, full_after) = measured
     # The full range walks every entry the snapshot keeps, pages of the index and of the
@@ -209,25 +208,22 @@ def test_the_bounded_claim_does_not_walk_the_rows_dispatched_under_a_held_snapsh
 def test_a_quarantined_type_owes_no_full_claim(env: Env) -> None:
     conn, work = env.connect(), env.connect(autocommit=False)
     dispatcher = Dispatcher(Enqueuer(env.redis(), ROUTES), ROUTES, batch_size=500)
-    try:
-        dispatcher.drain(work, [TYPE])  # full: the mark
-        dispatcher.drain(work, [TYPE])  # bounded: a full claim is owed
-        assert dispatcher.bounds.full_claim_due() is not None
-        conn.execute(
-            "CREATE FUNCTION poison() RETURNS trigger LANGUAGE plpgsql AS $$"
-            " BEGIN RAISE EXCEPTION 'poisoned row' USING ERRCODE = '22003'; END $$;"
-            " CREATE TRIGGER poison BEFORE UPDATE ON photo_jobs FOR EACH ROW"
-            " WHEN (NEW.state = 'active') EXECUTE FUNCTION poison()"
-        )
-        conn.execute(
-            "INSERT INTO photo_jobs (photo_id, type)"
-            " SELECT 'p' || i, %s FROM generate_series(1, 10) AS i",
-            [TYPE],
-        )
-        assert dispatcher.drain(work, [TYPE]).claimed == 0
-        assert TYPE in dispatcher.quarantined
-        # Else the loop would wake for that claim at once, turn after turn, while the
-        # quarantine leaves the type out of every drain.
-        assert dispatcher.bounds.full_claim_due() is None
-    finally:
-        dispatcher.close()
+    dispatcher.drain(work, [TYPE])  # full: the mark
+    dispatcher.drain(work, [TYPE])  # bounded: a full claim is owed
+    assert dispatcher.bounds.full_claim_due() is not None
+    conn.execute(
+        "CREATE FUNCTION poison() RETURNS trigger LANGUAGE plpgsql AS $$"
+        " BEGIN RAISE EXCEPTION 'poisoned row' USING ERRCODE = '22003'; END $$;"
+        " CREATE TRIGGER poison BEFORE UPDATE ON photo_jobs FOR EACH ROW"
+        " WHEN (NEW.state = 'active') EXECUTE FUNCTION poison()"
+    )
+    conn.execute(
+        "INSERT INTO photo_jobs (photo_id, type)"
+        " SELECT 'p' || i, %s FROM generate_series(1, 10) AS i",
+        [TYPE],
+    )
+    assert dispatcher.drain(work, [TYPE]).claimed == 0
+    assert TYPE in dispatcher.quarantined
+    # Else the loop would wake for that claim at once, turn after turn, while the
+    # quarantine leaves the type out of every drain.
+    assert dispatcher.bounds.full_claim_due() is None

@@ -335,12 +335,25 @@ class Dispatcher:
             if t in self._routes and (t not in quarantined or quarantined[t].until <= started)
         )
         total = DrainResult()
-        if rotation and not should_stop():
-            try:
-                total = self._drain_rotation(conn, rotation, should_stop, started, slice_seconds)
-            except BaseException:
-                self.bounds.reset()  # its claims were rolled back: rows below the marks again
-                raise
+        try:
+            while rotation and not should_stop():
+                # Out of time after at least one batch: a drain always makes progress.
+                elapsed = time.monotonic() - started
+                if total.batches and slice_seconds is not None and elapsed > slice_seconds:
+                    total = replace(total, more=True)
+                    break
+                job_type = rotation.popleft()
+                rows = self._claim_type(conn, job_type)
+                if len(rows) == self._batch_size:
+                    rotation.append(job_type)  # a full batch: this type may have more
+                total = total.add(self._deliver(conn, rows))
+        except BaseException:
+            # Whatever failed, no claim stays open (an open claim would be committed by the
+            # next one, with no job behind its rows), and the claims rolled back put rows
+            # below the marks again.
+            db.abandon(conn)
+            self.bounds.reset()
+            raise
         if total.claimed:
             logger.info(
                 "batch_dispatched claimed=%d enqueued=%d already_enqueued=%d batches=%d "
@@ -352,35 +365,6 @@ class Dispatcher:
                 time.monotonic() - started,
             )
         return total
-
-    def _drain_rotation(
-        self,
-        conn: Connection,
-        rotation: deque[str],
-        should_stop: Callable[[], bool],
-        started: float,
-        slice_seconds: float | None,
-    ) -> DrainResult:
-        total = DrainResult()
-        try:
-            while rotation and not should_stop():
-                if slice_seconds is not None and time.monotonic() - started > slice_seconds:
-                    return replace(total, more=True)
-                job_type = rotation.popleft()
-                rows = self._claim_type(conn, job_type)
-                if len(rows) == self._batch_size:
-                    rotation.append(job_type)  # a full batch: this type may have more
-                total = total.add(self._deliver(conn, rows))
-            return total
-        except BaseException:
-            # Whatever failed, no claim stays open: an open claim would be committed by the
-            # next one, with no job behind its rows.
-            db.abandon(conn)
-            raise
-
-    def close(self) -> None:
-        """Forget the claims' low-water marks (the connection is the caller's)."""
-        self.bounds.reset()
 
 
 def require_idle(conn: Connection) -> None:

@@ -269,7 +269,7 @@ class Reactor:
         """Close both sessions; the dispatcher forgets its claims' low-water marks."""
         self._sessions.drop()
         if self._parts is not None:
-            self._parts.dispatcher.close()
+            self._parts.dispatcher.bounds.reset()
 
     def turn(self) -> Turn:
         """One turn: arm if the doorbell says so, wait for a reason to work, do that work

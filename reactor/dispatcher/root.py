@@ -136,9 +136,7 @@ class Parts:
         return parts
 
     def close(self) -> None:
-        """Stop the retention thread and the metrics server, and close the dispatcher (the
-        sessions are the caller's)."""
-        self.dispatcher.close()
+        """Stop the retention thread and the metrics server (the sessions are the caller's)."""
         if self.pruner is not None:
             self.pruner.stop()
             self.pruner = None
