@@ -77,8 +77,7 @@ def _run_story(
     )
     args = [*WORKERS[worker], *(["--url", env.redis_url] if worker == "plain" else [])]
     produce()
-    # Poll-only: every row goes through the claim (a row named by its notification is
-    # enqueued before its claim, with no stored context to carry).
+    # Poll-only, every 50 ms: the rows are claimed without a listener session to start.
     run = [REACTOR, "run", "--doorbell", "poll-only"]
     reactor = start_exporting(
         [*run, "--poll-interval", "0.05"], child, tmp_path, f"reactor-{worker}"

@@ -109,11 +109,23 @@ class Exporting:
     _files: tuple[IO[bytes], IO[bytes]]
 
     def stop(self, timeout: float = 20.0) -> int:
-        """SIGTERM, then wait (its SDK exports what is left at exit)."""
+        """SIGTERM, then wait (its SDK exports what is left at exit). A process that does not
+        stop in time fails the test with every thread's stack (faulthandler, on SIGABRT, in
+        each process of its group: a forking worker's horse too) and its log."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         try:
             return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGABRT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=5)
+            tail = "\n".join(self.log().splitlines()[-200:])
+            raise AssertionError(
+                f"{self.log_path.stem} did not stop within {timeout:g}s of SIGTERM; "
+                f"its stacks and log:\n{tail}"
+            ) from None
         finally:
             if self.proc.poll() is None:
                 os.killpg(self.proc.pid, signal.SIGKILL)
@@ -138,6 +150,8 @@ def start_exporting(args: list[str], env: dict[str, str], directory: Path, name:
         "OTEL_SERVICE_NAME": name,
         # Spans leave within 50 ms: a process stopped by a test has exported them.
         "OTEL_BSP_SCHEDULE_DELAY": "50",
+        # Stacks of every thread on SIGABRT (`Exporting.stop`, a process that hangs).
+        "PYTHONFAULTHANDLER": "1",
     }
     spans_path, log_path = directory / f"{name}.spans", directory / f"{name}.log"
     out, err = spans_path.open("ab"), log_path.open("ab")
