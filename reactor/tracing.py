@@ -21,11 +21,15 @@ malformed one (no link, no parent); nothing a row holds can fail a dispatch or a
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from reactor.jobs import JobRef
+
+logger = logging.getLogger(__name__)
 
 try:
     from opentelemetry import trace
@@ -46,6 +50,7 @@ __all__ = [
     "MAX_BATCH_LINKS",
     "Processing",
     "current_ids",
+    "exports_held",
     "flush",
     "processing",
     "publishing",
@@ -58,6 +63,9 @@ __all__ = [
 MAX_BATCH_LINKS = 128
 #: The columns' bounds (sql/): longer values are never stored.
 MAX_TRACESTATE_CHARS = 512
+#: How long a forked work horse waits for its spans to leave before it exits without them,
+#: and how long a fork waits for an export in progress to end.
+FLUSH_SECONDS = 5.0
 _SYSTEM = "photo-reactor"
 _TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
 _TRACESTATE = re.compile(r"[\x20-\x7e]*")
@@ -249,11 +257,57 @@ def processing(ref: JobRef, meta: Mapping[str, Any], relationship: str) -> Itera
 
 
 def flush() -> None:
-    """Export the spans this process ended so far (a forked work horse, before it exits)."""
-    if ENABLED:
-        force_flush = getattr(trace.get_tracer_provider(), "force_flush", None)
-        if force_flush is not None:
+    """Export the spans this process ended so far (a forked work horse, before it exits),
+    waiting at most `FLUSH_SECONDS`: an exporter that the fork left unusable (a lock another
+    thread of the parent held) costs this job's spans, never the job or the worker."""
+    if not ENABLED:
+        return
+    force_flush = getattr(trace.get_tracer_provider(), "force_flush", None)
+    if force_flush is None:  # the API's no-op provider: nothing to export
+        return
+    flushed = threading.Event()
+
+    def run() -> None:
+        try:
             force_flush()
+        finally:
+            flushed.set()
+
+    threading.Thread(target=run, name="reactor-span-flush", daemon=True).start()
+    if not flushed.wait(FLUSH_SECONDS):
+        logger.warning("spans_not_flushed within=%.0fs: its spans are dropped", FLUSH_SECONDS)
+
+
+@contextlib.contextmanager
+def exports_held() -> Iterator[None]:
+    """Around a fork: no batch span processor of this process is exporting while it forks.
+
+    A thread exporting at the instant of a fork leaves the child a copy of the exporter's
+    locks (a file's, a connection pool's) that no thread will release, and the child's own
+    export then waits forever. Each of the SDK's batch processors exports under one lock,
+    held here across the fork (the SDK gives the child a fresh one). An export that does not
+    end within `FLUSH_SECONDS` is not waited for: the child's bounded `flush` covers it.
+    """
+    held = [lock for lock in _export_locks() if lock.acquire(timeout=FLUSH_SECONDS)]
+    try:
+        yield
+    finally:
+        for lock in held:
+            lock.release()
+
+
+def _export_locks() -> list[Any]:
+    """The export lock of each batch span processor of the global provider (the SDK's
+    `BatchSpanProcessor`; none for other processors, other SDKs or no SDK)."""
+    if not ENABLED:
+        return []
+    processors = getattr(trace.get_tracer_provider(), "_active_span_processor", None)
+    locks = []
+    for processor in getattr(processors, "_span_processors", ()):
+        lock = getattr(getattr(processor, "_batch_processor", None), "_export_lock", None)
+        if lock is not None:
+            locks.append(lock)
+    return locks
 
 
 def current_ids() -> tuple[str, str] | None:

@@ -34,7 +34,9 @@ The classes also renew RQ's worker key in one round trip, and no more often than
 `NOTIFY_SOCKET` is set (`reactor.worker.watchdog`).
 
 The horse never uses the worker's connection: it runs only the handler and leaves with
-`os._exit`, which sends nothing on inherited sockets. Jobs of other functions run as in RQ.
+`os._exit`, which sends nothing on inherited sockets. With tracing on, no span export is in
+progress at the fork (`tracing.exports_held`), so the horse's own export of its spans cannot
+find the exporter locked. Jobs of other functions run as in RQ.
 RQ's stored tracebacks and the log lines of the process are redacted (no passwords).
 
 At start (`check_startup`, also run by `bootstrap`) the worker connects, checks the schema and
@@ -399,7 +401,8 @@ class Worker(_Lifecycle, rq.worker.Worker):
     def fork_work_horse(self, job: Job, queue: Queue) -> None:
         if self._running is not None:
             self._before_fork(self._running)
-        super().fork_work_horse(job, queue)  # returns in the parent only
+        with tracing.exports_held():  # the horse exports its spans through the same exporter
+            super().fork_work_horse(job, queue)  # returns in the parent only
         if self._running is not None:
             self._after_fork(self._running.ref)
 
