@@ -24,6 +24,7 @@ import contextlib
 import logging
 import re
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -33,6 +34,7 @@ logger = logging.getLogger(__name__)
 
 try:
     from opentelemetry import trace
+    from opentelemetry._logs import get_logger_provider
     from opentelemetry.context import Context
     from opentelemetry.trace import Link, SpanKind, StatusCode
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -64,8 +66,9 @@ MAX_BATCH_LINKS = 128
 #: The columns' bounds (sql/): longer values are never stored.
 MAX_TRACESTATE_CHARS = 512
 #: How long a forked work horse waits for its spans to leave before it exits without them,
-#: and how long a fork waits for an export in progress to end.
-FLUSH_SECONDS = 5.0
+#: and how long a fork waits, in all, for exports in progress to end: a slow collector costs
+#: spans, not jobs.
+EXPORT_WAIT_SECONDS = 1.0
 _SYSTEM = "photo-reactor"
 _TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
 _TRACESTATE = re.compile(r"[\x20-\x7e]*")
@@ -258,8 +261,8 @@ def processing(ref: JobRef, meta: Mapping[str, Any], relationship: str) -> Itera
 
 def flush() -> None:
     """Export the spans this process ended so far (a forked work horse, before it exits),
-    waiting at most `FLUSH_SECONDS`: an exporter that the fork left unusable (a lock another
-    thread of the parent held) costs this job's spans, never the job or the worker."""
+    waiting at most `EXPORT_WAIT_SECONDS`: an exporter that the fork left unusable (a lock
+    another thread of the parent held) costs this job's spans, never the job or the worker."""
     if not ENABLED:
         return
     force_flush = getattr(trace.get_tracer_provider(), "force_flush", None)
@@ -274,36 +277,43 @@ def flush() -> None:
             flushed.set()
 
     threading.Thread(target=run, name="reactor-span-flush", daemon=True).start()
-    if not flushed.wait(FLUSH_SECONDS):
-        logger.warning("spans_not_flushed within=%.0fs: its spans are dropped", FLUSH_SECONDS)
+    if not flushed.wait(EXPORT_WAIT_SECONDS):
+        logger.warning("spans_not_flushed within=%gs: its spans are dropped", EXPORT_WAIT_SECONDS)
 
 
 @contextlib.contextmanager
 def exports_held() -> Iterator[None]:
-    """Around a fork: no batch span processor of this process is exporting while it forks.
+    """Around a fork: no batch processor of this process's spans or logs is exporting.
 
     A thread exporting at the instant of a fork leaves the child a copy of the exporter's
-    locks (a file's, a connection pool's) that no thread will release, and the child's own
-    export then waits forever. Each of the SDK's batch processors exports under one lock,
-    held here across the fork (the SDK gives the child a fresh one). An export that does not
-    end within `FLUSH_SECONDS` is not waited for: the child's bounded `flush` covers it.
+    locks (a file's, a connection pool's) that no thread will release, and the child waits
+    forever on the first: its own export of its spans, or a log line to the stream a console
+    exporter writes to. Each of the SDK's batch processors (opentelemetry-sdk 1.34 and later)
+    exports under one lock, held here across the fork; the SDK gives the child a fresh one.
+    Exports still running after `EXPORT_WAIT_SECONDS` are not waited for: the child's bounded
+    `flush` covers its spans.
     """
-    held = [lock for lock in _export_locks() if lock.acquire(timeout=FLUSH_SECONDS)]
-    try:
+    deadline = time.monotonic() + EXPORT_WAIT_SECONDS
+    with contextlib.ExitStack() as held:
+        for lock in _export_locks():
+            if lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                held.callback(lock.release)
         yield
-    finally:
-        for lock in held:
-            lock.release()
 
 
 def _export_locks() -> list[Any]:
-    """The export lock of each batch span processor of the global provider (the SDK's
-    `BatchSpanProcessor`; none for other processors, other SDKs or no SDK)."""
+    """The export lock of each batch processor of the global tracer and logger providers
+    (none for other processors, other SDKs or no SDK)."""
     if not ENABLED:
         return []
-    processors = getattr(trace.get_tracer_provider(), "_active_span_processor", None)
+    spans = getattr(trace.get_tracer_provider(), "_active_span_processor", None)
+    logs = getattr(get_logger_provider(), "_multi_log_record_processor", None)
+    processors = [
+        *getattr(spans, "_span_processors", ()),
+        *getattr(logs, "_log_record_processors", ()),
+    ]
     locks = []
-    for processor in getattr(processors, "_span_processors", ()):
+    for processor in processors:
         lock = getattr(getattr(processor, "_batch_processor", None), "_export_lock", None)
         if lock is not None:
             locks.append(lock)

@@ -1,6 +1,6 @@
-"""A fork while the batch span processor exports: the forking worker holds exports across its
+"""A fork while a batch span processor exports: the forking worker holds exports across its
 fork, and a work horse's flush of its spans is bounded, so a lock the parent's exporting
-thread held at the fork never hangs the horse (a real SDK, a real fork, in a child program:
+thread held at the fork never hangs a horse (the real SDK, real forks, in child programs:
 `tests.support.fork_exports`)."""
 
 from __future__ import annotations
@@ -11,21 +11,34 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from reactor import submit
+from tests.support.env import Env
 from tests.support.paths import ROOT
+
+ROUTE = "photo.process=tests.handlers.traced"
+
+
+def _program(
+    args: list[str], env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tests.support.fork_exports", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+
+
+def _names(spans: Path) -> list[str]:
+    return spans.read_text(encoding="utf-8").splitlines() if spans.exists() else []
 
 
 def _fork_while_exporting(mode: str, tmp_path: Path) -> tuple[dict[str, Any], list[str], str]:
-    spans = tmp_path / "spans"
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.support.fork_exports", mode, str(spans)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = _program([mode, str(tmp_path / "spans")])
     assert done.returncode == 0, done.stderr
-    names = spans.read_text(encoding="utf-8").splitlines() if spans.exists() else []
-    return json.loads(done.stdout), names, done.stderr
+    return json.loads(done.stdout), _names(tmp_path / "spans"), done.stderr
 
 
 def test_a_fork_waits_for_the_export_in_progress_and_the_child_exports(tmp_path: Path) -> None:
@@ -46,3 +59,24 @@ def test_a_child_that_finds_the_exporter_locked_gives_its_spans_up_in_time(
     assert 1.0 <= child["seconds"] < 5.0, child
     assert names == ["in the parent"], names
     assert "spans_not_flushed within=1s" in stderr, stderr
+
+
+def test_a_forking_worker_forks_no_horse_while_its_spans_are_exported(
+    env: Env, tmp_path: Path
+) -> None:
+    """Each job's `process` span is exported by the worker while the next job's horse is
+    forked; every horse still exports its handler's span, none gives up."""
+    conn = env.connect()
+    photos = [f"p{i}" for i in range(4)]
+    for photo_id in photos:
+        submit(conn, photo_id)
+    env.cli_json("sweep", "--route", ROUTE)
+    spans = tmp_path / "spans"
+    done = _program(["worker", str(spans)], env.process_env(REACTOR_ROUTES=ROUTE))
+    assert done.returncode == 0, done.stderr
+    assert "spans_not_flushed" not in done.stderr, done.stderr
+    states = conn.execute("SELECT state, count(*) FROM photo_jobs GROUP BY state").fetchall()
+    assert states == [("done", len(photos))], (states, done.stderr)
+    names = _names(spans)
+    assert names.count("handler work") == len(photos), (names, done.stderr)
+    assert names.count("process photo.process") == len(photos), names

@@ -60,6 +60,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import rq.worker
+from rq.executions import Execution
 from rq.job import Job
 from rq.queue import Queue
 from rq.worker.base import BaseWorker
@@ -405,6 +406,14 @@ class Worker(_Lifecycle, rq.worker.Worker):
             super().fork_work_horse(job, queue)  # returns in the parent only
         if self._running is not None:
             self._after_fork(self._running.ref)
+
+    def perform_job(self, job: Job, queue: Queue, execution: Execution) -> bool:
+        """In the work horse: RQ's, then the export of the horse's spans (it leaves with
+        `os._exit`), after the job's timeout has ended."""
+        try:
+            return bool(super().perform_job(job, queue, execution))
+        finally:
+            tracing.flush()
 
 
 class SimpleWorker(_Lifecycle, rq.worker.SimpleWorker):

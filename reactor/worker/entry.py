@@ -184,13 +184,8 @@ def perform(job_type: str, photo_id: str, token: int, *, handler: str) -> str:
     handoff = _handoff
     ref = JobRef(job_type, photo_id, token)
     if handoff is not None and handoff.ref == ref:
-        try:
-            return _run_handed_over(handoff, photo_id)
-        finally:
-            if handoff.report_fd is not None:
-                # A forked horse leaves with os._exit: export the handler's spans (once the
-                # outcome is reported, so the worker process writes it meanwhile).
-                tracing.flush()
+        # A forked horse exports the handler's spans after RQ's part (`Worker.perform_job`).
+        return _run_handed_over(handoff, photo_id)
     return _run_lifecycle(ref, handler)
 
 
