@@ -1,5 +1,5 @@
 """`scripts/test` as a developer runs it: pytest options alone keep the default run (the tests
-not marked slow, on two processes); a test path, node id, `-m` or `-k` selects instead.
+not marked slow, on three processes); a test path, node id, `-m` or `-k` selects instead.
 
 Sub-runs of the real script; they only collect tests, or run one pure test, so no server starts.
 """
@@ -48,11 +48,11 @@ def test_pytest_options_alone_keep_the_default_selection() -> None:
     assert collected(one_slow) == {one_slow}
 
 
-def test_pytest_options_alone_keep_the_two_processes(tmp_path: Path) -> None:
+def test_pytest_options_alone_keep_the_three_processes(tmp_path: Path) -> None:
     # `--lf` with a cache that names one failed test: an option, which runs just that test.
     cache = tmp_path / "v" / "cache"
     cache.mkdir(parents=True)
     (cache / "lastfailed").write_text(f'{{"{UNIT_TEST}": true}}')
     out = scripts_test("--lf", "-o", f"cache_dir={tmp_path}")
-    assert "2 workers [1 item]" in out, out
+    assert "3 workers [1 item]" in out, out
     assert "1 passed" in out, out

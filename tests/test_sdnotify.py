@@ -107,6 +107,7 @@ def stop_and_hear_stopping(proc: Process, listener: NotifySocket) -> None:
     assert proc.exit_code(30) == 0, proc.output()
 
 
+@pytest.mark.slow  # beats watched for two intervals
 def test_an_idle_reactor_is_ready_beats_and_says_it_stops(
     env: Env, spawn: Callable[..., Process], notify: NotifySocket
 ) -> None:
@@ -188,6 +189,7 @@ def run_one_long_job(env: Env, conn: psycopg.Connection[Any], redis_url: str) ->
     wait_for(lambda: states(conn) == {"done": 1}, timeout=60, what="the long job done")
 
 
+@pytest.mark.slow  # beats watched through a job of two intervals
 @pytest.mark.parametrize("simple", [True, False], ids=["simple", "forking"])
 def test_a_worker_is_ready_beats_through_a_long_job_and_says_it_stops(
     env: Env,
