@@ -48,21 +48,38 @@ from reactor.settings import FAILED_JOB_TTL_SECONDS, RESULT_TTL_SECONDS
 
 __all__ = ["EnqueueResult", "Enqueuer"]
 
-#: ARGV: the number of jobs n; for each job its key, id, queue key, intermediate list key and
-#: finished and failed registry keys (an ended job replaced leaves them); then the commands,
-#: each as (owner, argument count, arguments...): owner 0 is shared by the batch (RQ's set of
-#: queues), owner i belongs to job i. Returns the indexes (from 1) of the jobs already
-#: enqueued, whose commands it did not run.
+#: ARGV: the number of jobs n and of queues m; for each queue the keys of its list, RQ's
+#: intermediate list and its finished and failed registries (an ended job replaced leaves
+#: them); for each job its key, id and queue (0 to m - 1); then the commands, each as (owner,
+#: argument count, arguments...): owner 0 is shared by the batch (RQ's set of queues), owner i
+#: belongs to job i. Returns the indexes (from 1) of the jobs already enqueued, whose commands
+#: it did not run. Each key's type is read once (a batch's jobs share their queue's keys).
 _ENQUEUE = """
 local kinds = {HSET = 'hash', HMSET = 'hash', RPUSH = 'list', LPUSH = 'list', SADD = 'set'}
+local held = {}
+local function kind_of(key)
+  local kind = held[key]
+  if kind == nil then
+    kind = redis.call('TYPE', key).ok
+    held[key] = kind
+  end
+  return kind
+end
 local function check(key, kind)
-  local held = redis.call('TYPE', key).ok
-  if held ~= 'none' and held ~= kind then
-    error('WRONGTYPE ' .. key .. ' holds a ' .. held .. ', not a ' .. kind .. ': nothing written')
+  local found = kind_of(key)
+  if found ~= 'none' and found ~= kind then
+    error('WRONGTYPE ' .. key .. ' holds a ' .. found .. ', not a ' .. kind .. ': nothing written')
   end
 end
-local n = tonumber(ARGV[1])
-local first = 2 + 6 * n
+local n, m = tonumber(ARGV[1]), tonumber(ARGV[2])
+for at = 3, 2 + 4 * m, 4 do
+  check(ARGV[at], 'list')
+  check(ARGV[at + 1], 'list')
+  check(ARGV[at + 2], 'zset')
+  check(ARGV[at + 3], 'zset')
+end
+local jobs = 3 + 4 * m
+local first = jobs + 3 * n
 local i = first
 while i <= #ARGV do
   local argc = tonumber(ARGV[i + 1])
@@ -74,27 +91,25 @@ while i <= #ARGV do
 end
 local skip, enqueued, ended = {}, {}, {}
 for j = 1, n do
-  local at = 2 + 6 * (j - 1)
+  local at = jobs + 3 * (j - 1)
   local key, id = ARGV[at], ARGV[at + 1]
-  check(ARGV[at + 2], 'list')
-  check(ARGV[at + 3], 'list')
-  check(ARGV[at + 4], 'zset')
-  check(ARGV[at + 5], 'zset')
-  if redis.call('EXISTS', key) == 1 then
+  local lists = 3 + 4 * tonumber(ARGV[at + 2])
+  check(key, 'hash')
+  if kind_of(key) ~= 'none' then
     local status = redis.call('HGET', key, 'status')
     if status == 'started' or (status == 'queued' and
-        (redis.call('LPOS', ARGV[at + 2], id) or redis.call('LPOS', ARGV[at + 3], id))) then
+        (redis.call('LPOS', ARGV[lists], id) or redis.call('LPOS', ARGV[lists + 1], id))) then
       skip[j] = true
       enqueued[#enqueued + 1] = j
     else
-      ended[#ended + 1] = at
+      ended[#ended + 1] = {key, id, lists}
     end
   end
 end
-for _, at in ipairs(ended) do
-  redis.call('DEL', ARGV[at])
-  redis.call('ZREM', ARGV[at + 4], ARGV[at + 1])
-  redis.call('ZREM', ARGV[at + 5], ARGV[at + 1])
+for _, job in ipairs(ended) do
+  redis.call('DEL', job[1])
+  redis.call('ZREM', ARGV[job[3] + 2], job[2])
+  redis.call('ZREM', ARGV[job[3] + 3], job[2])
 end
 i = first
 while i <= #ARGV do
@@ -165,7 +180,7 @@ class Enqueuer:
             redis.RedisError: Redis failed.
         """
         self._arguments([JobRef(job_type, "warm-up", 1) for job_type in self._routes])
-        self._script(keys=[], args=[0])
+        self._script(keys=[], args=[0, 0])
 
     def _queue(self, name: str) -> Queue:
         queue = self._queues.get(name)
@@ -217,12 +232,15 @@ class Enqueuer:
         """The refs in the script's order, and the script's ARGV for them."""
         by_queue = self._by_queue(refs)
         ordered = [ref for batch in by_queue.values() for ref in batch]
+        by_queue_index = {name: index for index, name in enumerate(by_queue)}
         owner_of: dict[str, int] = {}
-        argv: list[Any] = [len(ordered)]
+        argv: list[Any] = [len(ordered), len(by_queue)]
+        for name in by_queue:
+            argv += self._lists(name)
         for index, ref in enumerate(ordered, start=1):
             key = Job.key_for(ref.job_id)
             owner_of[key] = owner_of[ref.job_id] = index
-            argv += [key, ref.job_id, *self._lists(self._routes[ref.type].queue)]
+            argv += [key, ref.job_id, by_queue_index[self._routes[ref.type].queue]]
         with self._client.pipeline(transaction=False) as plan:
             self._add_enqueues(plan, by_queue)
             for args, _options in plan.command_stack:  # never sent: the script runs them
