@@ -8,6 +8,7 @@ importable nothing needs it."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -206,6 +207,12 @@ def _check_log_ids(log: str, processed: dict[str, dict[str, Any]]) -> None:
     records = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
     failure = [r for r in records if r["event"] == "attempt_failed"]
     assert len(failure) == 1, log
+    # RQ's prose is not split into an event: its records keep their whole message.
+    ours = [r for r in records if r["logger"].startswith("reactor")]
+    theirs = [r for r in records if r["logger"].startswith("rq.")]
+    assert ours and all(re.fullmatch(r"[a-z]+(_[a-z]+)*", r["event"]) for r in ours), ours
+    assert any(r["message"].split(": ")[-1].startswith("Job OK (") for r in theirs), theirs
+    assert theirs and all(r["event"] is None for r in theirs), theirs
     trace_id, span_id = _context(processed["fail-1"])
     assert (failure[0]["trace_id"], failure[0]["span_id"]) == (trace_id, span_id)
     # Every record that names a job's photo was written inside that job's span, but RQ's line

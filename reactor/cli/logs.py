@@ -1,10 +1,11 @@
 """Logging set-up for the CLI (the only place logging is configured).
 
 Two formats: `text` for people, `json` (one object per line) for log pipelines. Every record's
-message starts with an event name (`batch_dispatched`, `connection_lost`, ...); the JSON form
-puts it in its own field, and, when the record was written inside a valid span (`reactor.tracing`),
-the `trace_id` and `span_id` of that span. Messages pass through `redact`, so no password reaches
-a log.
+message of photo-reactor's own loggers starts with an event name (`batch_dispatched`,
+`connection_lost`, ...); the JSON form puts it in its own field (`null` for other loggers', RQ's
+or a handler's, whose messages are prose) and, when the record was written inside a valid span
+(`reactor.tracing`), adds the `trace_id` and `span_id` of that span. Messages pass through
+`redact`, so no password reaches a log.
 """
 
 from __future__ import annotations
@@ -27,7 +28,10 @@ class _RedactingFormatter(logging.Formatter):
 class _JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         message = redact(record.getMessage())
-        event, _, rest = message.partition(" ")
+        event: str | None = None
+        rest = message
+        if record.name == "reactor" or record.name.startswith("reactor."):
+            event, _, rest = message.partition(" ")
         payload: dict[str, object] = {
             "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S%z"),
             "level": record.levelname.lower(),
