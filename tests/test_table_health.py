@@ -17,7 +17,9 @@ import pytest
 from psycopg import sql
 
 from reactor.ops.dashboard import Dashboard
-from reactor.pg.estimates import EXACT_UP_TO
+from reactor.pg import estimates
+from reactor.pg.estimates import EXACT_UP_TO, Count
+from reactor.pg.history import count_history
 from reactor.routes import parse_routes
 from tests.support.cli import run_cli
 from tests.support.env import Env
@@ -237,3 +239,42 @@ def test_many_finished_rows_are_estimated_and_said_so(env: Env) -> None:
     # Below the bound, the count is exact.
     few = env.cli_json("prune", "--done-older-than", "40d", "--dry-run")
     assert (few["would_delete_done"], few["estimated"]) == (0, [])
+
+
+def test_an_estimate_past_the_trusted_size_is_taken_without_reading_a_row(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The planner's estimate of a state, a prune or the history at `TRUST_ESTIMATE_FROM` or
+    more is the count: no row is read. Shown with the bound lowered and the statistics left
+    stale on purpose (every row deleted, no ANALYZE since): a read would find none."""
+    conn = env.connect()
+    plant = (
+        "INSERT INTO photo_jobs (photo_id, type, state, attempts, created_at, updated_at)"
+        " SELECT 'd' || i, 'photo.process', 'done', 1, now() - interval '30 days',"
+        "        now() - interval '30 days' FROM generate_series(1, 3000) AS i"
+    )
+    conn.execute(plant)
+    assert run_cli(env, "archive", "--older-than", "1d").returncode == 0  # into the history
+    conn.execute(plant)
+    assert conn.execute("SELECT count(*) FROM photo_jobs_history").fetchone() == (3000,)
+    conn.execute("ANALYZE photo_jobs")
+    conn.execute("ANALYZE photo_jobs_history")
+    conn.execute("DELETE FROM photo_jobs_history")
+    conn.execute("DELETE FROM photo_jobs")
+
+    def counts(exact: bool = False) -> tuple[Any, ...]:
+        with conn.transaction():
+            done = estimates.counts_by_type(conn, "done", ["photo.process"], exact=exact)
+            older = estimates.count_finished_older(conn, "done", 7 * 86400.0, exact=exact)
+            history, _months = count_history(conn, exact=exact)
+        return done, older, history
+
+    # The default bound: these estimates (about 3,000) are too small to take; rows are read.
+    exact_zero: tuple[Any, ...] = (({}, False), Count(0), Count(0))
+    assert counts() == exact_zero
+    monkeypatch.setattr(estimates, "TRUST_ESTIMATE_FROM", 2_000)
+    (by_type, guessed), older, history = counts()
+    assert guessed and by_type["photo.process"] == pytest.approx(3000, rel=0.2), by_type
+    assert older.estimated and older.rows == pytest.approx(3000, rel=0.2), older
+    assert history.estimated and history.rows == pytest.approx(3000, rel=0.2), history
+    assert counts(exact=True) == exact_zero

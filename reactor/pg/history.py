@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from reactor.errors import StatementError
 from reactor.pg import queries
 from reactor.pg.db import Connection, translating
-from reactor.pg.estimates import EXACT_UP_TO, Count, planner_rows
+from reactor.pg.estimates import EXACT_UP_TO, Count, planner_rows, trusted_estimate
 from reactor.pg.prune import PRUNED_STATES, PruneResult, prune_finished
 
 __all__ = [
@@ -138,10 +138,14 @@ def count_history(conn: Connection, *, exact: bool = False) -> tuple[Count, int]
     Raises:
         psycopg.Error: a statement failed (callers run it under `translating`).
     """
-    limit = None if exact else EXACT_UP_TO
+    trusted = None if exact else trusted_estimate(conn, queries.ESTIMATE_HISTORY, {})
+    # A trusted estimate is the count: read no row, only the partitions.
+    limit = None if exact else 0 if trusted is not None else EXACT_UP_TO
     row = conn.execute(queries.HISTORY_COUNT_UP_TO, {"limit": limit}).fetchone()
     assert row is not None
     counted, months = int(row[0]), int(row[1])
+    if trusted is not None:
+        return Count(trusted, estimated=True), months
     if limit is None or counted < limit:
         return Count(counted), months
     guess = planner_rows(conn, queries.ESTIMATE_HISTORY, {})

@@ -710,6 +710,11 @@ SELECT type, count(*)
   FROM (SELECT type FROM photo_jobs WHERE state = %(state)s LIMIT %(limit)s) AS f
  GROUP BY type
 
+-- name: ESTIMATE_ROWS_OF_STATE
+-- The planner's estimate of the rows in one state (from the table's statistics, scaled to its
+-- current size: no row is read), as a one-row EXPLAIN in JSON ("Plan Rows").
+EXPLAIN (FORMAT JSON) SELECT FROM photo_jobs WHERE state = %(state)s
+
 -- name: ESTIMATE_ROWS_OF_TYPE
 -- The planner's estimate of the rows of one type in one state (from the table's statistics,
 -- scaled to its current size: no row is read), as a one-row EXPLAIN in JSON ("Plan Rows").
