@@ -17,7 +17,7 @@ import pytest
 from psycopg import sql
 
 from reactor.ops.dashboard import Dashboard
-from reactor.pg import estimates
+from reactor.pg import estimates, queries
 from reactor.pg.estimates import EXACT_UP_TO, Count
 from reactor.pg.history import count_history
 from reactor.routes import parse_routes
@@ -241,12 +241,14 @@ def test_many_finished_rows_are_estimated_and_said_so(env: Env) -> None:
     assert (few["would_delete_done"], few["estimated"]) == (0, [])
 
 
-def test_an_estimate_past_the_trusted_size_is_taken_without_reading_a_row(
+def test_a_count_the_planner_expects_large_reads_a_sample_and_stale_statistics_show(
     env: Env, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The planner's estimate of a state, a prune or the history at `TRUST_ESTIMATE_FROM` or
-    more is the count: no row is read. Shown with the bound lowered and the statistics left
-    stale on purpose (every row deleted, no ANALYZE since): a read would find none."""
+    """When the planner expects `TRUST_ESTIMATE_FROM` rows or more of a state or of the
+    history, a count reads at most `SAMPLE_UP_TO` of them: reaching that takes the estimate,
+    fewer is exact. So neither statistics left stale by a mass change nor a planner that takes
+    a state and an age as independent can report rows that are not there. Shown with both
+    bounds lowered."""
     conn = env.connect()
     plant = (
         "INSERT INTO photo_jobs (photo_id, type, state, attempts, created_at, updated_at)"
@@ -259,22 +261,29 @@ def test_an_estimate_past_the_trusted_size_is_taken_without_reading_a_row(
     assert conn.execute("SELECT count(*) FROM photo_jobs_history").fetchone() == (3000,)
     conn.execute("ANALYZE photo_jobs")
     conn.execute("ANALYZE photo_jobs_history")
-    conn.execute("DELETE FROM photo_jobs_history")
-    conn.execute("DELETE FROM photo_jobs")
 
-    def counts(exact: bool = False) -> tuple[Any, ...]:
+    def counts(age_days: int = 7, exact: bool = False) -> tuple[Any, ...]:
         with conn.transaction():
             done = estimates.counts_by_type(conn, "done", ["photo.process"], exact=exact)
-            older = estimates.count_finished_older(conn, "done", 7 * 86400.0, exact=exact)
+            older = estimates.count_finished_older(conn, "done", age_days * 86400.0, exact=exact)
             history, _months = count_history(conn, exact=exact)
         return done, older, history
 
-    # The default bound: these estimates (about 3,000) are too small to take; rows are read.
-    exact_zero: tuple[Any, ...] = (({}, False), Count(0), Count(0))
-    assert counts() == exact_zero
+    # The default bounds: about 3,000 expected, under `TRUST_ESTIMATE_FROM`: counted exactly.
+    assert counts() == (({"photo.process": 3000}, False), Count(3000), Count(3000))
     monkeypatch.setattr(estimates, "TRUST_ESTIMATE_FROM", 2_000)
-    (by_type, guessed), older, history = counts()
+    monkeypatch.setattr(estimates, "SAMPLE_UP_TO", 500)
+    (by_type, guessed), older, history = counts()  # the reads stop at 500: estimates
     assert guessed and by_type["photo.process"] == pytest.approx(3000, rel=0.2), by_type
     assert older.estimated and older.rows == pytest.approx(3000, rel=0.2), older
     assert history.estimated and history.rows == pytest.approx(3000, rel=0.2), history
-    assert counts(exact=True) == exact_zero
+    # No done row is 40 days old: the sample finds none, whatever the planner guesses.
+    assert counts(age_days=40)[1] == Count(0)
+    # Every row deleted, the statistics not updated: the samples find none.
+    conn.execute("DELETE FROM photo_jobs_history")
+    conn.execute("DELETE FROM photo_jobs")
+    expected = estimates.planner_rows(conn, queries.ESTIMATE_ROWS_OF_STATE, {"state": "done"})
+    assert expected >= 2_000, "the statistics still expect the deleted rows"
+    nothing: tuple[Any, ...] = (({}, False), Count(0), Count(0))
+    assert counts() == nothing
+    assert counts(exact=True) == nothing

@@ -2,10 +2,10 @@
 
 Two formats: `text` for people, `json` (one object per line) for log pipelines. Every record's
 message of photo-reactor's own loggers starts with an event name (`batch_dispatched`,
-`connection_lost`, ...); the JSON form puts it in its own field (`null` for other loggers', RQ's
-or a handler's, whose messages are prose) and, when the record was written inside a valid span
-(`reactor.tracing`), adds the `trace_id` and `span_id` of that span. Messages pass through
-`redact`, so no password reaches a log.
+`connection_lost`, ...); the JSON form puts it in its own field (`null` for loggers outside
+`reactor`, RQ's or a handler's, whose messages are prose) and, when the record was written
+inside a valid span (`reactor.tracing`), adds the `trace_id` and `span_id` of that span.
+Messages pass through `redact`, so no password reaches a log.
 """
 
 from __future__ import annotations

@@ -1,14 +1,16 @@
 """Counts of rows that may be millions (finished rows: done, failed, cancelled): exact while
 they are few, the planner's estimate once they are many, and always saying which.
 
-A count first asks the planner (the table's statistics from its last ANALYZE, scaled by
-Postgres to the table's current size; no row is read): an estimate of `TRUST_ESTIMATE_FROM`
-rows or more is the answer. Otherwise it reads at most `EXACT_UP_TO` rows: below that it is
-exact; a count that reaches it stops there and becomes the planner's estimate, never less than
-the rows already seen. So `reactor status`, the dashboard and `reactor prune --dry-run` cost
-no more on a table of millions than on one of a hundred thousand; `exact=True` counts every
-row (a scan) for whoever needs the figure to the row. Pending and active rows, the hot states,
-are always counted exactly elsewhere (they are few, and read through their partial indexes).
+A count reads at most `EXACT_UP_TO` rows, or `SAMPLE_UP_TO` when the planner expects
+`TRUST_ESTIMATE_FROM` or more (the table's statistics from its last ANALYZE, scaled by Postgres
+to the table's current size; no row is read for that): a count below its bound is exact; one
+that reaches it stops there and becomes the planner's estimate, never less than the rows
+already seen. So `reactor status`, the dashboard and `reactor prune --dry-run` cost no more on
+a table of millions than on one of a hundred thousand, and statistics left stale by a mass
+change (every failed row requeued, and no ANALYZE since) cannot hide that fewer than
+`SAMPLE_UP_TO` are left; `exact=True` counts every row (a scan) for whoever needs the figure to
+the row. Pending and active rows, the hot states, are always counted exactly elsewhere (they
+are few, and read through their partial indexes).
 """
 
 from __future__ import annotations
@@ -23,20 +25,21 @@ from reactor.pg.db import Connection
 
 __all__ = [
     "EXACT_UP_TO",
+    "SAMPLE_UP_TO",
     "TRUST_ESTIMATE_FROM",
     "Count",
     "count_finished_older",
     "counts_by_type",
     "planner_rows",
-    "trusted_estimate",
+    "read_limit",
 ]
 
 #: A count reads at most this many rows; one that reaches it is the planner's estimate.
 EXACT_UP_TO = 100_000
 
-#: An estimate this large is taken without reading rows: statistics ten times too high take a
-#: mass delete that no ANALYZE has seen yet (autovacuum's analyze follows one).
+#: When the planner expects this many rows or more, a count reads at most `SAMPLE_UP_TO`.
 TRUST_ESTIMATE_FROM = 10 * EXACT_UP_TO
+SAMPLE_UP_TO = EXACT_UP_TO // 10
 
 
 @dataclass(frozen=True)
@@ -59,15 +62,20 @@ def planner_rows(conn: Connection, explain: str, params: Mapping[str, Any]) -> i
     return max(0, round(float(plan[0]["Plan"]["Plan Rows"])))
 
 
-def trusted_estimate(conn: Connection, explain: str, params: Mapping[str, Any]) -> int | None:
-    """The planner's estimate of `explain`'s rows (an `EXPLAIN (FORMAT JSON)` statement) when
-    it is `TRUST_ESTIMATE_FROM` or more, to be taken as the count; else None (count the rows).
+def read_limit(
+    conn: Connection, explain: str, params: Mapping[str, Any], *, exact: bool
+) -> int | None:
+    """How many rows a count reads: every one (`exact`), `SAMPLE_UP_TO` when the planner
+    expects `TRUST_ESTIMATE_FROM` or more of `explain` (an `EXPLAIN (FORMAT JSON)` statement),
+    else `EXACT_UP_TO`.
 
     Raises:
         psycopg.Error: the statement failed (callers run it under `translating`).
     """
-    guess = planner_rows(conn, explain, params)
-    return guess if guess >= TRUST_ESTIMATE_FROM else None
+    if exact:
+        return None
+    many = planner_rows(conn, explain, params) >= TRUST_ESTIMATE_FROM
+    return SAMPLE_UP_TO if many else EXACT_UP_TO
 
 
 def counts_by_type(
@@ -80,13 +88,11 @@ def counts_by_type(
     Raises:
         psycopg.Error: a statement failed (callers run it under `translating`).
     """
-    limit = None if exact else EXACT_UP_TO
-    seen: dict[str, int] = {}
-    if exact or trusted_estimate(conn, queries.ESTIMATE_ROWS_OF_STATE, {"state": state}) is None:
-        params = {"state": state, "limit": limit}
-        seen = {str(t): int(n) for t, n in conn.execute(queries.FINISHED_COUNTS_UP_TO, params)}
-        if limit is None or sum(seen.values()) < limit:
-            return seen, False
+    limit = read_limit(conn, queries.ESTIMATE_ROWS_OF_STATE, {"state": state}, exact=exact)
+    params = {"state": state, "limit": limit}
+    seen = {str(t): int(n) for t, n in conn.execute(queries.FINISHED_COUNTS_UP_TO, params)}
+    if limit is None or sum(seen.values()) < limit:
+        return seen, False
     common = {str(row[0]) for row in conn.execute(queries.COMMON_TYPES)}
     estimated = {}
     for job_type in sorted(set(types) | common | set(seen)):
@@ -105,10 +111,10 @@ def count_finished_older(conn: Connection, state: str, age: float, *, exact: boo
     Raises:
         psycopg.Error: a statement failed (callers run it under `translating`).
     """
+    # The bound follows the state's rows: the planner takes the state and the age as
+    # independent, and the rows of one age can all be of another state.
+    limit = read_limit(conn, queries.ESTIMATE_ROWS_OF_STATE, {"state": state}, exact=exact)
     estimate = {"state": state, "age": age}
-    if not exact and (trusted := trusted_estimate(conn, queries.ESTIMATE_FINISHED, estimate)):
-        return Count(trusted, estimated=True)
-    limit = None if exact else EXACT_UP_TO
     row = conn.execute(queries.COUNT_FINISHED, {**estimate, "limit": limit}).fetchone()
     counted = 0 if row is None else int(row[0])
     if limit is None or counted < limit:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from reactor.errors import StatementError
 from reactor.pg import queries
 from reactor.pg.db import Connection, translating
-from reactor.pg.estimates import EXACT_UP_TO, Count, planner_rows, trusted_estimate
+from reactor.pg.estimates import Count, planner_rows, read_limit
 from reactor.pg.prune import PRUNED_STATES, PruneResult, prune_finished
 
 __all__ = [
@@ -132,20 +132,16 @@ def history_months_before(conn: Connection, age: float) -> list[HistoryMonth]:
 
 
 def count_history(conn: Connection, *, exact: bool = False) -> tuple[Count, int]:
-    """Rows in the history (exact up to `EXACT_UP_TO`, the planner's estimate beyond, unless
-    `exact`) and its number of monthly partitions.
+    """Rows in the history (exact below the bound `reactor.pg.estimates.read_limit` sets, the
+    planner's estimate beyond, unless `exact`) and its number of monthly partitions.
 
     Raises:
         psycopg.Error: a statement failed (callers run it under `translating`).
     """
-    trusted = None if exact else trusted_estimate(conn, queries.ESTIMATE_HISTORY, {})
-    # A trusted estimate is the count: read no row, only the partitions.
-    limit = None if exact else 0 if trusted is not None else EXACT_UP_TO
+    limit = read_limit(conn, queries.ESTIMATE_HISTORY, {}, exact=exact)
     row = conn.execute(queries.HISTORY_COUNT_UP_TO, {"limit": limit}).fetchone()
     assert row is not None
     counted, months = int(row[0]), int(row[1])
-    if trusted is not None:
-        return Count(trusted, estimated=True), months
     if limit is None or counted < limit:
         return Count(counted), months
     guess = planner_rows(conn, queries.ESTIMATE_HISTORY, {})
