@@ -546,8 +546,9 @@ def test_no_postgres_session_is_opened_per_job(
     burst_ours(spawn, env, kind, handler="noop")
     opened = sessions(conn, env.database_name) - before
     assert states(conn) == {"done": 201}
-    # The worker's connections at start (one, at times two), never one per job (201 jobs).
-    assert opened <= 2, opened
+    # The worker's connections at start (one, at times two; three seen once on a loaded CI
+    # run), never one per job (201 jobs); the plain path below opens one per forked job.
+    assert opened <= 5, opened
     # What the plain `rq worker` path costs, measured the same way: the test can fail.
     with conn.transaction():
         for i in range(20):
