@@ -123,13 +123,13 @@ return enqueued
 
 
 class _Job(Job):
-    """RQ's job, built without RQ's check that its default (pickle) serializer has `dumps`
-    and `loads`: a `typing` protocol check, 8 µs a job, most of the build's overhead beyond
-    RQ's own work. Any other serializer is checked as RQ does."""
+    """RQ's job, built without RQ's per-job check that its own default (pickle) serializer
+    has `dumps` and `loads`, a `typing` protocol check that is slow on Python 3.11
+    (bench/README.md, *Backlog drain*). Any other serializer is checked as RQ does."""
 
     def __init__(
         self,
-        id: str | None = None,  # noqa: A002 - RQ's name: callers pass it by keyword
+        id: str | None = None,  # noqa: A002 - RQ's parameter name
         connection: Any = None,
         serializer: Any = None,
     ) -> None:
