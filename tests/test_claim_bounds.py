@@ -44,7 +44,23 @@ FULL_EVERY_SECONDS = 3.0
 
 @pytest.fixture(autouse=True)
 def _full_claims_every(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Full claims every FULL_EVERY_SECONDS, however long one takes: on a loaded machine a full
+    claim of 50 ms would otherwise space them 5 s apart (`FULL_SHARE`, tested on its own)."""
     monkeypatch.setattr(bounds, "FULL_EVERY_SECONDS", FULL_EVERY_SECONDS)
+    monkeypatch.setattr(bounds, "FULL_SHARE", 0.0)
+
+
+def test_full_claims_space_out_while_they_are_slow_up_to_the_cap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(bounds, "FULL_SHARE", 100.0)
+    marks = bounds.ClaimBounds()
+    started = time.monotonic() - 0.05  # a full claim that took 50 ms (or a little more)
+    marks.claimed(TYPE, started, None, short=True)
+    assert marks.window(TYPE, started + 4.9) is not None  # 100 times 50 ms: bounded until 5 s
+    due = marks.full_claim_due()
+    assert due is not None and due >= started + 5.0
+    assert marks.window(TYPE, started + bounds.FULL_EVERY_MAX_SECONDS + 0.01) is None
 
 
 @pytest.fixture

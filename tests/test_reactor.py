@@ -15,6 +15,7 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -37,6 +38,7 @@ from tests.support.cli import one_line, run_cli
 from tests.support.doorbell import listener_pids
 from tests.support.env import Env
 from tests.support.notifications import Notifications
+from tests.support.notify_socket import NotifySocket
 from tests.support.processes import Process, start_reactor
 from tests.support.redis_dbs import SUITE_MARKER_KEY
 from tests.support.rows import insert_rows, rows, states
@@ -435,23 +437,28 @@ def test_sigterm_during_a_large_drain_exits_cleanly(
     assert counts.get("active", 0) + counts.get("pending", 0) == 50_000
 
 
-def voluntary_switches(pid: int) -> int:
-    """How often process `pid` (one thread) went to sleep so far."""
-    with open(f"/proc/{pid}/status") as status:
-        (line,) = [x for x in status if x.startswith("voluntary_ctxt_switches:")]
-    return int(line.split()[1])
-
-
 @pytest.mark.parametrize("first", [signal.SIGTERM, signal.SIGINT], ids=["TERM", "INT"])
 def test_a_second_signal_exits_at_once_while_the_first_waits_for_the_batch(
-    env: Env, spawn: Callable[..., Process], private_redis: RedisServer, first: signal.Signals
+    env: Env,
+    spawn: Callable[..., Process],
+    private_redis: RedisServer,
+    tmp_path: Path,
+    first: signal.Signals,
 ) -> None:
     """The first SIGTERM/SIGINT lets the batch in hand finish; a second one exits at once. The
     batch here waits on a hung Redis for up to a minute (--redis-timeout 60): only the second
     signal can end the process well within that."""
     conn = env.connect()
+    # The first signal's handler says STOPPING=1 to systemd's socket: the sign it has run.
+    notify = NotifySocket(str(tmp_path / "notify"))
     reactor = start_reactor(
-        spawn, "--redis-timeout", "60", "--sweep-interval", "3600", REDIS_URL=private_redis.url
+        spawn,
+        "--redis-timeout",
+        "60",
+        "--sweep-interval",
+        "3600",
+        REDIS_URL=private_redis.url,
+        NOTIFY_SOCKET=str(tmp_path / "notify"),
     )
     private_redis.freeze()
     try:
@@ -470,15 +477,9 @@ def test_a_second_signal_exits_at_once_while_the_first_waits_for_the_batch(
             what="a claim waiting on Redis",
         )
         # Two signals of one kind sent back to back coalesce into one (the kernel keeps one
-        # pending, Python runs one handler): wait until the first was handled, which shows as
-        # the process going back to sleep in its wait on Redis (a new voluntary switch).
-        switches = voluntary_switches(reactor.proc.pid)
+        # pending, Python runs one handler): wait until the first was handled.
         reactor.proc.send_signal(first)
-        wait_for(
-            lambda: voluntary_switches(reactor.proc.pid) > switches,
-            timeout=10,
-            what="the first signal handled",
-        )
+        notify.wait("STOPPING=1")
         assert reactor.proc.poll() is None, reactor.output()
         sent = time.monotonic()
         reactor.proc.send_signal(signal.SIGTERM if first == signal.SIGINT else first)
@@ -486,6 +487,7 @@ def test_a_second_signal_exits_at_once_while_the_first_waits_for_the_batch(
         waited = time.monotonic() - sent
     finally:
         private_redis.thaw()
+        notify.close()
     assert code == 1, reactor.output()
     assert waited < 20 < 60, waited  # not the Redis timeout's minute
     reactor.wait_for_line("second signal, exiting at once", timeout=5)

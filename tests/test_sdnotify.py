@@ -9,8 +9,6 @@ from __future__ import annotations
 import itertools
 import os
 import signal
-import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,6 +23,7 @@ from tests.handlers import SCHEMA
 from tests.support.cli import run_cli
 from tests.support.doorbell import armed_by
 from tests.support.env import Env
+from tests.support.notify_socket import NotifySocket
 from tests.support.processes import Process, start_reactor
 from tests.support.rows import insert_rows, states
 from tests.support.servers import RedisServer
@@ -34,41 +33,6 @@ from tests.support.waiting import wait_for
 WATCHDOG_SECONDS = 3.0
 WATCHDOG_ENV = {"WATCHDOG_USEC": str(int(WATCHDOG_SECONDS * 1_000_000))}
 SLOW_ROUTE = "photo.process=tests.handlers.sleeps"
-
-
-class NotifySocket:
-    """A bound datagram socket, as systemd's; every message with the time it arrived."""
-
-    def __init__(self, address: str | bytes) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind(address)
-        self.messages: list[tuple[float, str]] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        while True:
-            try:
-                data = self.sock.recv(4096)
-            except OSError:
-                return
-            self.messages.append((time.monotonic(), data.decode()))
-
-    def times(self, message: str, since: float = float("-inf")) -> list[float]:
-        return [at for at, text in self.messages if text == message and at > since]
-
-    def wait(self, message: str, since: float = float("-inf"), count: int = 1) -> float:
-        """When the `count`-th `message` after `since` came."""
-        got = wait_for(
-            lambda: len(self.times(message, since)) >= count,
-            timeout=30,
-            what=f"{count} x {message!r} (heard: {self.messages[-5:]})",
-        )
-        assert got
-        return self.times(message, since)[count - 1]
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 @pytest.fixture

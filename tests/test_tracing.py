@@ -165,7 +165,9 @@ def test_one_connected_story_per_photo(
     assert sum(s["attributes"]["messaging.batch.message_count"] for s in publish) == 6
 
     processed = _by_photo(worker_spans, "process photo.process")
-    assert set(processed) == {"ok-1", "ok-2", "fail-1", "by-sql", "malformed", "zero-ids"}
+    assert set(processed) == {"ok-1", "ok-2", "fail-1", "by-sql", "malformed", "zero-ids"}, (
+        workers.log()
+    )
     for photo, span in processed.items():
         attributes = span["attributes"]
         assert span["kind"] == "SpanKind.CONSUMER"
@@ -195,7 +197,7 @@ def test_one_connected_story_per_photo(
             for s in worker_spans
             if s["name"] == "handler work" and s["parent_id"] == span["context"]["span_id"]
         ]
-        assert len(work) == 1, photo
+        assert len(work) == 1, f"{photo}: {workers.log()}"
     ids = [_context(s) for s in [*reactor_spans, *worker_spans]]
     assert len(ids) == len(set(ids)), "a span was exported twice"
 
