@@ -21,11 +21,14 @@ malformed one (no link, no parent); nothing a row holds can fail a dispatch or a
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import re
+import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from types import ModuleType
 from typing import Any
 
 from reactor.jobs import JobRef
@@ -54,6 +57,7 @@ __all__ = [
     "current_ids",
     "exports_held",
     "flush",
+    "own_connections",
     "processing",
     "publishing",
     "stored_context",
@@ -281,6 +285,23 @@ def flush() -> None:
         logger.warning("spans_not_flushed within=%gs: its spans are dropped", EXPORT_WAIT_SECONDS)
 
 
+def own_connections() -> None:
+    """In a forked work horse, before anything in it exports: give the exporters' HTTP
+    sessions connection pools of the horse's own.
+
+    OTLP over HTTP keeps its connection to the collector alive, and a horse inherits it: the
+    worker's batch exports and the horse's then share one connection, and requests sent at
+    once reach the collector mixed into one it cannot decode, or have their answers read by
+    the other process (spans lost, or sent twice). Each adapter of a session is replaced by a
+    copy of itself, which has the same settings and an empty pool (requests' adapters copy
+    so); the inherited pool is dropped in this thread, before any other thread of the horse
+    could use it, and takes no lock on the way, so no lock the fork copied can hold it up.
+    Dropping it closes only the horse's descriptors: the worker's connection stays open."""
+    for session in _http_sessions():
+        for prefix, adapter in list(session.adapters.items()):
+            session.adapters[prefix] = copy.copy(adapter)
+
+
 @contextlib.contextmanager
 def exports_held() -> Iterator[None]:
     """Around a fork: no batch processor of this process's spans or logs is exporting.
@@ -304,6 +325,36 @@ def exports_held() -> Iterator[None]:
 def _export_locks() -> list[Any]:
     """The export lock of each batch processor of the global tracer and logger providers
     (none for other processors, other SDKs or no SDK)."""
+    locks = [getattr(batch, "_export_lock", None) for batch in _batch_processors()]
+    return [lock for lock in locks if lock is not None]
+
+
+def _http_sessions() -> list[Any]:
+    """The `requests` sessions the batch processors' exporters hold (OTLP over HTTP: as an
+    attribute of the exporter, or of its client's transport, depending on the version)."""
+    requests = sys.modules.get("requests")
+    if requests is None:  # no exporter of this process sends over requests
+        return []
+    found: list[Any] = []
+    seen: set[int] = set()
+    level = [getattr(batch, "_exporter", None) for batch in _batch_processors()]
+    for _ in range(4):  # the exporter, its client, the client's transport, its session
+        below: list[Any] = []
+        for item in level:
+            if item is None or id(item) in seen or isinstance(item, (type, ModuleType)):
+                continue
+            seen.add(id(item))
+            if isinstance(item, requests.Session):
+                found.append(item)
+            else:
+                below += getattr(item, "__dict__", {}).values()
+        level = below
+    return found
+
+
+def _batch_processors() -> list[Any]:
+    """The SDK's batch processors (opentelemetry-sdk 1.34 and later) of the global tracer and
+    logger providers' span and log record processors (none for others, or no SDK)."""
     if not ENABLED:
         return []
     spans = getattr(trace.get_tracer_provider(), "_active_span_processor", None)
@@ -312,12 +363,8 @@ def _export_locks() -> list[Any]:
         *getattr(spans, "_span_processors", ()),
         *getattr(logs, "_log_record_processors", ()),
     ]
-    locks = []
-    for processor in processors:
-        lock = getattr(getattr(processor, "_batch_processor", None), "_export_lock", None)
-        if lock is not None:
-            locks.append(lock)
-    return locks
+    batches = [getattr(processor, "_batch_processor", None) for processor in processors]
+    return [batch for batch in batches if batch is not None]
 
 
 def current_ids() -> tuple[str, str] | None:

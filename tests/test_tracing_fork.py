@@ -8,12 +8,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from reactor import submit
 from tests.support.env import Env
+from tests.support.otlp_sink import OtlpSink
 from tests.support.paths import ROOT
+from tests.support.spans import INSTRUMENT
 
 ROUTE = "photo.process=tests.handlers.traced"
 
@@ -80,3 +83,46 @@ def test_a_forking_worker_forks_no_horse_while_its_spans_are_exported(
     names = _names(spans)
     assert names.count("handler work") == len(photos), (names, done.stderr)
     assert names.count("process photo.process") == len(photos), names
+
+
+def test_horses_exporting_over_otlp_http_send_every_span_once(env: Env) -> None:
+    """A forking worker under `opentelemetry-instrument` exporting over OTLP/HTTP (as the
+    compose profile's does) to a collector on loopback, the worker's batch exports coming
+    every 20 ms: each horse exports on a connection of its own, so no span is lost, sent
+    twice, or sent mixed up with the worker's (a keep-alive connection the horse inherits
+    carries both processes' requests at once)."""
+    conn = env.connect()
+    photos = [f"p{i}" for i in range(150)]
+    conn.execute(
+        "INSERT INTO photo_jobs (photo_id, type) SELECT unnest(%s::text[]), 'photo.process'",
+        [photos],
+    )
+    env.cli_json("sweep", "--route", ROUTE)
+    with OtlpSink() as sink:
+        done = subprocess.run(
+            [INSTRUMENT, sys.executable, "-m", "reactor", "worker", "--burst"],
+            cwd=ROOT,
+            env=env.process_env(
+                REACTOR_ROUTES=ROUTE,
+                OTEL_TRACES_EXPORTER="otlp",
+                OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
+                OTEL_EXPORTER_OTLP_ENDPOINT=sink.endpoint,
+                OTEL_METRICS_EXPORTER="none",
+                OTEL_LOGS_EXPORTER="none",
+                OTEL_BSP_SCHEDULE_DELAY="20",
+            ),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert done.returncode == 0, done.stderr[-3000:]
+    states = conn.execute("SELECT state, count(*) FROM photo_jobs GROUP BY state").fetchall()
+    errors = conn.execute("SELECT last_error FROM photo_jobs WHERE state <> 'done'").fetchall()
+    assert states == [("done", len(photos))], f"{states} {errors[:3]} {done.stderr[-3000:]}"
+    received = sink.received
+    assert received.corrupt == [], received.corrupt[:3]
+    names = Counter(name for name, _ in received.spans)
+    assert names["process photo.process"] == len(photos), names
+    assert names["handler work"] == len(photos), names
+    ids = [span_id for _, span_id in received.spans]
+    assert len(ids) == len(set(ids)), "a span was sent twice"

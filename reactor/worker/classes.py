@@ -36,7 +36,8 @@ The classes also renew RQ's worker key in one round trip, and no more often than
 The horse never uses the worker's connection: it runs only the handler and leaves with
 `os._exit`, which sends nothing on inherited sockets. With tracing on, no span export is in
 progress at the fork (`tracing.exports_held`), so the horse's own export of its spans cannot
-find the exporter locked. Jobs of other functions run as in RQ.
+find the exporter locked, and the horse exports over connections of its own
+(`tracing.own_connections`), not the worker's kept-alive ones. Jobs of other functions run as in RQ.
 RQ's stored tracebacks and the log lines of the process are redacted (no passwords).
 
 At start (`check_startup`, also run by `bootstrap`) the worker connects, checks the schema and
@@ -158,7 +159,8 @@ class _Lifecycle(SystemdNotify, StartupChecks, KeyRenewal, BaseWorker):
         self._job: Job | None = None  # the running `perform` job, for the renewals
         self._running: Handoff | None = None
         self._started: lifecycle.Started | None = None  # the running attempt, once settled
-        self._report_fds: tuple[int, int] | None = None
+        #: The outcome pipe's ends in this process: (read, write; None once closed).
+        self._report_fds: tuple[int, int | None] | None = None
         self._horse_status: int | None = None
 
     def handle_warm_shutdown_request(self) -> None:
@@ -330,8 +332,13 @@ class _Lifecycle(SystemdNotify, StartupChecks, KeyRenewal, BaseWorker):
         """In the parent, right after the fork: drop our copy of the pipe's write end (so the
         horse's exit is the end of it) and start heartbeating."""
         if self._report_fds is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._report_fds[1])
+            read_fd, write_fd = self._report_fds
+            # Closed once: a descriptor number closed twice may by then be another's (a
+            # connection opened during the job), which the second close would cut.
+            self._report_fds = (read_fd, None)
+            if write_fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(write_fd)
             self._beat_for(ref)
 
     def _collect(self, handoff: Handoff) -> lifecycle.Outcome:
@@ -339,8 +346,9 @@ class _Lifecycle(SystemdNotify, StartupChecks, KeyRenewal, BaseWorker):
         if self._report_fds is not None:
             read_fd, write_fd = self._report_fds
             self._report_fds = None
-            with contextlib.suppress(OSError):
-                os.close(write_fd)
+            if write_fd is not None:  # no fork took place
+                with contextlib.suppress(OSError):
+                    os.close(write_fd)
             # Non-blocking: a process the handler forked may still hold the write end.
             os.set_blocking(read_fd, False)
             data = b""
@@ -408,8 +416,9 @@ class Worker(_Lifecycle, rq.worker.Worker):
             self._after_fork(self._running.ref)
 
     def perform_job(self, job: Job, queue: Queue, execution: Execution) -> bool:
-        """In the work horse: RQ's, then the export of the horse's spans (it leaves with
-        `os._exit`), after the job's timeout has ended."""
+        """In the work horse: RQ's, on exporter connections of the horse's own, then the export
+        of the horse's spans (it leaves with `os._exit`), after the job's timeout has ended."""
+        tracing.own_connections()
         try:
             return bool(super().perform_job(job, queue, execution))
         finally:
