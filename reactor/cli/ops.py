@@ -235,8 +235,8 @@ def _with_stdin(photo_ids: tuple[str, ...]) -> Iterator[str]:
 def submit_command(
     database_url: str, photo_ids: tuple[str, ...], job_type: str, max_attempts: int | None
 ) -> None:
-    """Submit photos (one transaction): new rows, or done/failed rows re-armed. `-` reads
-    photo ids from standard input, one a line (empty lines are skipped)."""
+    """Submit photos (one transaction): new rows, or done/failed/cancelled rows re-armed. `-`
+    reads photo ids from standard input, one a line (empty lines are skipped)."""
     photo_ids = tuple(dict.fromkeys(_with_stdin(photo_ids)))
     for photo_id in photo_ids:
         validate_job(photo_id, job_type)
@@ -334,7 +334,7 @@ def dashboard(**options: Any) -> None:
         from reactor.ops.dashboard import Dashboard, serve_dashboard  # noqa: PLC0415
     except ImportError as exc:
         raise ConfigError(
-            f"reactor dashboard needs {exc.name}: pip install 'photo-reactor[dashboard]'"
+            f"reactor dashboard needs {exc.name}: pip install '/path/to/photo-reactor[dashboard]'"
         ) from None
     actions = None
     if options["actions"]:
