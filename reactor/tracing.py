@@ -21,7 +21,6 @@ malformed one (no link, no parent); nothing a row holds can fail a dispatch or a
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 import re
 import sys
@@ -39,6 +38,7 @@ try:
     from opentelemetry import trace
     from opentelemetry._logs import get_logger_provider
     from opentelemetry.context import Context
+    from opentelemetry.metrics import get_meter_provider
     from opentelemetry.trace import Link, SpanKind, StatusCode
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 except ImportError:  # the `otel` extra is not installed: every function is a no-op
@@ -74,6 +74,13 @@ MAX_TRACESTATE_CHARS = 512
 #: spans, not jobs.
 EXPORT_WAIT_SECONDS = 1.0
 _SYSTEM = "photo-reactor"
+#: The walk for exporters' HTTP sessions: levels below the providers, objects at most.
+_WALK_DEPTH, _WALK_LIMIT = 12, 5000
+_NOT_WALKED = (type(None), type, ModuleType, str, bytes, int, float, bool)
+#: In a work horse: the connection pools it inherited, kept unused (`own_connections`).
+_INHERITED_POOLS: list[Any] = []
+#: The providers' ids, and the HTTP sessions their exporters hold (`_sessions`).
+_SESSIONS: tuple[tuple[int, ...], list[Any]] | None = None
 _TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
 _TRACESTATE = re.compile(r"[\x20-\x7e]*")
 _NO_CONTEXT: dict[str, str | None] = {"traceparent": None, "tracestate": None}
@@ -290,16 +297,28 @@ def own_connections() -> None:
     sessions connection pools of the horse's own.
 
     OTLP over HTTP keeps its connection to the collector alive, and a horse inherits it: the
-    worker's batch exports and the horse's then share one connection, and requests sent at
-    once reach the collector mixed into one it cannot decode, or have their answers read by
-    the other process (spans lost, or sent twice). Each adapter of a session is replaced by a
-    copy of itself, which has the same settings and an empty pool (requests' adapters copy
-    so); the inherited pool is dropped in this thread, before any other thread of the horse
-    could use it, and takes no lock on the way, so no lock the fork copied can hold it up.
-    Dropping it closes only the horse's descriptors: the worker's connection stays open."""
-    for session in _http_sessions():
-        for prefix, adapter in list(session.adapters.items()):
-            session.adapters[prefix] = copy.copy(adapter)
+    worker's exports and the horse's then share one connection, and requests sent at once
+    reach the collector mixed into one it cannot decode, or have their answers read by the
+    other process (spans lost, or sent twice). Each of requests' HTTP adapters of the
+    sessions the providers' exporters hold (spans, logs, metrics) gets a new pool manager, made
+    by the adapter itself (so a subclass's settings hold). The inherited pools are kept,
+    unused, until the horse exits: dropping one would run its finalizer, which takes a lock
+    the fork may have copied held. Never raises: an exporter this cannot handle costs a
+    warning, and its exports may share the worker's connection."""
+    adapters = sys.modules.get("requests.adapters")
+    if adapters is None:  # no exporter of this process sends over requests
+        return
+    try:
+        for session in _sessions():
+            for adapter in session.adapters.values():
+                if isinstance(adapter, adapters.HTTPAdapter):
+                    _INHERITED_POOLS.append((adapter.poolmanager, adapter.proxy_manager))
+                    adapter.proxy_manager = {}
+                    adapter.init_poolmanager(
+                        adapter._pool_connections, adapter._pool_maxsize, block=adapter._pool_block
+                    )
+    except Exception as exc:
+        logger.warning("span_connections_shared error=%r (this horse exports on the worker's)", exc)
 
 
 @contextlib.contextmanager
@@ -312,8 +331,10 @@ def exports_held() -> Iterator[None]:
     exporter writes to. Each of the SDK's batch processors (opentelemetry-sdk 1.34 and later)
     exports under one lock, held here across the fork; the SDK gives the child a fresh one.
     Exports still running after `EXPORT_WAIT_SECONDS` are not waited for: the child's bounded
-    `flush` covers its spans.
+    `flush` covers its spans. The exporters' HTTP sessions are found here, before the fork, so
+    that `own_connections` in the horse does not look for them again.
     """
+    _sessions()
     deadline = time.monotonic() + EXPORT_WAIT_SECONDS
     with contextlib.ExitStack() as held:
         for lock in _export_locks():
@@ -329,23 +350,40 @@ def _export_locks() -> list[Any]:
     return [lock for lock in locks if lock is not None]
 
 
-def _http_sessions() -> list[Any]:
-    """The `requests` sessions the batch processors' exporters hold (OTLP over HTTP: as an
-    attribute of the exporter, or of its client's transport, depending on the version)."""
-    requests = sys.modules.get("requests")
-    if requests is None:  # no exporter of this process sends over requests
+def _sessions() -> list[Any]:
+    """The `requests` sessions of the global providers' exporters: found once for a set of
+    providers (a walk of a few hundred objects) and kept, so that forked horses inherit them."""
+    global _SESSIONS
+    if not ENABLED or sys.modules.get("requests") is None:
         return []
+    providers = [trace.get_tracer_provider(), get_logger_provider(), get_meter_provider()]
+    key = tuple(id(provider) for provider in providers)
+    if _SESSIONS is None or _SESSIONS[0] != key:
+        _SESSIONS = (key, _http_sessions(providers))
+    return _SESSIONS[1]
+
+
+def _http_sessions(providers: Sequence[Any]) -> list[Any]:
+    """The `requests` sessions reachable from `providers` (OTLP over HTTP holds one in its
+    exporter, or in the exporter's client's transport, depending on the version; a wrapped
+    exporter one level further down), found by a walk of their attributes and containers,
+    bounded in depth and size."""
+    requests = sys.modules["requests"]
     found: list[Any] = []
     seen: set[int] = set()
-    level = [getattr(batch, "_exporter", None) for batch in _batch_processors()]
-    for _ in range(4):  # the exporter, its client, the client's transport, its session
+    level: list[Any] = list(providers)
+    for _ in range(_WALK_DEPTH):
         below: list[Any] = []
         for item in level:
-            if item is None or id(item) in seen or isinstance(item, (type, ModuleType)):
+            if id(item) in seen or isinstance(item, _NOT_WALKED) or len(seen) >= _WALK_LIMIT:
                 continue
             seen.add(id(item))
             if isinstance(item, requests.Session):
                 found.append(item)
+            elif isinstance(item, (list, tuple, set, frozenset)):
+                below += item
+            elif isinstance(item, dict):
+                below += item.values()
             else:
                 below += getattr(item, "__dict__", {}).values()
         level = below

@@ -6,13 +6,25 @@ thread held at the fork never hangs a horse (the real SDK, real forks, in child 
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from reactor import submit
+import pytest
+import requests
+import requests.adapters
+from opentelemetry._logs import get_logger_provider
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.metrics import get_meter_provider
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.trace import get_tracer_provider
+
+from reactor import submit, tracing
 from tests.support.env import Env
 from tests.support.otlp_sink import OtlpSink
 from tests.support.paths import ROOT
@@ -92,7 +104,7 @@ def test_horses_exporting_over_otlp_http_send_every_span_once(env: Env) -> None:
     twice, or sent mixed up with the worker's (a keep-alive connection the horse inherits
     carries both processes' requests at once)."""
     conn = env.connect()
-    photos = [f"p{i}" for i in range(150)]
+    photos = [f"p{i}" for i in range(60)]
     conn.execute(
         "INSERT INTO photo_jobs (photo_id, type) SELECT unnest(%s::text[]), 'photo.process'",
         [photos],
@@ -121,8 +133,58 @@ def test_horses_exporting_over_otlp_http_send_every_span_once(env: Env) -> None:
     assert states == [("done", len(photos))], f"{states} {errors[:3]} {done.stderr[-3000:]}"
     received = sink.received
     assert received.corrupt == [], received.corrupt[:3]
-    names = Counter(name for name, _ in received.spans)
+    names = Counter(name for name, _, _ in received.spans)
     assert names["process photo.process"] == len(photos), names
     assert names["handler work"] == len(photos), names
-    ids = [span_id for _, span_id in received.spans]
+    ids = [span_id for _, span_id, _ in received.spans]
     assert len(ids) == len(set(ids)), "a span was sent twice"
+    # Whether requests collided or not: no connection carried both a horse's spans (the
+    # handler's) and the worker's (`process`).
+    horses = {port for name, _, port in received.spans if name == "handler work"}
+    worker = {port for name, _, port in received.spans if name == "process photo.process"}
+    assert horses & worker == set(), "a horse exported on the worker's connection"
+
+
+class _Wrapping(SpanExporter):
+    """An exporter that hands its spans to another (a filter, a sampler of its own)."""
+
+    def __init__(self, inner: SpanExporter) -> None:
+        self.inner = inner
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return self.inner.export(spans)
+
+
+def test_the_sessions_of_plain_and_wrapped_exporters_are_found() -> None:
+    plain, wrapped = requests.Session(), requests.Session()
+    provider = TracerProvider()
+    for session, wrap in ((plain, False), (wrapped, True)):
+        exporter: SpanExporter = OTLPSpanExporter(endpoint="http://127.0.0.1:9", session=session)
+        provider.add_span_processor(BatchSpanProcessor(_Wrapping(exporter) if wrap else exporter))
+    try:
+        found = tracing._http_sessions([provider])
+    finally:
+        provider.shutdown()
+    assert any(s is plain for s in found) and any(s is wrapped for s in found), found
+
+
+class _Refusing(requests.adapters.HTTPAdapter):
+    refuse = False
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        if self.refuse:
+            raise RuntimeError("no pool for you")
+        super().init_poolmanager(*args, **kwargs)
+
+
+def test_a_session_that_cannot_get_a_new_pool_costs_a_warning_not_the_job(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    session, adapter = requests.Session(), _Refusing()
+    session.mount("http://", adapter)
+    adapter.refuse = True
+    key = tuple(id(p) for p in (get_tracer_provider(), get_logger_provider(), get_meter_provider()))
+    monkeypatch.setattr(tracing, "_SESSIONS", (key, [session]))
+    with caplog.at_level(logging.WARNING, logger="reactor.tracing"):
+        tracing.own_connections()
+    assert "span_connections_shared" in caplog.text and "no pool for you" in caplog.text

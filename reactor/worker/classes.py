@@ -336,6 +336,8 @@ class _Lifecycle(SystemdNotify, StartupChecks, KeyRenewal, BaseWorker):
             # Closed once: a descriptor number closed twice may by then be another's (a
             # connection opened during the job), which the second close would cut.
             self._report_fds = (read_fd, None)
+            if self._running is not None:
+                self._running.report_fd = None  # the horse's number now, not ours
             if write_fd is not None:
                 with contextlib.suppress(OSError):
                     os.close(write_fd)

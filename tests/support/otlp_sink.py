@@ -1,6 +1,6 @@
 """An OTLP/HTTP trace receiver on loopback, as a collector would be: it answers every export
-with 200 over HTTP/1.1 keep-alive connections, and keeps each span it was sent (name, span id)
-and each request it could not decode."""
+with 200 over HTTP/1.1 keep-alive connections, and keeps each span it was sent (name, span id,
+the connection it came on) and each request it could not decode."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 @dataclass
 class Received:
-    """What the sink was sent: (span name, span id in hex) per span, and the errors of the
-    requests it could not decode."""
+    """What the sink was sent: (span name, span id in hex, the client's port) per span, and the
+    errors of the requests it could not decode."""
 
-    spans: list[tuple[str, str]] = field(default_factory=list)
+    spans: list[tuple[str, str, int]] = field(default_factory=list)
     corrupt: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -40,8 +40,9 @@ class OtlpSink:
                     with received.lock:
                         received.corrupt.append(repr(exc))
                 else:
+                    port = int(self.client_address[1])
                     spans = [
-                        (span.name, span.span_id.hex())
+                        (span.name, span.span_id.hex(), port)
                         for resource in request.resource_spans
                         for scope in resource.scope_spans
                         for span in scope.spans
