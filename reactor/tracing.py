@@ -346,8 +346,20 @@ def exports_held() -> Iterator[None]:
 def _export_locks() -> list[Any]:
     """The export lock of each batch processor of the global tracer and logger providers
     (none for other processors, other SDKs or no SDK)."""
-    locks = [getattr(batch, "_export_lock", None) for batch in _batch_processors()]
-    return [lock for lock in locks if lock is not None]
+    if not ENABLED:
+        return []
+    spans = getattr(trace.get_tracer_provider(), "_active_span_processor", None)
+    logs = getattr(get_logger_provider(), "_multi_log_record_processor", None)
+    processors = [
+        *getattr(spans, "_span_processors", ()),
+        *getattr(logs, "_log_record_processors", ()),
+    ]
+    locks = []
+    for processor in processors:
+        lock = getattr(getattr(processor, "_batch_processor", None), "_export_lock", None)
+        if lock is not None:
+            locks.append(lock)
+    return locks
 
 
 def _sessions() -> list[Any]:
@@ -388,21 +400,6 @@ def _http_sessions(providers: Sequence[Any]) -> list[Any]:
                 below += getattr(item, "__dict__", {}).values()
         level = below
     return found
-
-
-def _batch_processors() -> list[Any]:
-    """The SDK's batch processors (opentelemetry-sdk 1.34 and later) of the global tracer and
-    logger providers' span and log record processors (none for others, or no SDK)."""
-    if not ENABLED:
-        return []
-    spans = getattr(trace.get_tracer_provider(), "_active_span_processor", None)
-    logs = getattr(get_logger_provider(), "_multi_log_record_processor", None)
-    processors = [
-        *getattr(spans, "_span_processors", ()),
-        *getattr(logs, "_log_record_processors", ()),
-    ]
-    batches = [getattr(processor, "_batch_processor", None) for processor in processors]
-    return [batch for batch in batches if batch is not None]
 
 
 def current_ids() -> tuple[str, str] | None:

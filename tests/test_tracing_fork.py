@@ -17,12 +17,9 @@ from typing import Any
 import pytest
 import requests
 import requests.adapters
-from opentelemetry._logs import get_logger_provider
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-from opentelemetry.metrics import get_meter_provider
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
-from opentelemetry.trace import get_tracer_provider
 
 from reactor import submit, tracing
 from tests.support.env import Env
@@ -183,8 +180,7 @@ def test_a_session_that_cannot_get_a_new_pool_costs_a_warning_not_the_job(
     session, adapter = requests.Session(), _Refusing()
     session.mount("http://", adapter)
     adapter.refuse = True
-    key = tuple(id(p) for p in (get_tracer_provider(), get_logger_provider(), get_meter_provider()))
-    monkeypatch.setattr(tracing, "_SESSIONS", (key, [session]))
+    monkeypatch.setattr(tracing, "_sessions", lambda: [session])
     with caplog.at_level(logging.WARNING, logger="reactor.tracing"):
         tracing.own_connections()
     assert "span_connections_shared" in caplog.text and "no pool for you" in caplog.text
