@@ -48,7 +48,7 @@ from tests.support.waiting import wait_for
 @pytest.fixture
 def limited_role(env: Env) -> Iterator[str]:
     """A role that may hold two connections at once: the reactor's listener and work
-    connections, all that its dispatch may use."""
+    connections, all that its dispatch needs (not its claim-ahead connection)."""
     with throwaway_role(env, "CONNECTION LIMIT 2") as name:
         conn = env.connect()
         conn.execute(
@@ -86,6 +86,10 @@ def test_no_active_row_without_its_job_under_a_connection_limit(
     wait_for(lambda: states(conn) == {"active": 85}, timeout=60, what="85 rows active")
     assert jobs_missing(conn, client) == []
     assert reactor.proc.poll() is None
+    # The backlog wanted a claim-ahead connection: refused, said once, drained without it.
+    unavailable = [line for line in reactor.lines if "claim_ahead_unavailable" in line]
+    assert len(unavailable) == 1, reactor.output()
+    assert "too many connections" in unavailable[0], unavailable
 
 
 # -- 2. a row the dispatcher cannot handle is isolated, and /healthz says so ----------------

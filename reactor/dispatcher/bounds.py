@@ -89,11 +89,21 @@ class ClaimBounds:
         state.owed = True
         return max(0.0, now - state.mark) + MARGIN_SECONDS
 
-    def claimed(self, job_type: str, started: float, window: float | None, short: bool) -> None:
+    def claimed(
+        self,
+        job_type: str,
+        started: float,
+        window: float | None,
+        short: bool,
+        seconds: float | None = None,
+    ) -> None:
         """A claim of `job_type` with `window` (None: full) that began at monotonic `started`
         came back now, `short`: with fewer rows than its batch (its start is then the mark;
-        when it retried without refused rows, its first try's start, which is earlier)."""
-        seconds = time.monotonic() - started
+        when it retried without refused rows, its first try's start, which is earlier).
+        `seconds` is what the claim cost the reactor, when that is not the time since
+        `started` (a claim sent ahead: only the wait for its rows)."""
+        if seconds is None:
+            seconds = time.monotonic() - started
         state = self._types.setdefault(job_type, _Type())
         if window is None:
             state.full_at, state.full_seconds, state.owed = started, seconds, False

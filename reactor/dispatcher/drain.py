@@ -37,9 +37,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from psycopg.pq import TransactionStatus
-
 from reactor import tracing
+from reactor.dispatcher.ahead import ClaimAhead, Row, require_idle
 from reactor.dispatcher.bounds import ClaimBounds
 from reactor.dispatcher.metrics import Metrics
 from reactor.dispatcher.refused import RefusedRows
@@ -50,13 +49,9 @@ from reactor.pg.db import Connection
 from reactor.routes import Route
 from reactor.rq.enqueue import Enqueuer
 
-__all__ = ["BatchResult", "Dispatcher", "DrainResult", "Quarantine", "require_idle"]
+__all__ = ["BatchResult", "Dispatcher", "DrainResult", "Quarantine"]
 
 logger = logging.getLogger(__name__)
-
-#: A claimed row: type, photo id, token, state, traceparent, tracestate.
-Row = tuple[str, str, int, str, str | None, str | None]
-
 
 #: A type whose claim fails with a statement error is left out of drains for this long,
 #: doubling on each further failure up to the maximum.
@@ -203,22 +198,32 @@ class Dispatcher:
         """
         return self._deliver(conn, self._claim(conn, query, params))
 
-    def _claim_type(self, conn: Connection, job_type: str) -> list[Row]:
-        """Claim a batch of `job_type`. After a statement error, the rows whose claim fails
-        alone are found and left out (`reactor.dispatcher.refused`) and the batch is claimed
-        without them; when that fails too, the type is quarantined (logged once) and nothing
-        is claimed, so a type the claim cannot handle does not stop the others."""
-        window = self.bounds.window(job_type, time.monotonic())
+    def _claim_type(
+        self, conn: Connection, job_type: str, ahead: ClaimAhead | None = None
+    ) -> list[Row]:
+        """Claim a batch of `job_type` (or take the claim `ahead` sent on `conn`). After a
+        statement error, the rows whose claim fails alone are found and left out
+        (`reactor.dispatcher.refused`) and the batch is claimed without them; when that fails
+        too, the type is quarantined (logged once) and nothing is claimed, so a type the claim
+        cannot handle does not stop the others."""
+        started = time.monotonic() if ahead is None else ahead.started
+        window = self.bounds.window(job_type, started) if ahead is None else ahead.window
+        seconds: float | None = None
         try:
-            started = time.monotonic()
+            params = self._claim_params(job_type, window)
             try:
-                rows = self._claim(conn, queries.CLAIM_DUE, self._claim_params(job_type, window))
+                if ahead is None:
+                    rows = self._claim(conn, queries.CLAIM_DUE, params)
+                else:
+                    rows, seconds = ahead.received()
             except StatementError:
                 if not self.refused.search(conn, job_type, self._batch_size, window):
                     raise
                 rows = self._claim(conn, queries.CLAIM_DUE, self._claim_params(job_type, window))
+                seconds = None
             self.refused.claimed(job_type, rows)
-            self.bounds.claimed(job_type, started, window, len(rows) < self._batch_size)
+            short = len(rows) < self._batch_size
+            self.bounds.claimed(job_type, started, window, short, seconds)
         except StatementError as exc:
             previous = self.quarantined.get(job_type)
             failures = 1 if previous is None else previous.failures + 1
@@ -322,11 +327,17 @@ class Dispatcher:
         types: Iterable[str],
         should_stop: Callable[[], bool] = lambda: False,
         slice_seconds: float | None = None,
+        ahead: Callable[[], Connection | None] | None = None,
     ) -> DrainResult:
         """Claim batches until each type comes back short, taking the types in turn (one
         batch each per round, so a busy type cannot starve the others), until a stop is
         requested (checked between batches: a batch, once claimed, is always finished) or
-        `slice_seconds` have passed (then `more` is set and the caller drains again later)."""
+        `slice_seconds` have passed (then `more` is set and the caller drains again later).
+
+        Given `ahead`, which hands out a second connection (None: none to be had), the next
+        batch's claim is sent on it while a full batch is enqueued and committed on the other
+        (`ClaimAhead`), and the two connections then swap: Postgres claims while this process
+        builds RQ's jobs. It is asked for at the first full batch."""
         started = time.monotonic()
         quarantined = self.quarantined
         rotation = deque(
@@ -335,23 +346,40 @@ class Dispatcher:
             if t in self._routes and (t not in quarantined or quarantined[t].until <= started)
         )
         total = DrainResult()
+        sent: ClaimAhead | None = None
+        spare: Connection | None = None
         try:
-            while rotation and not should_stop():
-                # Out of time after at least one batch: a drain always makes progress.
-                elapsed = time.monotonic() - started
-                if total.batches and slice_seconds is not None and elapsed > slice_seconds:
-                    total = replace(total, more=True)
-                    break
-                job_type = rotation.popleft()
-                rows = self._claim_type(conn, job_type)
+            while sent is not None or (rotation and not should_stop()):
+                if sent is None:
+                    # Out of time after at least one batch: a drain always makes progress.
+                    elapsed = time.monotonic() - started
+                    if total.batches and slice_seconds is not None and elapsed > slice_seconds:
+                        total = replace(total, more=True)
+                        break
+                    job_type = rotation.popleft()
+                    rows = self._claim_type(conn, job_type)
+                else:
+                    job_type, conn, spare = sent.job_type, sent.conn, conn
+                    rows, sent = self._claim_type(conn, job_type, sent), None
                 if len(rows) == self._batch_size:
                     rotation.append(job_type)  # a full batch: this type may have more
+                    # The drain goes on after this batch: claim the next one meanwhile.
+                    elapsed = time.monotonic() - started
+                    on_time = slice_seconds is None or elapsed <= slice_seconds
+                    if spare is None and ahead is not None:
+                        spare, ahead = ahead(), None
+                    if spare is not None and on_time and not should_stop():
+                        sent = self._send_ahead(spare, rotation)
                 total = total.add(self._deliver(conn, rows))
         except BaseException:
             # Whatever failed, no claim stays open (an open claim would be committed by the
             # next one, with no job behind its rows), and the claims rolled back put rows
             # below the marks again.
-            db.abandon(conn)
+            if sent is not None:
+                sent.abandon()
+            for each in (conn, spare):
+                if each is not None:
+                    db.abandon(each)
             self.bounds.reset()
             raise
         if total.claimed:
@@ -366,10 +394,9 @@ class Dispatcher:
             )
         return total
 
-
-def require_idle(conn: Connection) -> None:
-    """Refuse to claim on a connection whose transaction is open: another claim's, which would
-    be committed with ours whether or not its jobs were enqueued. Its rows are given back."""
-    if conn.info.transaction_status is not TransactionStatus.IDLE:
-        db.abandon(conn)
-        raise DatabaseError("claim refused: the connection was inside a transaction")
+    def _send_ahead(self, conn: Connection, rotation: deque[str]) -> ClaimAhead:
+        """Send the claim of the next type in `rotation` on `conn`."""
+        job_type = rotation.popleft()
+        window = self.bounds.window(job_type, time.monotonic())
+        params = self._claim_params(job_type, window)
+        return ClaimAhead(conn, job_type, window, params, self._metrics)

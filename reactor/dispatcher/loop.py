@@ -22,7 +22,7 @@ wake-up. On start and on every reconnect the listener LISTENs first and the reac
 at once, catching up on whatever was committed while nobody listened; it then polls until
 the table is quiet and arms the doorbell again (a lost connection released it).
 
-The parts: `reactor.dispatcher.sessions` owns both Postgres sessions and reopens them;
+The parts: `reactor.dispatcher.sessions` owns the Postgres sessions and reopens them;
 `reactor.dispatcher.wakeups` reads what the notifications ask; `reactor.dispatcher.drain`
 claims by type, enqueues and commits (the only way a job reaches Redis);
 `reactor.dispatcher.sweep` rescues; `reactor.dispatcher.liveness` keeps the routes live. The
@@ -247,7 +247,7 @@ class Reactor:
                 if self.stopper.requested:
                     break  # also a stop that interrupted the drain's retries
                 if isinstance(exc, DatabaseError):
-                    # Reopen both in one round: after a failover the other connection is on
+                    # Reopen all in one round: after a failover the other connections are on
                     # the old primary too (gone, or read-only), just not noticed yet.
                     self._drop()
                 else:
@@ -257,7 +257,7 @@ class Reactor:
                 self._failures.failed(exc)
 
     def _reconnect(self) -> None:
-        """Reopen both sessions (`Sessions.reconnect`); the doorbell then starts over and the
+        """Reopen the sessions (`Sessions.reconnect`); the doorbell then starts over and the
         next turn drains every type (rows committed meanwhile sent notifications to nobody)."""
         self._drop()
         self._sessions.reconnect()
@@ -266,7 +266,7 @@ class Reactor:
         self._backlog = True
 
     def _drop(self) -> None:
-        """Close both sessions; the dispatcher forgets its claims' low-water marks."""
+        """Close the sessions; the dispatcher forgets its claims' low-water marks."""
         self._sessions.drop()
         if self._parts is not None:
             self._parts.dispatcher.bounds.reset()
@@ -398,17 +398,17 @@ class Reactor:
         dispatcher = self._started().dispatcher
         conn = self._work()
         wanted = due_types(conn, list(types), dispatcher.bounds) if probe else list(types)
-        should_stop = self._should_stop
+        should_stop, ahead = self._should_stop, self._sessions.claim_ahead
         try:
             # Called directly first: a tenacity loop costs more than a drain that finds
             # nothing, and a polling reactor drains up to a thousand times a second.
-            return dispatcher.drain(conn, wanted, should_stop, DRAIN_SLICE_SECONDS)
+            return dispatcher.drain(conn, wanted, should_stop, DRAIN_SLICE_SECONDS, ahead)
         except RedisUnavailableError:
             if self.stopper.requested:
                 raise
         # Redis refused the batch (it was rolled back): retry with backoff, logging each try.
         return backoff(RedisUnavailableError, "drain", self.stopper, self.health)(
-            dispatcher.drain, conn, wanted, should_stop, DRAIN_SLICE_SECONDS
+            dispatcher.drain, conn, wanted, should_stop, DRAIN_SLICE_SECONDS, ahead
         )
 
     def _work(self) -> db.Connection:

@@ -5,10 +5,10 @@ known, and taken apart again at the end.
 database, no route given nor recorded, a route that conflicts with a running reactor's, or a
 Redis that refuses our credentials or scripting is a `ConfigError` (exit 2). A Redis that does
 not answer yet is not: rows stay pending and drains retry until it does. The work connection
-is opened first (it records the routes and holds their liveness lock), then the dispatcher,
-and the sweeper are made (the reactor hands them its work connection with each call), the
-listener connected, Redis checked,
-and, when asked for, the metrics server and the retention thread started.
+is opened first (it records the routes and holds their liveness lock), then the dispatcher
+and the sweeper are made (the reactor hands them its connections with each call), the
+listener connected, Redis checked, and, when asked for, the metrics server and the retention
+thread started.
 """
 
 from __future__ import annotations

@@ -1,9 +1,14 @@
-"""The reactor's two Postgres sessions and the policy that keeps them up.
+"""The reactor's Postgres sessions and the policy that keeps them up.
 
-The reactor opens and owns both: the listener's (`Listener`: LISTEN and the doorbell keys) and
-the work connection, which the loop hands to the dispatcher and the sweeper with each call
-(so a reconnect replaces it everywhere at once). When either fails, both are reopened in one
-round (after a primary failover both point at the old server), on a server that takes writes
+The reactor opens and owns them all: the listener's (`Listener`: LISTEN and the doorbell keys),
+the work connection, which the loop hands to the dispatcher and the sweeper with each call (so
+a reconnect replaces it everywhere at once), and the claim-ahead connection, on which a drain
+claims its next batch while the current one is enqueued (`reactor.dispatcher.ahead`). That one
+is opened at the first backlog, and is optional: while it cannot be opened (a role's
+connection limit, `max_connections`), drains claim every batch on the work connection, and it
+is tried again after `AHEAD_RETRY_SECONDS`. When the listener or the work connection fails,
+all are reopened in one round (after a primary failover they all point at the old server),
+on a server that takes writes
 (see `reactor.pg.db`), retrying with exponential backoff and jitter until they are up or a stop
 is requested. A listening
 reactor's work sessions end a transaction left idle for `IDLE_IN_TRANSACTION_REDIS_TIMEOUTS`
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 
 import tenacity
 
@@ -22,12 +28,13 @@ from reactor.dispatcher.doorbell import ArmOutcome
 from reactor.dispatcher.listener import Listener
 from reactor.dispatcher.liveness import RouteLiveness
 from reactor.dispatcher.metrics import HealthCheck, Metrics
-from reactor.errors import DatabaseError
+from reactor.errors import ConfigError, DatabaseError
 from reactor.pg import db
 from reactor.settings import ReactorSettings
 from reactor.signals import Stopper
 
 __all__ = [
+    "AHEAD_RETRY_SECONDS",
     "BACKOFF_MAX_SECONDS",
     "BACKOFF_MULTIPLIER_SECONDS",
     "IDLE_IN_TRANSACTION_REDIS_TIMEOUTS",
@@ -43,6 +50,8 @@ logger = logging.getLogger(__name__)
 #: attempt every 2 s per reactor costs a down server nothing.
 BACKOFF_MULTIPLIER_SECONDS = 0.1
 BACKOFF_MAX_SECONDS = 2.0
+#: After the claim-ahead connection could not be opened, drains go without it this long.
+AHEAD_RETRY_SECONDS = 60.0
 #: A listening reactor's work connections end a transaction idle this many Redis timeouts
 #: (`--redis-timeout`): the claim's enqueue may take a few commands, each bounded by the timeout.
 IDLE_IN_TRANSACTION_REDIS_TIMEOUTS = 3
@@ -88,7 +97,7 @@ def backoff(
 
 
 class Sessions:
-    """Owns the work connection and the listener; reopens both when either fails."""
+    """Owns the work connections and the listener; reopens them all when one fails."""
 
     def __init__(
         self,
@@ -111,6 +120,8 @@ class Sessions:
         )
         self.listener = Listener(settings.database_url) if settings.listen else None
         self.work: db.Connection | None = None
+        self.ahead: db.Connection | None = None
+        self._ahead_retry_at = 0.0
 
     def open_work(self) -> db.Connection:
         """A new work connection, holding the routes' liveness lock if they are registered.
@@ -129,12 +140,45 @@ class Sessions:
             raise
         return conn
 
+    def open_ahead(self) -> db.Connection:
+        """A new claim-ahead connection.
+
+        Raises:
+            ConfigError: the URL is malformed.
+            DatabaseError: the server could not be reached.
+        """
+        return db.connect(
+            self._url, purpose="claim-ahead", idle_in_transaction_seconds=self._idle_in_transaction
+        )
+
     def ok(self) -> bool:
         return self.work_ok() and self.listener_ok()
 
     def work_ok(self) -> bool:
         conn = self.work
         return conn is not None and not conn.closed and not conn.broken
+
+    def claim_ahead(self) -> db.Connection | None:
+        """The claim-ahead connection, opened on first use; None while it cannot be opened
+        (said once a try, in one line; tried again `AHEAD_RETRY_SECONDS` later)."""
+        conn = self.ahead
+        if conn is not None and not conn.closed and not conn.broken:
+            return conn
+        now = time.monotonic()
+        if now < self._ahead_retry_at:
+            return None
+        try:
+            self.ahead = self.open_ahead()
+        except (ConfigError, DatabaseError) as exc:
+            self._ahead_retry_at = now + AHEAD_RETRY_SECONDS
+            logger.warning(
+                "claim_ahead_unavailable error=%s (drains claim each batch in turn; "
+                "tried again in %gs)",
+                exc,
+                AHEAD_RETRY_SECONDS,
+            )
+            return None
+        return self.ahead
 
     def listener_ok(self) -> bool:
         """Whether the listener is up (or there is none); the gauge and health say so too."""
@@ -144,16 +188,18 @@ class Sessions:
         return self.listener is None or connected
 
     def rollback_work(self) -> None:
-        """Roll back whatever transaction a failed turn left open on the work connection (a
+        """Roll back whatever transaction a failed turn left open on the work connections (a
         claim's row locks are never kept); a connection that cannot roll back is dropped."""
-        if self.work is not None and not self.work.closed:
-            db.abandon(self.work)
+        for conn in (self.work, self.ahead):
+            if conn is not None and not conn.closed:
+                db.abandon(conn)
 
     def drop(self) -> None:
         if self.listener is not None:
             self.listener.close()
-        if self.work is not None:
-            self.work.close()
+        for conn in (self.work, self.ahead):
+            if conn is not None:
+                conn.close()
 
     def arm_doorbell(self) -> ArmOutcome:
         """Take the doorbell keys on the listener's session (`Listener.lock_doorbell`)."""
@@ -170,8 +216,8 @@ class Sessions:
         logger.debug("doorbell_disarmed")
 
     def reconnect(self) -> None:
-        """Reopen both connections in one round (the caller dropped them), retrying with
-        backoff until they are up.
+        """Reopen the listener and the work connection in one round (the caller dropped them),
+        retrying with backoff until they are up (the claim-ahead one opens when wanted).
 
         Raises:
             DatabaseError: a stop was requested before the connections were up.
