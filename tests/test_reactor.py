@@ -129,28 +129,30 @@ def test_a_batch_keeps_the_jobs_already_enqueued_and_replaces_the_others(
 ) -> None:
     """A job in its queue or started is enqueued already (a lost COMMIT's) and is left as it
     is; a finished job, a bare hash (a half-written job) or a `queued` job in no list is
-    written again, all in one script run, whatever the batch's size."""
+    written again, all in one script run, whatever the batch's size. A job marked ended while
+    its id is still in the queue (a hash someone else wrote) is queued once, not twice."""
     client = env.redis()
     enqueuer = Enqueuer(client, ROUTES)
-    names = ("queued", "started", "finished", "bare", "listless", "new")
-    queued, started, finished, bare, listless, new = (
+    names = ("queued", "started", "finished", "bare", "listless", "stray", "new")
+    queued, started, finished, bare, listless, stray, new = (
         JobRef("photo.process", name, 1) for name in names
     )
     more = [JobRef("photo.process", f"more{i}", 1) for i in range(extra)]
-    enqueuer.enqueue([queued, started, finished, listless])
+    enqueuer.enqueue([queued, started, finished, listless, stray])
     for ref in (started, finished, listless):
         client.lrem("rq:queue:photo-process", 0, ref.job_id)
     client.hset(Job.key_for(started.job_id), "status", "started")
     client.hset(Job.key_for(finished.job_id), "status", "finished")
+    client.hset(Job.key_for(stray.job_id), "status", "failed")  # its id stays in the queue
     client.hset(Job.key_for(bare.job_id), "created_at", "x")  # no status, no data
     client.script_flush()  # a restarted Redis has no scripts: the client loads it again
 
-    result = enqueuer.enqueue([new, queued, started, finished, bare, listless, *more])
+    result = enqueuer.enqueue([new, queued, started, finished, bare, listless, stray, *more])
 
-    assert (result.enqueued, result.already_enqueued) == (4 + extra, 2)
-    expected = [ref.job_id for ref in (new, queued, finished, bare, listless, *more)]
-    assert sorted(queue_ids(client)) == sorted(expected)  # `queued` once
-    for ref in (new, queued, finished, bare, listless):
+    assert (result.enqueued, result.already_enqueued) == (5 + extra, 2)
+    expected = [ref.job_id for ref in (new, queued, finished, bare, listless, stray, *more)]
+    assert sorted(queue_ids(client)) == sorted(expected)  # `queued` and `stray` once
+    for ref in (new, queued, finished, bare, listless, stray):
         assert Job.fetch(ref.job_id, connection=client).get_status() == JobStatus.QUEUED
     assert client.hget(Job.key_for(started.job_id), "status") == b"started"
 

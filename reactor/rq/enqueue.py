@@ -15,7 +15,9 @@ yet) with status `queued`, or `started` — was enqueued by an earlier claim who
 lost, and is left as it is (RQ would overwrite it and run it twice). Any other job at that id
 (finished or failed: it ran while the claim that enqueued it was rolled back, and found the
 row not at its token; a bare hash; a `queued` job in no list) is deleted (with its entries in
-the queue's finished and failed registries) and written again. The script decides this
+the queue's finished and failed registries, and its id in the queue's list, which a hash
+written by someone else may have left there) and written again, so its id is queued once.
+The script decides this
 under the same atomicity, so nothing can change between the check and the write. It reads
 only statuses and list positions: the reactor never unpickles anything from Redis (a job's
 fields are pickles, and whoever can write to Redis writes them).
@@ -109,6 +111,7 @@ for j = 1, n do
 end
 for _, job in ipairs(ended) do
   redis.call('DEL', job[1])
+  redis.call('LREM', ARGV[job[3]], 0, job[2])
   redis.call('ZREM', ARGV[job[3] + 2], job[2])
   redis.call('ZREM', ARGV[job[3] + 3], job[2])
 end
