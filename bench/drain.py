@@ -34,7 +34,7 @@ def _ours(url: str, rows: int) -> float:
     with psycopg.connect(url) as conn, psycopg.connect(url) as ahead:
         dispatcher = Dispatcher(Enqueuer(client, ROUTES), ROUTES, batch_size=BATCH)
         started = time.perf_counter()
-        result = dispatcher.drain(conn, ["photo.process"], ahead=lambda: ahead)
+        result = dispatcher.drain(conn, ["photo.process"], ahead=ahead)
         elapsed = time.perf_counter() - started
     assert result.enqueued == rows, result
     return rows / elapsed

@@ -34,6 +34,10 @@ class Stopper:
         """Readable once a stop was requested (for `select`)."""
         return self._read_fd
 
+    def should_stop(self) -> bool:
+        """Whether a stop was requested (a callable for loops that check between steps)."""
+        return self.requested
+
     def request(self) -> None:
         """Ask for a warm stop."""
         if not self.requested and self._on_request is not None:

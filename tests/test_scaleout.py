@@ -446,6 +446,10 @@ def test_reactor_and_workers_through_pgbouncer(env: Env, spawn: Callable[..., Pr
     for proc in workers:  # each kind took its share (blocked workers are served in turn)
         assert "Job OK" in proc.output(), proc.output()
     assert "prepared statement" not in bouncer.log()
+    # Full batches came, and no second session claimed ahead: behind a transaction pooler,
+    # each reactor's two server connections could wait on each other.
+    assert sum("claim_ahead_off reason=pooler" in line for line in reactor.lines) == 1
+    assert "claim_ahead_unavailable" not in reactor.output()
 
 
 def test_routes_behind_pgbouncer_are_live_while_the_reactor_runs_and_end_when_it_stops(

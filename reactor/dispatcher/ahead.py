@@ -2,9 +2,13 @@
 
 While a drain works through a backlog, most of a batch's time is this process building RQ's
 jobs and Redis running the enqueue script; the claim of the next batch would wait for both.
-`ClaimAhead` sends that claim on a second connection in psycopg's pipeline mode (`BEGIN` and
-the claiming UPDATE go out at once, and nothing waits for them), so Postgres claims on its own
-core meanwhile; `received` then reads the rows, usually already there. No thread is involved.
+`ClaimAhead` sends that claim on a second connection in psycopg's pipeline mode (psycopg
+waits for the `BEGIN`; the claiming UPDATE then goes out and nothing waits for it), so
+Postgres claims on its own core meanwhile; `received` then reads the rows, usually already
+there. No thread is involved. Reading them ends with one more round trip (`PING`): psycopg
+leaves pipeline mode with a Flush after its Sync, which leaves the server's
+`idle_in_transaction_session_timeout` unarmed; a statement arms it again for the rest of the
+claim's transaction.
 
 Guarantees:
 - the claim is the same statement, with the same parameters, as a claim run in turn: its
@@ -13,13 +17,15 @@ Guarantees:
 - whatever fails, the connection leaves pipeline mode and its transaction is rolled back
   (`abandon`), or it is closed: a claim sent ahead is never left open for a later COMMIT;
 - a statement error, whether raised at the send or the read, reaches the caller from
-  `received`, with the claim rolled back, so the caller's own handling of a failing claim (the
-  refused-row search) runs as for a claim in turn.
+  `received`, with the claim rolled back and the connection kept, so the caller's own
+  handling of a failing claim (the refused-row search) runs as for a claim in turn; a
+  connection that failed is closed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -32,7 +38,9 @@ from reactor.errors import DatabaseError, StatementError
 from reactor.pg import db, queries
 from reactor.pg.db import Connection
 
-__all__ = ["ClaimAhead", "Row", "require_idle"]
+__all__ = ["ClaimAhead", "Row", "lose", "require_idle"]
+
+logger = logging.getLogger("reactor.dispatcher.drain")
 
 #: A claimed row: type, photo id, token, state, traceparent, tracestate.
 Row = tuple[str, str, int, str, str | None, str | None]
@@ -44,6 +52,13 @@ def require_idle(conn: Connection) -> None:
     if conn.info.transaction_status is not TransactionStatus.IDLE:
         db.abandon(conn)
         raise DatabaseError("claim refused: the connection was inside a transaction")
+
+
+def lose(conn: Connection, exc: DatabaseError) -> None:
+    """Close a claim-ahead connection that failed (its claim rolled back with it): the drain
+    goes on without it, each batch claimed in turn."""
+    conn.close()
+    logger.warning("claim_ahead_lost error=%s (the drain goes on without it)", exc)
 
 
 class ClaimAhead:
@@ -98,6 +113,7 @@ class ClaimAhead:
             with db.translating("claim failed", self.conn):
                 rows = self._cursor.fetchall()
                 self._pipeline.close()  # one Sync; the transaction stays open
+                self.conn.execute(queries.PING)  # arms the idle-in-transaction timeout
         except BaseException:
             self.abandon()
             raise
@@ -106,10 +122,12 @@ class ClaimAhead:
         return rows, seconds
 
     def abandon(self) -> None:
-        """Leave pipeline mode and roll the claim back; a connection that cannot is closed."""
+        """Leave pipeline mode and roll the claim back; a connection that failed is closed."""
         try:
-            with db.translating("leaving pipeline mode", self.conn):
+            with db.translating("claim failed", self.conn):
                 self._pipeline.close()
-        except (DatabaseError, StatementError):
+        except StatementError:
+            pass  # the claim's own error, read at the Sync: the rollback below ends it
+        except DatabaseError:
             self.conn.close()
         db.abandon(self.conn)

@@ -38,9 +38,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from reactor import tracing
-from reactor.dispatcher.ahead import ClaimAhead, Row, require_idle
+from reactor.dispatcher.ahead import ClaimAhead, Row, lose, require_idle
 from reactor.dispatcher.bounds import ClaimBounds
 from reactor.dispatcher.metrics import Metrics
+from reactor.dispatcher.quarantine import Quarantines
 from reactor.dispatcher.refused import RefusedRows
 from reactor.errors import DatabaseError, RedisUnavailableError, StatementError
 from reactor.jobs import JobRef, warm_up_ref
@@ -49,23 +50,9 @@ from reactor.pg.db import Connection
 from reactor.routes import Route
 from reactor.rq.enqueue import Enqueuer
 
-__all__ = ["BatchResult", "Dispatcher", "DrainResult", "Quarantine"]
+__all__ = ["BatchResult", "Dispatcher", "DrainResult"]
 
 logger = logging.getLogger(__name__)
-
-#: A type whose claim fails with a statement error is left out of drains for this long,
-#: doubling on each further failure up to the maximum.
-QUARANTINE_BASE_SECONDS = 1.0
-QUARANTINE_MAX_SECONDS = 60.0
-
-
-@dataclass(frozen=True)
-class Quarantine:
-    """A type left out of drains because its claim fails (a row the claim cannot handle)."""
-
-    failures: int
-    until: float
-    error: str
 
 
 @dataclass(frozen=True)
@@ -97,14 +84,17 @@ class DrainResult:
     already_enqueued: int = 0
     batches: int = 0
     more: bool = False
+    #: A batch came back full: a backlog, where a claim-ahead connection pays.
+    full: bool = False
 
-    def add(self, batch: BatchResult) -> DrainResult:
+    def add(self, batch: BatchResult, full: bool) -> DrainResult:
         return DrainResult(
             self.claimed + batch.claimed,
             self.enqueued + batch.enqueued,
             self.already_enqueued + batch.already_enqueued,
             self.batches + 1,
             self.more,
+            self.full or full,
         )
 
 
@@ -124,7 +114,7 @@ class Dispatcher:
         self._routes = routes
         self._batch_size = batch_size
         #: Types whose claim failed with a statement error, and until when they are skipped.
-        self.quarantined: dict[str, Quarantine] = {}
+        self.quarantined = Quarantines()
         #: Rows whose claim failed alone, left out of their type's claims for a while.
         self.refused = RefusedRows()
         #: How far back each type's claims read (`reactor.dispatcher.bounds`).
@@ -137,8 +127,6 @@ class Dispatcher:
         require_idle(conn)
         started = time.perf_counter()
         try:
-            # BEGIN and the claim go in two round trips: psycopg's pipeline mode, which sends
-            # them in one, took longer here on every measure (bench/README.md).
             with db.translating("claim failed", conn):
                 rows = conn.execute(query, params).fetchall()
         except (DatabaseError, StatementError):
@@ -217,6 +205,9 @@ class Dispatcher:
                 else:
                     rows, seconds = ahead.received()
             except StatementError:
+                if ahead is not None and window is not None:
+                    # Read from the same due time on, now that the claim's `now()` is later.
+                    window += time.monotonic() - ahead.started
                 if not self.refused.search(conn, job_type, self._batch_size, window):
                     raise
                 rows = self._claim(conn, queries.CLAIM_DUE, self._claim_params(job_type, window))
@@ -225,23 +216,10 @@ class Dispatcher:
             short = len(rows) < self._batch_size
             self.bounds.claimed(job_type, started, window, short, seconds)
         except StatementError as exc:
-            previous = self.quarantined.get(job_type)
-            failures = 1 if previous is None else previous.failures + 1
-            pause = min(QUARANTINE_MAX_SECONDS, QUARANTINE_BASE_SECONDS * 2 ** (failures - 1))
-            self.quarantined[job_type] = Quarantine(failures, time.monotonic() + pause, str(exc))
+            self.quarantined.failed(job_type, str(exc))
             self.bounds.forget(job_type)
-            if previous is None:
-                logger.error(
-                    "type_quarantined type=%s error=%s (other types go on; retried with "
-                    "backoff up to %gs)",
-                    job_type,
-                    exc,
-                    QUARANTINE_MAX_SECONDS,
-                )
             return []
-        if job_type in self.quarantined:
-            del self.quarantined[job_type]
-            logger.info("type_recovered type=%s", job_type)
+        self.quarantined.recovered(job_type)
         return rows
 
     def warm_up(self, conn: Connection) -> None:
@@ -327,17 +305,16 @@ class Dispatcher:
         types: Iterable[str],
         should_stop: Callable[[], bool] = lambda: False,
         slice_seconds: float | None = None,
-        ahead: Callable[[], Connection | None] | None = None,
+        ahead: Connection | None = None,
     ) -> DrainResult:
         """Claim batches until each type comes back short, taking the types in turn (one
         batch each per round, so a busy type cannot starve the others), until a stop is
         requested (checked between batches: a batch, once claimed, is always finished) or
         `slice_seconds` have passed (then `more` is set and the caller drains again later).
 
-        Given `ahead`, which hands out a second connection (None: none to be had), the next
-        batch's claim is sent on it while a full batch is enqueued and committed on the other
-        (`ClaimAhead`), and the two connections then swap: Postgres claims while this process
-        builds RQ's jobs. It is asked for at the first full batch."""
+        With `ahead`, an idle second connection, the next batch's claim runs on it while a
+        full batch is enqueued and committed on the other, and the two then swap
+        (`reactor.dispatcher.ahead`); if it fails, it is closed and the drain goes on."""
         started = time.monotonic()
         quarantined = self.quarantined
         rotation = deque(
@@ -347,7 +324,7 @@ class Dispatcher:
         )
         total = DrainResult()
         sent: ClaimAhead | None = None
-        spare: Connection | None = None
+        spare = ahead
         try:
             while sent is not None or (rotation and not should_stop()):
                 if sent is None:
@@ -359,18 +336,33 @@ class Dispatcher:
                     job_type = rotation.popleft()
                     rows = self._claim_type(conn, job_type)
                 else:
-                    job_type, conn, spare = sent.job_type, sent.conn, conn
-                    rows, sent = self._claim_type(conn, job_type, sent), None
-                if len(rows) == self._batch_size:
+                    claim, sent = sent, None
+                    job_type = claim.job_type
+                    try:
+                        rows = self._claim_type(claim.conn, job_type, claim)
+                    except DatabaseError as exc:
+                        if claim.conn is not ahead:
+                            raise
+                        lose(claim.conn, exc)
+                        ahead = spare = None
+                        rotation.appendleft(job_type)
+                        continue
+                    conn, spare = claim.conn, conn
+                full = len(rows) == self._batch_size
+                if full:
                     rotation.append(job_type)  # a full batch: this type may have more
                     # The drain goes on after this batch: claim the next one meanwhile.
                     elapsed = time.monotonic() - started
                     on_time = slice_seconds is None or elapsed <= slice_seconds
-                    if spare is None and ahead is not None:
-                        spare, ahead = ahead(), None
                     if spare is not None and on_time and not should_stop():
-                        sent = self._send_ahead(spare, rotation)
-                total = total.add(self._deliver(conn, rows))
+                        try:
+                            sent = self._send_ahead(spare, rotation)
+                        except DatabaseError as exc:
+                            if spare is not ahead:
+                                raise
+                            lose(spare, exc)
+                            ahead = spare = None
+                total = total.add(self._deliver(conn, rows), full)
         except BaseException:
             # Whatever failed, no claim stays open (an open claim would be committed by the
             # next one, with no job behind its rows), and the claims rolled back put rows
@@ -395,8 +387,13 @@ class Dispatcher:
         return total
 
     def _send_ahead(self, conn: Connection, rotation: deque[str]) -> ClaimAhead:
-        """Send the claim of the next type in `rotation` on `conn`."""
+        """Send the claim of the next type in `rotation` on `conn` (or raise `DatabaseError`,
+        with the type back at the front of `rotation`)."""
         job_type = rotation.popleft()
         window = self.bounds.window(job_type, time.monotonic())
         params = self._claim_params(job_type, window)
-        return ClaimAhead(conn, job_type, window, params, self._metrics)
+        try:
+            return ClaimAhead(conn, job_type, window, params, self._metrics)
+        except DatabaseError:
+            rotation.appendleft(job_type)
+            raise

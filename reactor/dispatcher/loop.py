@@ -398,18 +398,21 @@ class Reactor:
         dispatcher = self._started().dispatcher
         conn = self._work()
         wanted = due_types(conn, list(types), dispatcher.bounds) if probe else list(types)
-        should_stop, ahead = self._should_stop, self._sessions.claim_ahead
+
+        def drain() -> DrainResult:
+            stop, ahead = self.stopper.should_stop, self._sessions.claim_ahead()
+            return dispatcher.drain(conn, wanted, stop, DRAIN_SLICE_SECONDS, ahead)
+
         try:
-            # Called directly first: a tenacity loop costs more than a drain that finds
-            # nothing, and a polling reactor drains up to a thousand times a second.
-            return dispatcher.drain(conn, wanted, should_stop, DRAIN_SLICE_SECONDS, ahead)
+            # Directly first: a tenacity loop costs more than a drain that finds nothing.
+            result = drain()
         except RedisUnavailableError:
             if self.stopper.requested:
                 raise
-        # Redis refused the batch (it was rolled back): retry with backoff, logging each try.
-        return backoff(RedisUnavailableError, "drain", self.stopper, self.health)(
-            dispatcher.drain, conn, wanted, should_stop, DRAIN_SLICE_SECONDS, ahead
-        )
+            # Redis refused the batch (it was rolled back): retry with backoff, logging each.
+            result = backoff(RedisUnavailableError, "drain", self.stopper, self.health)(drain)
+        self._sessions.after_drain(result.full)
+        return result
 
     def _work(self) -> db.Connection:
         """The work connection, which the reactor owns and hands to its parts per call."""
@@ -417,15 +420,12 @@ class Reactor:
         assert conn is not None  # `start()` opened it; a failed reconnect raises first
         return conn
 
-    def _should_stop(self) -> bool:
-        return self.stopper.requested
-
     def _sweep(self) -> SweepResult | None:
         parts = self._started()
         return guarded_round(
             parts.sweeper,
             self._work(),
-            self._should_stop,
+            self.stopper.should_stop,
             DRAIN_SLICE_SECONDS,
             health=self.health,
             refresh_backlog=parts.http is not None,
@@ -433,7 +433,7 @@ class Reactor:
 
     def sweep_once(self) -> SweepResult:
         """One sweep round (`reactor sweep`); `start()` must have succeeded."""
-        return self._started().sweeper.run_once(self._work(), self._should_stop)
+        return self._started().sweeper.run_once(self._work(), self.stopper.should_stop)
 
     # -- shutdown ----------------------------------------------------------------------------
 

@@ -4,13 +4,14 @@ The reactor opens and owns them all: the listener's (`Listener`: LISTEN and the 
 the work connection, which the loop hands to the dispatcher and the sweeper with each call (so
 a reconnect replaces it everywhere at once), and the claim-ahead connection, on which a drain
 claims its next batch while the current one is enqueued (`reactor.dispatcher.ahead`). That one
-is opened at the first backlog, and is optional: while it cannot be opened (a role's
-connection limit, `max_connections`), drains claim every batch on the work connection, and it
-is tried again after `AHEAD_RETRY_SECONDS`. When the listener or the work connection fails,
-all are reopened in one round (after a primary failover they all point at the old server),
-on a server that takes writes
-(see `reactor.pg.db`), retrying with exponential backoff and jitter until they are up or a stop
-is requested. A listening
+is optional: it is opened between drains, after one that met a full batch (a backlog), on a
+direct session only, and closed after `AHEAD_IDLE_SECONDS` without one; while it cannot be
+opened (a role's connection limit, `max_connections`) drains claim every batch on the work
+connection, and it is tried again after `AHEAD_RETRY_SECONDS`. When the listener or the work
+connection fails, both are reopened in one round (after a primary failover both point at the
+old server; the claim-ahead one is closed, to open again at the next backlog), on a server
+that takes writes (see `reactor.pg.db`), retrying with exponential backoff and jitter until
+they are up or a stop is requested. A listening
 reactor's work sessions end a transaction left idle for `IDLE_IN_TRANSACTION_REDIS_TIMEOUTS`
 Redis timeouts (Postgres rolls it back): a second guard, after the Redis timeout itself,
 against a claim whose row locks outlive a hung enqueue.
@@ -28,12 +29,13 @@ from reactor.dispatcher.doorbell import ArmOutcome
 from reactor.dispatcher.listener import Listener
 from reactor.dispatcher.liveness import RouteLiveness
 from reactor.dispatcher.metrics import HealthCheck, Metrics
-from reactor.errors import ConfigError, DatabaseError
+from reactor.errors import ConfigError, DatabaseError, StatementError
 from reactor.pg import db
 from reactor.settings import ReactorSettings
 from reactor.signals import Stopper
 
 __all__ = [
+    "AHEAD_IDLE_SECONDS",
     "AHEAD_RETRY_SECONDS",
     "BACKOFF_MAX_SECONDS",
     "BACKOFF_MULTIPLIER_SECONDS",
@@ -52,6 +54,8 @@ BACKOFF_MULTIPLIER_SECONDS = 0.1
 BACKOFF_MAX_SECONDS = 2.0
 #: After the claim-ahead connection could not be opened, drains go without it this long.
 AHEAD_RETRY_SECONDS = 60.0
+#: The claim-ahead connection is closed once no drain has met a full batch for this long.
+AHEAD_IDLE_SECONDS = 60.0
 #: A listening reactor's work connections end a transaction idle this many Redis timeouts
 #: (`--redis-timeout`): the claim's enqueue may take a few commands, each bounded by the timeout.
 IDLE_IN_TRANSACTION_REDIS_TIMEOUTS = 3
@@ -122,6 +126,8 @@ class Sessions:
         self.work: db.Connection | None = None
         self.ahead: db.Connection | None = None
         self._ahead_retry_at = 0.0
+        self._ahead_wanted_at = 0.0
+        self._ahead_off_said = False
 
     def open_work(self) -> db.Connection:
         """A new work connection, holding the routes' liveness lock if they are registered.
@@ -159,26 +165,43 @@ class Sessions:
         return conn is not None and not conn.closed and not conn.broken
 
     def claim_ahead(self) -> db.Connection | None:
-        """The claim-ahead connection, opened on first use; None while it cannot be opened
-        (said once a try, in one line; tried again `AHEAD_RETRY_SECONDS` later)."""
+        """The claim-ahead connection if it is open (`after_drain` opens and closes it)."""
         conn = self.ahead
-        if conn is not None and not conn.closed and not conn.broken:
-            return conn
+        return conn if conn is not None and not conn.closed and not conn.broken else None
+
+    def after_drain(self, full: bool) -> None:
+        """Between drains, outside any transaction: open the claim-ahead connection after a
+        drain that met a full batch (a backlog), and close it once no drain has met one for
+        `AHEAD_IDLE_SECONDS`. It is opened only on a direct session to Postgres (behind a
+        transaction pooler, two server connections per reactor could wait on each other);
+        one that cannot be opened is said once a try, and tried again
+        `AHEAD_RETRY_SECONDS` later."""
         now = time.monotonic()
-        if now < self._ahead_retry_at:
-            return None
+        if not full:
+            if self.ahead is not None and now - self._ahead_wanted_at > AHEAD_IDLE_SECONDS:
+                self.ahead.close()
+                self.ahead = None
+            return
+        self._ahead_wanted_at = now
+        if self.claim_ahead() is not None or now < self._ahead_retry_at:
+            return
+        work = self.work
         try:
+            if work is None or not db.direct_session(work):
+                self._ahead_retry_at = now + AHEAD_RETRY_SECONDS
+                if not self._ahead_off_said:
+                    self._ahead_off_said = True
+                    logger.info("claim_ahead_off reason=pooler (drains claim each batch in turn)")
+                return
             self.ahead = self.open_ahead()
-        except (ConfigError, DatabaseError) as exc:
-            self._ahead_retry_at = now + AHEAD_RETRY_SECONDS
+        except (ConfigError, DatabaseError, StatementError) as exc:
+            self._ahead_retry_at = time.monotonic() + AHEAD_RETRY_SECONDS
             logger.warning(
                 "claim_ahead_unavailable error=%s (drains claim each batch in turn; "
                 "tried again in %gs)",
                 exc,
                 AHEAD_RETRY_SECONDS,
             )
-            return None
-        return self.ahead
 
     def listener_ok(self) -> bool:
         """Whether the listener is up (or there is none); the gauge and health say so too."""

@@ -619,7 +619,8 @@ LISTEN photo_jobs
 SELECT set_config('lock_timeout', %(timeout)s, false)
 
 -- name: PING
--- The idle listener's liveness probe.
+-- The idle listener's liveness probe; on a claim-ahead session, the statement after a claim
+-- read from pipeline mode, which arms the idle-in-transaction timeout again.
 SELECT 1
 
 -- The doorbell is `photo_jobs_doorbell_stripes()` advisory lock keys from
