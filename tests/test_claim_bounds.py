@@ -64,12 +64,12 @@ def test_full_claims_space_out_while_they_are_slow_up_to_the_cap(
 
 
 @pytest.fixture
-def make_reactor(env: Env) -> Iterator[Callable[[], Reactor]]:
+def make_reactor(env: Env) -> Iterator[Callable[..., Reactor]]:
     made: list[tuple[Reactor, threading.Timer]] = []
 
-    def make() -> Reactor:
+    def make(**extra: Any) -> Reactor:
         settings = ReactorSettings(
-            env.database_url, env.redis_url, ROUTES, sweep_interval_seconds=3600.0
+            env.database_url, env.redis_url, ROUTES, sweep_interval_seconds=3600.0, **extra
         )
         started = Reactor(settings)
         started.start()
@@ -121,7 +121,7 @@ def claim_after_commit(target: Reactor, conn: psycopg.Connection[Any], photo_id:
 
 
 def test_a_row_inserted_by_a_transaction_begun_before_the_previous_claim_is_claimed_in_time(
-    env: Env, make_reactor: Callable[[], Reactor]
+    env: Env, make_reactor: Callable[..., Reactor]
 ) -> None:
     conn = env.connect()
     writer = env.connect(autocommit=False)
@@ -137,8 +137,33 @@ def test_a_row_inserted_by_a_transaction_begun_before_the_previous_claim_is_clai
     assert state_of(conn, "late") == "active"
 
 
+def test_a_bulk_insert_begun_before_the_previous_claim_is_claimed_whole_in_time(
+    env: Env, make_reactor: Callable[..., Reactor]
+) -> None:
+    """Rows below the mark are claimed by full claims, one batch after another while they come
+    back full: not one batch per full-claim interval."""
+    conn = env.connect()
+    writer = env.connect(autocommit=False)
+    target = make_reactor(batch_size=5)
+    target.turn()  # the drain at start
+    writer.execute(
+        "INSERT INTO photo_jobs (photo_id, type)"
+        " SELECT 'bulk' || i, %s FROM generate_series(1, 23) AS i",
+        [TYPE],
+    )
+    began = writer.execute("SELECT now()").fetchone()
+    assert began is not None
+    wait_past_margin(conn, began[0])
+    target.turn()  # a short claim after the margin: the mark is past the rows' due time
+    writer.commit()
+    took = claim_after_commit(target, conn, "bulk23")
+    assert took < FULL_EVERY_SECONDS + SLACK_SECONDS, f"{took:.1f} s for 5 batches"
+    pending = conn.execute("SELECT count(*) FROM photo_jobs WHERE state = 'pending'").fetchone()
+    assert pending == (0,)
+
+
 def test_a_row_rearmed_with_an_old_due_time_is_claimed_in_time(
-    env: Env, make_reactor: Callable[[], Reactor]
+    env: Env, make_reactor: Callable[..., Reactor]
 ) -> None:
     conn = env.connect()
     conn.execute(
@@ -153,7 +178,7 @@ def test_a_row_rearmed_with_an_old_due_time_is_claimed_in_time(
 
 
 def test_a_row_of_a_type_paused_past_the_margin_is_claimed_in_time_after_the_resume(
-    env: Env, make_reactor: Callable[[], Reactor]
+    env: Env, make_reactor: Callable[..., Reactor]
 ) -> None:
     conn = env.connect()
     conn.execute("INSERT INTO reactor_paused_types (type, paused_by) VALUES (%s, 'test')", [TYPE])
@@ -169,7 +194,7 @@ def test_a_row_of_a_type_paused_past_the_margin_is_claimed_in_time_after_the_res
 
 
 def test_a_row_a_claim_skipped_while_another_transaction_held_its_lock_is_claimed_in_time(
-    env: Env, make_reactor: Callable[[], Reactor]
+    env: Env, make_reactor: Callable[..., Reactor]
 ) -> None:
     conn = env.connect()
     conn.execute(INSERT, ["locked"])

@@ -16,6 +16,7 @@ import psycopg
 import pytest
 import redis
 
+from reactor.dispatcher import sessions as sessions_module
 from reactor.dispatcher.doorbell import BUSY_RINGS, RECHECK_SECONDS, ArmOutcome, DoorbellMode
 from reactor.dispatcher.listener import Listener
 from reactor.dispatcher.loop import Reactor, Turn, Work
@@ -25,6 +26,7 @@ from reactor.routes import parse_routes
 from reactor.settings import ReactorSettings
 from tests.support.env import Env
 from tests.support.servers import RedisServer
+from tests.support.waiting import wait_for
 
 ROUTES = parse_routes(["photo.process=reactor.demo.process_photo"])
 INSERT = "INSERT INTO photo_jobs (photo_id, type) VALUES (%s, 'photo.process')"
@@ -315,3 +317,28 @@ def test_a_flood_of_names_of_absent_rows_costs_no_job_and_a_real_row_still_goes(
     turn_until(reactor, lambda t: state_of(conn, "real") == ("active", 1))
     assert queued(env) == [job_id("photo.process", "real", 1)]
     assert env.redis().keys("rq:job:*fake*") == []
+
+
+def _claim_ahead_sessions(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND application_name = 'photo-reactor claim-ahead'"
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def test_the_claim_ahead_session_opens_after_a_backlog_and_closes_once_it_is_over(
+    env: Env, make_reactor: Callable[..., Reactor], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conn = env.connect()
+    reactor = make_reactor(batch_size=5)
+    reactor.turn()
+    assert _claim_ahead_sessions(conn) == 0  # no backlog yet: no third session
+    for i in range(12):
+        conn.execute(INSERT, [f"b{i}"])
+    turn_until(reactor, lambda t: t.claimed > 0)  # full batches: opened after the drain
+    assert _claim_ahead_sessions(conn) == 1
+    monkeypatch.setattr(sessions_module, "AHEAD_IDLE_SECONDS", 0.0)
+    conn.execute(INSERT, ["one"])
+    turn_until(reactor, lambda t: t.claimed > 0)  # a short batch, past the idle time
+    wait_for(lambda: _claim_ahead_sessions(conn) == 0, what="the claim-ahead session closed")

@@ -13,7 +13,8 @@ start, but for rows another transaction had locked (`SKIP LOCKED`), rows refused
 every row of a paused type. The claims that follow (*bounded*) read only rows due from
 `MARGIN_SECONDS` before that mark on (`window`: seconds back from the claim's own `now()`),
 which leaves only the entries of the last moments to walk. A claim over the whole range
-(*full*) runs whenever the type's last full claim is `FULL_EVERY_SECONDS` old: the interval
+(*full*) runs right after a full claim that came back full (more rows may be waiting that only
+it reads), and whenever the type's last full claim is `FULL_EVERY_SECONDS` old: the interval
 stretches to `FULL_SHARE` times the last full claim's duration while that walk is slow (an
 old snapshot held), at most `FULL_EVERY_MAX_SECONDS`, so full claims take about 1 % of the
 reactor's time. The loop wakes for it (`full_claim_due`) when it would sleep past it.
@@ -29,7 +30,8 @@ claim before it, and which that claim did not take. Those are:
 - rows that claim saw but skipped: locked by another transaction (another reactor's claim
   that then rolled back, a `submit()` of a photo whose row was pending, holding its lock),
   refused, or of a type paused then.
-Each of them is claimed by the type's next full claim: at most `FULL_EVERY_SECONDS` (1 s)
+Each of them is claimed by the type's next full claims (one batch after another, with no
+interval between them while they come back full): at most `FULL_EVERY_SECONDS` (1 s)
 after the type's previous full claim, up to `FULL_EVERY_MAX_SECONDS` (10 s) while full claims
 are slow, once the reactor is dispatching (a drain that fails forgets every mark: the
 claims after it are full). Every other guarantee of the claim stands: a bounded claim is the
@@ -40,6 +42,7 @@ Used by the reactor's loop thread alone.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -106,7 +109,10 @@ class ClaimBounds:
             seconds = time.monotonic() - started
         state = self._types.setdefault(job_type, _Type())
         if window is None:
-            state.full_at, state.full_seconds, state.owed = started, seconds, False
+            # A full claim that came back full may have left more rows only a full claim
+            # reads (a bulk insert committed late): the type's next claim is full too.
+            state.full_at = started if short else -math.inf
+            state.full_seconds, state.owed = seconds, False
         if short and (state.mark is None or started > state.mark):
             state.mark = started
 
