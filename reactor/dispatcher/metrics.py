@@ -72,7 +72,7 @@ class Metrics:
             self.turn_failures.labels(kind)
         self.claim_seconds = Histogram(
             "reactor_claim_seconds",
-            "Latency of one claim query.",
+            "Latency of one claim query (of a claim sent ahead, the wait for its rows).",
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
