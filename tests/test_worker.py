@@ -15,8 +15,11 @@ from typing import Any
 
 import psycopg
 import pytest
+import redis
+from rq.exceptions import StopRequested
+from rq.worker.base import WorkerStatus
 
-from reactor import submit
+from reactor import SimpleWorker, Worker, submit
 from reactor.jobs import JobRef
 from reactor.worker.lifecycle import Heartbeater, Store
 from tests.handlers import SCHEMA
@@ -263,3 +266,23 @@ def test_the_heartbeat_thread_survives_a_statement_error(
     finally:
         beats.pause()
         store.close()
+
+
+@pytest.mark.parametrize("worker_class", [SimpleWorker, Worker], ids=["simple", "forking"])
+def test_a_stop_asked_for_just_before_the_wait_for_a_job_ends_it_at_once(
+    env: Env, worker_class: type[SimpleWorker] | type[Worker]
+) -> None:
+    worker = worker_class(["photos-stop"], connection=redis.Redis.from_url(env.redis_url))
+    # RQ's SIGTERM handler, run after a job, past the loop's check of the stop flag: the worker
+    # still reads busy, so the handler only sets the flag.
+    worker._state = WorkerStatus.BUSY
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    try:
+        worker.request_stop(signal.SIGTERM, None)  # type: ignore[no-untyped-call]
+    finally:  # it installs the cold-shutdown handlers in this process
+        signal.signal(signal.SIGINT, handlers[0])
+        signal.signal(signal.SIGTERM, handlers[1])
+    started = time.monotonic()
+    with pytest.raises(StopRequested):
+        worker.dequeue_job_and_maintain_ttl(timeout=3, max_idle_time=3)  # RQ: None after 3 s
+    assert time.monotonic() - started < 1

@@ -4,7 +4,10 @@ known, and taken apart again at the end.
 `Parts.start` connects everything once and fails fast: a bad URL, an unreachable or unmigrated
 database, no route given nor recorded, a route that conflicts with a running reactor's, or a
 Redis that refuses our credentials or scripting is a `ConfigError` (exit 2). A Redis that does
-not answer yet is not: rows stay pending and drains retry until it does. The work connection
+not answer yet is not: rows stay pending and drains retry until it does. Nor is a Postgres
+session lost after the server first answered (a backend terminated, a server restarting): the
+Postgres part of the start-up is tried again with backoff, `STARTUP_ATTEMPTS` times in all,
+each retry logged as `startup_retry`. The work connection
 is opened first (it records the routes and holds their liveness lock), then the dispatcher
 and the sweeper are made (the reactor hands them its connections with each call), the
 listener connected, Redis checked, and, when asked for, the metrics server and the retention
@@ -18,6 +21,7 @@ from dataclasses import dataclass
 from http.server import ThreadingHTTPServer
 
 import redis
+import tenacity
 
 from reactor.dispatcher.drain import Dispatcher
 from reactor.dispatcher.liveness import RouteLiveness
@@ -27,6 +31,7 @@ from reactor.dispatcher.sessions import Sessions
 from reactor.dispatcher.sweep import Sweeper
 from reactor.errors import ConfigError, DatabaseError, RedisUnavailableError, StatementError
 from reactor.pg import db
+from reactor.routes import Route
 from reactor.rq.enqueue import Enqueuer
 from reactor.rq.state import RqState
 from reactor.settings import ReactorSettings
@@ -34,6 +39,10 @@ from reactor.settings import ReactorSettings
 __all__ = ["Parts"]
 
 logger = logging.getLogger(__name__)
+
+#: Tries of the Postgres part of the start-up when a session is lost after the server answered
+#: (a terminated backend, a server restarting): about five seconds in all.
+STARTUP_ATTEMPTS = 6
 
 
 @dataclass
@@ -61,40 +70,51 @@ class Parts:
         Raises:
             ConfigError: what a retry cannot fix (see the module docstring).
         """
-        routes = liveness.routes
-        try:
+        reached = False  # whether Postgres answered once: only then is a lost session retried
+
+        def connect() -> tuple[Parts, Enqueuer]:
+            nonlocal reached
             conn = sessions.open_work()  # no route is registered yet: nothing to hold again
+            reached = True
             try:
                 db.check_schema(conn)
                 liveness.register(conn)  # fills `routes` in, when none was given
+                enqueuer = Enqueuer(
+                    client, liveness.routes, job_timeout_seconds=settings.job_timeout_seconds
+                )
+                parts = cls.made(
+                    settings,
+                    enqueuer,
+                    routes=liveness.routes,
+                    client=client,
+                    metrics=metrics,
+                    health=health,
+                )
+                parts.dispatcher.warm_up(conn)
+                if sessions.listener is not None:
+                    sessions.listener.connect()
             except BaseException:
                 conn.close()
+                if sessions.listener is not None:
+                    sessions.listener.close()
                 raise
             sessions.work = conn
-            enqueuer = Enqueuer(client, routes, job_timeout_seconds=settings.job_timeout_seconds)
-            dispatcher = Dispatcher(
-                enqueuer,
-                routes,
-                batch_size=settings.batch_size,
-                metrics=metrics,
-            )
-            quarantined = dispatcher.quarantined
-            health.failing_types = lambda: [(t, q.error) for t, q in list(quarantined.items())]
-            refused = dispatcher.refused
-            health.refused_rows = lambda: [(r.type, r.photo_id, r.error) for r in refused.current()]
-            sweeper = Sweeper(
-                dispatcher,
-                RqState(client, routes),
-                routes,
-                batch_size=settings.batch_size,
-                stale_after_seconds=settings.stale_after_seconds,
-                gone_after_seconds=settings.gone_after_seconds,
-                metrics=metrics,
-            )
-            parts = cls(dispatcher, sweeper)
-            dispatcher.warm_up(conn)
-            if sessions.listener is not None:
-                sessions.listener.connect()
+            return parts, enqueuer
+
+        def lost(state: tenacity.RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome else None
+            logger.warning("startup_retry attempt=%d error=%s", state.attempt_number, exc)
+
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(DatabaseError)
+            & tenacity.retry_if_exception(lambda _exc: reached),
+            wait=tenacity.wait_random_exponential(multiplier=0.2, max=2),
+            stop=tenacity.stop_after_attempt(STARTUP_ATTEMPTS),
+            before_sleep=lost,
+            reraise=True,
+        )
+        try:
+            parts, enqueuer = retrying(connect)
         except (DatabaseError, StatementError) as exc:
             raise ConfigError(str(exc)) from exc
         try:
@@ -134,6 +154,34 @@ class Parts:
             parts.pruner.start()
         sessions.listener_ok()
         return parts
+
+    @classmethod
+    def made(
+        cls,
+        settings: ReactorSettings,
+        enqueuer: Enqueuer,
+        *,
+        routes: dict[str, Route],
+        client: redis.Redis,
+        metrics: Metrics,
+        health: HealthCheck,
+    ) -> Parts:
+        """The dispatcher and the sweeper of these routes, their troubles told to `health`."""
+        dispatcher = Dispatcher(enqueuer, routes, batch_size=settings.batch_size, metrics=metrics)
+        quarantined = dispatcher.quarantined
+        health.failing_types = lambda: [(t, q.error) for t, q in list(quarantined.items())]
+        refused = dispatcher.refused
+        health.refused_rows = lambda: [(r.type, r.photo_id, r.error) for r in refused.current()]
+        sweeper = Sweeper(
+            dispatcher,
+            RqState(client, routes),
+            routes,
+            batch_size=settings.batch_size,
+            stale_after_seconds=settings.stale_after_seconds,
+            gone_after_seconds=settings.gone_after_seconds,
+            metrics=metrics,
+        )
+        return cls(dispatcher, sweeper)
 
     def close(self) -> None:
         """Stop the retention thread and the metrics server (the sessions are the caller's)."""
