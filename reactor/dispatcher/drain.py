@@ -198,10 +198,11 @@ class Dispatcher:
         window = self.bounds.window(job_type, started) if ahead is None else ahead.window
         seconds: float | None = None
         try:
-            params = self._claim_params(job_type, window)
             try:
                 if ahead is None:
-                    rows = self._claim(conn, queries.CLAIM_DUE, params)
+                    rows = self._claim(
+                        conn, queries.CLAIM_DUE, self._claim_params(job_type, window)
+                    )
                 else:
                     rows, seconds = ahead.received()
             except StatementError:
