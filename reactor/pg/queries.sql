@@ -19,18 +19,12 @@
 -- the inner lock keeps them pending (FOR UPDATE rechecks `state` on the latest version), and an
 -- outer `state = 'pending'` would let the planner read the whole pending index for it, the
 -- entries a held snapshot keeps included.
--- The claim's COMMIT does not wait for the WAL flush (`synchronous_commit` off for its own
--- transaction): its job's worker waits on the row lock, which is held until that flush. A
--- claim lost in a server crash leaves the row as it was, `pending` at the token before: its
--- job's fenced start then finds no attempt to run, and the row is claimed again, at the same
--- token and job id. A later durable commit (the attempt's outcome) flushes the claim first.
 UPDATE photo_jobs AS j
    SET state = CASE WHEN j.attempts < j.max_attempts THEN 'active' ELSE 'failed' END,
        attempts = CASE WHEN j.attempts < j.max_attempts THEN j.attempts + 1 ELSE j.attempts END,
        last_error = CASE WHEN j.attempts < j.max_attempts THEN j.last_error
                     ELSE format('attempts spent before dispatch: attempt %%s of %%s',
                                 j.attempts, j.max_attempts) END
-  FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
  WHERE j.ctid = ANY (ARRAY(
          SELECT p.ctid
            FROM photo_jobs AS p
