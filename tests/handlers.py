@@ -87,6 +87,12 @@ def gated(photo_id: str) -> None:
     _record(photo_id, "ok")
 
 
+def gated_failure(photo_id: str) -> None:
+    """As `gated`, then fails."""
+    gated(photo_id)
+    raise RuntimeError(f"failed after the gate {_attempt()}")
+
+
 def slow_first_attempt(photo_id: str) -> None:
     """Attempt 1 works for REACTOR_TEST_WORK_SECONDS (simulated work); later ones at once."""
     _record(photo_id, "started")

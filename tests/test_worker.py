@@ -15,11 +15,8 @@ from typing import Any
 
 import psycopg
 import pytest
-import redis
-from rq.exceptions import StopRequested
-from rq.worker.base import WorkerStatus
 
-from reactor import SimpleWorker, Worker, submit
+from reactor import submit
 from reactor.jobs import JobRef
 from reactor.worker.lifecycle import Heartbeater, Store
 from tests.handlers import SCHEMA
@@ -268,21 +265,44 @@ def test_the_heartbeat_thread_survives_a_statement_error(
         store.close()
 
 
-@pytest.mark.parametrize("worker_class", [SimpleWorker, Worker], ids=["simple", "forking"])
-def test_a_stop_asked_for_just_before_the_wait_for_a_job_ends_it_at_once(
-    env: Env, worker_class: type[SimpleWorker] | type[Worker]
+@pytest.mark.parametrize("worker_class", ["reactor.SimpleWorker", "reactor.Worker"])
+@pytest.mark.parametrize(
+    ("handler", "outcome"), [("gated", "done"), ("gated_failure", "pending")], ids=["ok", "error"]
+)
+def test_a_stop_asked_for_while_the_outcome_is_written_waits_for_it(
+    env: Env,
+    conn: psycopg.Connection[Any],
+    spawn: Callable[..., Process],
+    worker_class: str,
+    handler: str,
+    outcome: str,
 ) -> None:
-    worker = worker_class(["photos-stop"], connection=redis.Redis.from_url(env.redis_url))
-    # RQ's SIGTERM handler, run after a job, past the loop's check of the stop flag: the worker
-    # still reads busy, so the handler only sets the flag.
-    worker._state = WorkerStatus.BUSY
-    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
-    try:
-        worker.request_stop(signal.SIGTERM, None)  # type: ignore[no-untyped-call]
-    finally:  # it installs the cold-shutdown handlers in this process
-        signal.signal(signal.SIGINT, handlers[0])
-        signal.signal(signal.SIGTERM, handlers[1])
-    started = time.monotonic()
-    with pytest.raises(StopRequested):
-        worker.dequeue_job_and_maintain_ttl(timeout=3, max_idle_time=3)  # RQ: None after 3 s
-    assert time.monotonic() - started < 1
+    """RQ marks the worker idle when its part of a job ends, and a stop asked for while idle
+    raises where the worker is: here, in the outcome's write. The outcome is written, then
+    the worker stops."""
+    insert_rows(conn, 1)
+    worker = start_worker(
+        spawn, env, extra_args=("--worker-class", worker_class), REACTOR_ROUTES=route(handler)
+    )
+    sweep(env, handler)
+    wait_for(lambda: runs(conn, "p1") == [("p1", 1, "started")], what="the handler running")
+    blocker = psycopg.connect(env.database_url)
+    env.cleanups.append(blocker.close)
+    blocker.execute("SELECT FROM photo_jobs WHERE photo_id = 'p1' FOR UPDATE")
+    conn.execute("INSERT INTO gates VALUES ('p1:1')")
+
+    def outcome_waits() -> bool:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND wait_event_type = 'Lock' AND application_name = 'photo-reactor worker'"
+        ).fetchone()
+        return bool(row and row[0])
+
+    wait_for(outcome_waits, timeout=30, what="the outcome's write waiting on the row's lock")
+    worker.proc.send_signal(signal.SIGTERM)
+    worker.wait_for_line("warm shut down requested")
+    blocker.rollback()
+    assert worker.exit_code(timeout=30) == 0, worker.output()
+    assert "outcome_lost" not in worker.output()
+    assert row_of(conn, "p1")[:2] == (outcome, 1)
+    assert runs(conn, "p1") == [("p1", 1, "started"), ("p1", 1, "ok")]

@@ -64,7 +64,7 @@ import rq.worker
 from rq.executions import Execution
 from rq.job import Job
 from rq.queue import Queue
-from rq.worker.base import BaseWorker
+from rq.worker.base import BaseWorker, WorkerStatus
 
 from reactor import tracing
 from reactor.errors import ConfigError, DatabaseError, StatementError
@@ -286,6 +286,13 @@ class _Lifecycle(SystemdNotify, StartupChecks, KeyRenewal, BaseWorker):
         return handoff
 
     def execute_job(self, job: Job, queue: Queue) -> None:
+        # Busy here (Redis's copy is RQ's) until the outcome is written: RQ ends its part idle,
+        # and a stop asked for while idle raises wherever the worker is, cutting the write.
+        self._state = WorkerStatus.BUSY
+        self._execute(job, queue)
+        self._state = WorkerStatus.IDLE  # after an exception the loop ends anyway
+
+    def _execute(self, job: Job, queue: Queue) -> None:
         handoff = self._begin(job)
         if handoff is None:
             hand_over(None)
@@ -301,6 +308,7 @@ class _Lifecycle(SystemdNotify, StartupChecks, KeyRenewal, BaseWorker):
             try:
                 super().execute_job(job, queue)
             finally:
+                self._state = WorkerStatus.BUSY
                 hand_over(None)
                 self._running = self._job = None
                 handoff.wait()  # RQ may have failed the job before it ran

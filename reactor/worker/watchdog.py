@@ -10,11 +10,6 @@ A mixin of `reactor.Worker` and `reactor.SimpleWorker`; with no `NOTIFY_SOCKET` 
   refuses a `WatchdogSec` shorter than two heartbeats);
 - `STOPPING=1` when a warm shutdown is asked for (the running job still finishes).
 
-It also closes a gap in RQ's loop that would keep a stopping worker waiting: a SIGTERM that
-lands after the loop's check of its stop flag but before the wait marks the worker idle only
-sets that flag, and the wait would then run its full length. The wait now marks the worker
-idle first and honours a flag already set.
-
 Only the worker process sends (a forked work horse inherits the notifier and stays silent).
 """
 
@@ -22,8 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rq.exceptions import StopRequested
-from rq.worker.base import BaseWorker, WorkerStatus
+from rq.worker.base import BaseWorker
 
 from reactor.sdnotify import Notifier
 
@@ -55,11 +49,6 @@ class SystemdNotify(BaseWorker):
         if not self._ready_sent:
             self._ready_sent = True
             self.systemd.ready()
-        # From here a signal raises StopRequested at once (RQ's handler sees the worker idle);
-        # a stop that came just before is in the flag. RQ writes the state to Redis next.
-        self._state = WorkerStatus.IDLE
-        if self._stop_requested:
-            raise StopRequested
         return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
 
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
