@@ -52,9 +52,15 @@ class RouteLiveness:
             self.routes.update(routes_in_use(conn))
         if not self.routes:
             raise ConfigError(NO_ROUTE_HINT)
-        self._registration = RouteRegistration(self.routes)
-        self._registration.register(conn)
+        registration = RouteRegistration(self.routes)
+        registration.register(conn)
+        self._registration = registration  # only once recorded: `hold_again` takes it up
         self._next_check = time.monotonic() + self._interval
+
+    @property
+    def registered(self) -> bool:
+        """Whether the routes were recorded (then a new session holds them with `hold_again`)."""
+        return self._registration is not None
 
     def hold_again(self, conn: db.Connection) -> None:
         """After a reconnect: the lock went with the old session; take it on `conn`."""

@@ -195,6 +195,7 @@ class Reactor:
                 client=self._redis,
                 metrics=self.metrics,
                 health=self.health,
+                stopper=self.stopper,
             )
         except BaseException:
             self._liveness.release(self._sessions.work)  # a reactor that never ran is not live

@@ -35,6 +35,7 @@ from reactor.routes import Route
 from reactor.rq.enqueue import Enqueuer
 from reactor.rq.state import RqState
 from reactor.settings import ReactorSettings
+from reactor.signals import Stopper
 
 __all__ = ["Parts"]
 
@@ -64,8 +65,10 @@ class Parts:
         client: redis.Redis,
         metrics: Metrics,
         health: HealthCheck,
+        stopper: Stopper,
     ) -> Parts:
-        """Connect everything once (see the module docstring).
+        """Connect everything once (see the module docstring); a stop asked for meanwhile
+        ends the retries.
 
         Raises:
             ConfigError: what a retry cannot fix (see the module docstring).
@@ -74,11 +77,12 @@ class Parts:
 
         def connect() -> tuple[Parts, Enqueuer]:
             nonlocal reached
-            conn = sessions.open_work()  # no route is registered yet: nothing to hold again
+            conn = sessions.open_work()  # holds the routes again if an earlier try recorded them
             reached = True
             try:
                 db.check_schema(conn)
-                liveness.register(conn)  # fills `routes` in, when none was given
+                if not liveness.registered:
+                    liveness.register(conn)  # fills `routes` in, when none was given
                 enqueuer = Enqueuer(
                     client, liveness.routes, job_timeout_seconds=settings.job_timeout_seconds
                 )
@@ -105,11 +109,15 @@ class Parts:
             exc = state.outcome.exception() if state.outcome else None
             logger.warning("startup_retry attempt=%d error=%s", state.attempt_number, exc)
 
+        def pause(seconds: float) -> None:
+            stopper.sleep(seconds)  # a stop ends the pause, and `stop` then ends the retries
+
         retrying = tenacity.Retrying(
             retry=tenacity.retry_if_exception_type(DatabaseError)
             & tenacity.retry_if_exception(lambda _exc: reached),
             wait=tenacity.wait_random_exponential(multiplier=0.2, max=2),
-            stop=tenacity.stop_after_attempt(STARTUP_ATTEMPTS),
+            stop=lambda state: stopper.requested or state.attempt_number >= STARTUP_ATTEMPTS,
+            sleep=pause,
             before_sleep=lost,
             reraise=True,
         )
