@@ -123,6 +123,27 @@ def test_lost_commit_after_enqueue_never_enqueues_twice(env: Env) -> None:
     assert {(state, attempts) for _, _, state, attempts in rows(killer)} == {("active", 1)}
 
 
+def test_the_claim_commits_durably(env: Env) -> None:
+    """An asynchronous commit is visible before it is flushed: a worker could run a claim that
+    a crash then loses, and the next claim would give its token out again."""
+    conn = env.connect(autocommit=False)
+    insert_rows(env.connect(), 2)
+    seen: list[str] = []
+
+    class _Watching(Enqueuer):
+        """Reads the claim's transaction's setting, before its COMMIT."""
+
+        def enqueue(self, refs: Sequence[JobRef]) -> EnqueueResult:
+            row = conn.execute("SHOW synchronous_commit").fetchone()
+            seen.append(str(row[0]) if row else "")
+            return super().enqueue(refs)
+
+    watching = Dispatcher(_Watching(env.redis(), ROUTES), ROUTES, batch_size=1)
+    result = watching.drain(conn, ["photo.process"], lambda: False, 60.0)
+    assert result.claimed == 2
+    assert len(seen) >= 2 and set(seen) == {"on"}, seen
+
+
 @pytest.mark.parametrize("extra", [0, 600], ids=["few", "backlog"])
 def test_a_batch_keeps_the_jobs_already_enqueued_and_replaces_the_others(
     env: Env, extra: int

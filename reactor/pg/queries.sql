@@ -18,7 +18,10 @@
 -- gets the same plan (a value the planner sees would have it plan each claim anew). The outer UPDATE finds the rows by ctid alone:
 -- the inner lock keeps them pending (FOR UPDATE rechecks `state` on the latest version), and an
 -- outer `state = 'pending'` would let the planner read the whole pending index for it, the
--- entries a held snapshot keeps included.
+-- entries a held snapshot keeps included. Its COMMIT must stay durable (`synchronous_commit`
+-- on): an asynchronous commit is visible, and its row locks released, before it is flushed,
+-- so a worker could run a handler on a claim that a crash then loses, and the next claim
+-- would give the same token out again.
 UPDATE photo_jobs AS j
    SET state = CASE WHEN j.attempts < j.max_attempts THEN 'active' ELSE 'failed' END,
        attempts = CASE WHEN j.attempts < j.max_attempts THEN j.attempts + 1 ELSE j.attempts END,
