@@ -15,7 +15,11 @@ import signal
 from collections.abc import Callable
 from types import FrameType
 
-__all__ = ["Stopper"]
+__all__ = ["StoppedError", "Stopper"]
+
+
+class StoppedError(Exception):
+    """A stop was asked for before the work began (during the start-up's retries)."""
 
 
 class Stopper:

@@ -4,13 +4,16 @@ the reactor starts, its routes recorded once, and dispatches."""
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable
+from pathlib import Path
 
 import psycopg
 import pytest
 import redis
 
 from tests.support.env import Env
+from tests.support.notify_socket import NotifySocket
 from tests.support.processes import Process
 from tests.support.rows import insert_rows, states
 from tests.support.rq_state import queue_ids
@@ -52,3 +55,41 @@ def test_a_session_terminated_during_the_start_is_tried_again(
         "SELECT type, reactor_routes_live(lock_key) FROM reactor_routes"
     ).fetchall()
     assert recorded == [("photo.process", True)]
+
+
+def test_a_stop_during_the_start_s_retries_ends_them_and_exits_0(
+    env: Env, spawn: Callable[..., Process], tmp_path: Path
+) -> None:
+    notify = NotifySocket(str(tmp_path / "notify"))
+    env.cleanups.append(notify.close)
+    admin = env.connect()
+    blocker = psycopg.connect(env.database_url)
+    env.cleanups.append(blocker.close)
+    blocker.execute("LOCK TABLE reactor_routes IN ACCESS EXCLUSIVE MODE")
+    reactor = spawn(
+        "-m",
+        "reactor",
+        "run",
+        name="reactor",
+        extra_env={"NOTIFY_SOCKET": notify.sock.getsockname()},
+    )
+    seen: set[int] = set()
+
+    def a_new_session_waits() -> int:
+        row = admin.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+            " AND wait_event_type = 'Lock' AND application_name = 'photo-reactor work'"
+        ).fetchone()
+        return int(row[0]) if row and int(row[0]) not in seen else 0  # 0: none yet
+
+    first = wait_for(a_new_session_waits, what="the start-up waiting on reactor_routes")
+    seen.add(first)
+    admin.execute("SELECT pg_terminate_backend(%s)", [first])
+    second = wait_for(a_new_session_waits, what="the retry waiting on reactor_routes")
+    seen.add(second)
+    reactor.proc.send_signal(signal.SIGTERM)
+    notify.wait("STOPPING=1")  # the stop is asked for; the try under way still waits
+    admin.execute("SELECT pg_terminate_backend(%s)", [second])  # the try under way fails
+    assert reactor.exit_code(timeout=20) == 0, reactor.output()
+    assert "reactor_stopped during=start-up" in reactor.output()
+    assert "reactor_started" not in reactor.output()

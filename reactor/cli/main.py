@@ -41,7 +41,7 @@ from reactor.sdnotify import Notifier
 from reactor.settings import (
     DEFAULT_PRUNE_BATCH_SIZE,
 )
-from reactor.signals import Stopper
+from reactor.signals import StoppedError, Stopper
 
 __all__ = ["cli", "main"]
 
@@ -186,7 +186,11 @@ def run(
     stopper.install()
     reactor = Reactor(settings, stopper=stopper)
     reactor.health.watchdog = notifier  # told of every turn of the loop
-    reactor.start()
+    try:
+        reactor.start()
+    except StoppedError:
+        logger.info("reactor_stopped during=start-up")
+        return
     notifier.ready()
     reactor.run()
 

@@ -7,7 +7,8 @@ Redis that refuses our credentials or scripting is a `ConfigError` (exit 2). A R
 not answer yet is not: rows stay pending and drains retry until it does. Nor is a Postgres
 session lost after the server first answered (a backend terminated, a server restarting): the
 Postgres part of the start-up is tried again with backoff, `STARTUP_ATTEMPTS` times in all,
-each retry logged as `startup_retry`. The work connection
+each retry logged as `startup_retry`; a stop asked for meanwhile ends the tries
+(`StoppedError`: `reactor run` exits 0). The work connection
 is opened first (it records the routes and holds their liveness lock), then the dispatcher
 and the sweeper are made (the reactor hands them its connections with each call), the
 listener connected, Redis checked, and, when asked for, the metrics server and the retention
@@ -35,7 +36,7 @@ from reactor.routes import Route
 from reactor.rq.enqueue import Enqueuer
 from reactor.rq.state import RqState
 from reactor.settings import ReactorSettings
-from reactor.signals import Stopper
+from reactor.signals import StoppedError, Stopper
 
 __all__ = ["Parts"]
 
@@ -67,16 +68,18 @@ class Parts:
         health: HealthCheck,
         stopper: Stopper,
     ) -> Parts:
-        """Connect everything once (see the module docstring); a stop asked for meanwhile
-        ends the retries.
+        """Connect everything once (see the module docstring).
 
         Raises:
             ConfigError: what a retry cannot fix (see the module docstring).
+            StoppedError: a stop was asked for while a lost session was being retried.
         """
         reached = False  # whether Postgres answered once: only then is a lost session retried
 
         def connect() -> tuple[Parts, Enqueuer]:
             nonlocal reached
+            if reached and stopper.requested:
+                raise StoppedError  # asked for during the pause before this try
             conn = sessions.open_work()  # holds the routes again if an earlier try recorded them
             reached = True
             try:
@@ -123,7 +126,11 @@ class Parts:
         )
         try:
             parts, enqueuer = retrying(connect)
-        except (DatabaseError, StatementError) as exc:
+        except DatabaseError as exc:
+            if reached and stopper.requested:
+                raise StoppedError from exc  # the retries ended on the stop, not on the error
+            raise ConfigError(str(exc)) from exc
+        except StatementError as exc:
             raise ConfigError(str(exc)) from exc
         try:
             enqueuer.prepare(settings.redis_url)
