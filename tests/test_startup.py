@@ -1,6 +1,8 @@
-"""A reactor's start-up: a Postgres session lost after the server answered (a backend
-terminated while it records its routes, or after, while it rehearses a claim) is tried again;
-the reactor starts, its routes recorded once, and dispatches."""
+"""Start-up: a Postgres session lost after the server answered is tried again. A reactor whose
+backend is terminated while it records its routes, or after, while it rehearses a claim,
+starts with its routes recorded once and dispatches; a stop asked for during those retries
+ends them (exit 0). A worker whose backend is terminated while it checks the schema starts
+and runs its jobs."""
 
 from __future__ import annotations
 
@@ -12,9 +14,11 @@ import psycopg
 import pytest
 import redis
 
+from tests.handlers import SCHEMA
+from tests.support.cli import run_cli
 from tests.support.env import Env
 from tests.support.notify_socket import NotifySocket
-from tests.support.processes import Process
+from tests.support.processes import Process, start_worker
 from tests.support.rows import insert_rows, states
 from tests.support.rq_state import queue_ids
 from tests.support.waiting import wait_for
@@ -93,3 +97,36 @@ def test_a_stop_during_the_start_s_retries_ends_them_and_exits_0(
     assert reactor.exit_code(timeout=20) == 0, reactor.output()
     assert "reactor_stopped during=start-up" in reactor.output()
     assert "reactor_started" not in reactor.output()
+
+
+@pytest.mark.parametrize("worker_class", ["reactor.SimpleWorker", "reactor.Worker"])
+def test_a_worker_s_session_terminated_while_it_checks_the_schema_is_reopened(
+    env: Env, spawn: Callable[..., Process], worker_class: str
+) -> None:
+    admin = env.connect()
+    admin.execute(SCHEMA)
+    blocker = psycopg.connect(env.database_url)
+    env.cleanups.append(blocker.close)
+    blocker.execute("LOCK TABLE reactor_migrations IN ACCESS EXCLUSIVE MODE")
+    worker = start_worker(
+        spawn,
+        env,
+        extra_args=("--worker-class", worker_class),
+        REACTOR_ROUTES="photo.process=tests.handlers.ok",
+    )
+
+    def waiting_pid() -> int:
+        row = admin.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+            " AND wait_event_type = 'Lock' AND application_name = 'photo-reactor worker'"
+        ).fetchone()
+        return int(row[0]) if row else 0  # 0: none yet
+
+    pid = wait_for(waiting_pid, what="the worker's schema check waiting on reactor_migrations")
+    admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+    blocker.rollback()
+    worker.wait_for_line("worker_ready")
+    insert_rows(admin, 1)
+    swept = run_cli(env, "sweep", "--route", "photo.process=tests.handlers.ok")
+    assert swept.returncode == 0, swept.stderr
+    wait_for(lambda: states(admin) == {"done": 1}, timeout=30, what="the job done")

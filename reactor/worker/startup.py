@@ -4,10 +4,12 @@ schema and its routes, import the handlers it serves, and mask passwords in ever
 `check_startup` (also run by `bootstrap`, so `rq worker -w` gets it too) fails with one line
 and exit 2 on what a restart cannot fix: bad settings, an unreachable or unmigrated database,
 an invalid recorded route, or a served handler that cannot be imported (its jobs stay queued
-and no attempt is spent). A handler outside the allow-list is reported in one line and its
-jobs are refused. A worker that finds no route for its queues (started beside its reactor,
-before the reactor recorded them) waits for them, saying so once a minute; one started with no
-queue name (RQ's CLI then listens on `default`) serves its routes' queues too.
+and no attempt is spent). A session lost after the server answered (a terminated backend) is
+reopened and the check retried, as every statement of the worker is. A handler outside the
+allow-list is reported in one line and its jobs are refused. A worker that finds no route for
+its queues (started beside its reactor, before the reactor recorded them) waits for them,
+saying so once a minute; one started with no queue name (RQ's CLI then listens on `default`)
+serves its routes' queues too.
 """
 
 from __future__ import annotations
@@ -100,7 +102,8 @@ class StartupChecks(BaseWorker):
         if self._settings_error is not None:
             raise self._settings_error
         try:
-            db.check_schema(self._store.conn)
+            self._store.conn  # noqa: B018 - a server that does not answer fails the start at once
+            self._store.run(db.check_schema)  # a session lost after it answered is retried
             lifecycle.warm_up(self._store)
             self._warm_up_inflight()
             served = self._wait_for_routes()
