@@ -17,6 +17,7 @@ import redis
 from tests.handlers import SCHEMA
 from tests.support.cli import run_cli
 from tests.support.env import Env
+from tests.support.locks import lock_waiter
 from tests.support.notify_socket import NotifySocket
 from tests.support.processes import Process, start_worker
 from tests.support.rows import insert_rows, states
@@ -38,14 +39,10 @@ def test_a_session_terminated_during_the_start_is_tried_again(
     blocker.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
     reactor = spawn("-m", "reactor", "run", name="reactor")
 
-    def waiting_pid() -> int | None:
-        row = admin.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
-            " AND wait_event_type = 'Lock' AND application_name = 'photo-reactor work'"
-        ).fetchone()
-        return int(row[0]) if row else None
-
-    pid = wait_for(waiting_pid, what=f"the reactor's start-up waiting on {table}")
+    pid = wait_for(
+        lambda: lock_waiter(admin, "photo-reactor work"),
+        what=f"the reactor's start-up waiting on {table}",
+    )
     admin.execute("SELECT pg_terminate_backend(%s)", [pid])
     blocker.rollback()
 
@@ -77,20 +74,15 @@ def test_a_stop_during_the_start_s_retries_ends_them_and_exits_0(
         name="reactor",
         extra_env={"NOTIFY_SOCKET": notify.sock.getsockname()},
     )
-    seen: set[int] = set()
-
-    def a_new_session_waits() -> int:
-        row = admin.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
-            " AND wait_event_type = 'Lock' AND application_name = 'photo-reactor work'"
-        ).fetchone()
-        return int(row[0]) if row and int(row[0]) not in seen else 0  # 0: none yet
-
-    first = wait_for(a_new_session_waits, what="the start-up waiting on reactor_routes")
-    seen.add(first)
+    first = wait_for(
+        lambda: lock_waiter(admin, "photo-reactor work"),
+        what="the start-up waiting on reactor_routes",
+    )
     admin.execute("SELECT pg_terminate_backend(%s)", [first])
-    second = wait_for(a_new_session_waits, what="the retry waiting on reactor_routes")
-    seen.add(second)
+    second = wait_for(
+        lambda: lock_waiter(admin, "photo-reactor work", not_in={first}),
+        what="the retry waiting on reactor_routes",
+    )
     reactor.proc.send_signal(signal.SIGTERM)
     notify.wait("STOPPING=1")  # the stop is asked for; the try under way still waits
     admin.execute("SELECT pg_terminate_backend(%s)", [second])  # the try under way fails
@@ -115,14 +107,10 @@ def test_a_worker_s_session_terminated_while_it_checks_the_schema_is_reopened(
         REACTOR_ROUTES="photo.process=tests.handlers.ok",
     )
 
-    def waiting_pid() -> int:
-        row = admin.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
-            " AND wait_event_type = 'Lock' AND application_name = 'photo-reactor worker'"
-        ).fetchone()
-        return int(row[0]) if row else 0  # 0: none yet
-
-    pid = wait_for(waiting_pid, what="the worker's schema check waiting on reactor_migrations")
+    pid = wait_for(
+        lambda: lock_waiter(admin, "photo-reactor worker"),
+        what="the worker's schema check waiting on reactor_migrations",
+    )
     admin.execute("SELECT pg_terminate_backend(%s)", [pid])
     blocker.rollback()
     worker.wait_for_line("worker_ready")

@@ -21,6 +21,7 @@ from reactor.jobs import JobRef
 from reactor.worker.lifecycle import Heartbeater, Store
 from tests.handlers import SCHEMA
 from tests.support.env import Env
+from tests.support.locks import lock_waiter
 from tests.support.processes import Process, start_reactor, start_worker
 from tests.support.rows import insert_rows, rows, states
 from tests.support.rq_state import queue_ids
@@ -291,14 +292,11 @@ def test_a_stop_asked_for_while_the_outcome_is_written_waits_for_it(
     blocker.execute("SELECT FROM photo_jobs WHERE photo_id = 'p1' FOR UPDATE")
     conn.execute("INSERT INTO gates VALUES ('p1:1')")
 
-    def outcome_waits() -> bool:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-            " AND wait_event_type = 'Lock' AND application_name = 'photo-reactor worker'"
-        ).fetchone()
-        return bool(row and row[0])
-
-    wait_for(outcome_waits, timeout=30, what="the outcome's write waiting on the row's lock")
+    wait_for(
+        lambda: lock_waiter(conn, "photo-reactor worker"),
+        timeout=30,
+        what="the outcome's write waiting on the row's lock",
+    )
     worker.proc.send_signal(signal.SIGTERM)
     worker.wait_for_line("warm shut down requested")
     blocker.rollback()
