@@ -51,7 +51,9 @@ def test_a_session_terminated_during_the_start_is_tried_again(
     insert_rows(admin, 3)
     client = redis.Redis.from_url(env.redis_url)
     wait_for(lambda: len(queue_ids(client)) == 3, what="three jobs queued")
-    assert states(admin) == {"active": 3}
+    wait_for(
+        lambda: states(admin) == {"active": 3}, what="the claims committed"
+    )  # after the enqueue
     recorded = admin.execute(
         "SELECT type, reactor_routes_live(lock_key) FROM reactor_routes"
     ).fetchall()
