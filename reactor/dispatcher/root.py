@@ -22,13 +22,12 @@ from dataclasses import dataclass
 from http.server import ThreadingHTTPServer
 
 import redis
-import tenacity
 
 from reactor.dispatcher.drain import Dispatcher
 from reactor.dispatcher.liveness import RouteLiveness
 from reactor.dispatcher.metrics import HealthCheck, Metrics, serve
 from reactor.dispatcher.retention import Pruner
-from reactor.dispatcher.sessions import Sessions
+from reactor.dispatcher.sessions import Sessions, backoff
 from reactor.dispatcher.sweep import Sweeper
 from reactor.errors import ConfigError, DatabaseError, RedisUnavailableError, StatementError
 from reactor.pg import db
@@ -43,7 +42,8 @@ __all__ = ["Parts"]
 logger = logging.getLogger(__name__)
 
 #: Tries of the Postgres part of the start-up when a session is lost after the server answered
-#: (a terminated backend, a server restarting): about five seconds in all.
+#: (a terminated backend, a server restarting), with the reconnects' backoff: at most about
+#: five seconds of pauses in all.
 STARTUP_ATTEMPTS = 6
 
 
@@ -80,7 +80,12 @@ class Parts:
             nonlocal reached
             if reached and stopper.requested:
                 raise StoppedError  # asked for during the pause before this try
-            conn = sessions.open_work()  # holds the routes again if an earlier try recorded them
+            try:
+                conn = sessions.open_work()  # holds the routes again if a try recorded them
+            except DatabaseError as exc:
+                if not reached:
+                    raise ConfigError(str(exc)) from exc  # never answered: fail at once
+                raise
             reached = True
             try:
                 db.check_schema(conn)
@@ -108,26 +113,11 @@ class Parts:
             sessions.work = conn
             return parts, enqueuer
 
-        def lost(state: tenacity.RetryCallState) -> None:
-            exc = state.outcome.exception() if state.outcome else None
-            logger.warning("startup_retry attempt=%d error=%s", state.attempt_number, exc)
-
-        def pause(seconds: float) -> None:
-            stopper.sleep(seconds)  # a stop ends the pause, and `stop` then ends the retries
-
-        retrying = tenacity.Retrying(
-            retry=tenacity.retry_if_exception_type(DatabaseError)
-            & tenacity.retry_if_exception(lambda _exc: reached),
-            wait=tenacity.wait_random_exponential(multiplier=0.2, max=2),
-            stop=lambda state: stopper.requested or state.attempt_number >= STARTUP_ATTEMPTS,
-            sleep=pause,
-            before_sleep=lost,
-            reraise=True,
-        )
+        retrying = backoff(DatabaseError, "startup", stopper, health, attempts=STARTUP_ATTEMPTS)
         try:
             parts, enqueuer = retrying(connect)
         except DatabaseError as exc:
-            if reached and stopper.requested:
+            if stopper.requested:
                 raise StoppedError from exc  # the retries ended on the stop, not on the error
             raise ConfigError(str(exc)) from exc
         except StatementError as exc:

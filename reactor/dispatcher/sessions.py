@@ -69,10 +69,15 @@ def retry_pause(failures: int) -> float:
 
 
 def backoff(
-    kind: type[Exception], what: str, stopper: Stopper, health: HealthCheck
+    kind: type[Exception],
+    what: str,
+    stopper: Stopper,
+    health: HealthCheck,
+    *,
+    attempts: int | None = None,
 ) -> tenacity.Retrying:
-    """Retry on `kind` with backoff until it succeeds or a stop is requested, logging each
-    retry and telling the health check."""
+    """Retry on `kind` with backoff until it succeeds, a stop is requested or (when given)
+    `attempts` tries have failed, logging each retry and telling the health check."""
 
     def log_retry(state: tenacity.RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
@@ -93,7 +98,9 @@ def backoff(
         wait=tenacity.wait_random_exponential(
             multiplier=BACKOFF_MULTIPLIER_SECONDS, max=BACKOFF_MAX_SECONDS
         ),
-        stop=lambda _state: stopper.requested,
+        stop=lambda state: (
+            stopper.requested or (attempts is not None and state.attempt_number >= attempts)
+        ),
         sleep=pause,
         before_sleep=log_retry,
         reraise=True,
