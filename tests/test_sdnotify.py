@@ -23,6 +23,7 @@ from tests.handlers import SCHEMA
 from tests.support.cli import run_cli
 from tests.support.doorbell import armed_by
 from tests.support.env import Env
+from tests.support.locks import lock_waiter
 from tests.support.notify_socket import NotifySocket
 from tests.support.processes import Process, start_reactor
 from tests.support.rows import insert_rows, states
@@ -103,15 +104,10 @@ def test_a_reactor_whose_claim_waits_on_a_lock_goes_silent(
     env.cleanups.append(blocker.close)
     blocker.execute("LOCK TABLE photo_jobs IN ACCESS EXCLUSIVE MODE")
     watcher = env.connect()
-
-    def reactor_waits_on_the_lock() -> bool:
-        row = watcher.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-            " AND wait_event_type = 'Lock' AND application_name LIKE 'photo-reactor%'"
-        ).fetchone()
-        return bool(row and row[0])
-
-    wait_for(reactor_waits_on_the_lock, what="the reactor's claim waiting on the lock")
+    wait_for(
+        lambda: lock_waiter(watcher, "photo-reactor%"),  # the work or the claim-ahead session
+        what="the reactor's claim waiting on the lock",
+    )
     blocked = time.monotonic()
     assert_silent(notify, blocked, 2 * WATCHDOG_SECONDS)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -25,6 +26,14 @@ from tests.support.rq_state import queue_ids
 from tests.support.waiting import wait_for
 
 
+def locked(env: Env, table: str) -> psycopg.Connection[Any]:
+    """A session of its own holding `table` locked (ACCESS EXCLUSIVE) until it rolls back."""
+    blocker = psycopg.connect(env.database_url)
+    env.cleanups.append(blocker.close)
+    blocker.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+    return blocker
+
+
 @pytest.mark.parametrize(
     "table", ["reactor_routes", "photo_jobs"], ids=["recording-routes", "routes-recorded"]
 )
@@ -32,11 +41,9 @@ def test_a_session_terminated_during_the_start_is_tried_again(
     env: Env, spawn: Callable[..., Process], table: str
 ) -> None:
     admin = env.connect()
-    blocker = psycopg.connect(env.database_url)
-    env.cleanups.append(blocker.close)
     # Hold the start-up where it records its routes (reactor_routes) or where it rehearses a
     # claim once they are recorded (photo_jobs), then end its session there.
-    blocker.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+    blocker = locked(env, table)
     reactor = spawn("-m", "reactor", "run", name="reactor")
 
     pid = wait_for(
@@ -51,9 +58,8 @@ def test_a_session_terminated_during_the_start_is_tried_again(
     insert_rows(admin, 3)
     client = redis.Redis.from_url(env.redis_url)
     wait_for(lambda: len(queue_ids(client)) == 3, what="three jobs queued")
-    wait_for(
-        lambda: states(admin) == {"active": 3}, what="the claims committed"
-    )  # after the enqueue
+    # The claims' COMMIT follows their jobs into the queue.
+    wait_for(lambda: states(admin) == {"active": 3}, what="the claims committed")
     recorded = admin.execute(
         "SELECT type, reactor_routes_live(lock_key) FROM reactor_routes"
     ).fetchall()
@@ -66,9 +72,7 @@ def test_a_stop_during_the_start_s_retries_ends_them_and_exits_0(
     notify = NotifySocket(str(tmp_path / "notify"))
     env.cleanups.append(notify.close)
     admin = env.connect()
-    blocker = psycopg.connect(env.database_url)
-    env.cleanups.append(blocker.close)
-    blocker.execute("LOCK TABLE reactor_routes IN ACCESS EXCLUSIVE MODE")
+    locked(env, "reactor_routes")
     reactor = spawn(
         "-m",
         "reactor",
@@ -99,9 +103,7 @@ def test_a_worker_s_session_terminated_while_it_checks_the_schema_is_reopened(
 ) -> None:
     admin = env.connect()
     admin.execute(SCHEMA)
-    blocker = psycopg.connect(env.database_url)
-    env.cleanups.append(blocker.close)
-    blocker.execute("LOCK TABLE reactor_migrations IN ACCESS EXCLUSIVE MODE")
+    blocker = locked(env, "reactor_migrations")
     worker = start_worker(
         spawn,
         env,

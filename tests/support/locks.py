@@ -12,11 +12,12 @@ import psycopg
 def lock_waiter(
     conn: psycopg.Connection[Any], application_name: str, *, not_in: Collection[int] = ()
 ) -> int:
-    """The pid of a session of this database named `application_name` that waits on a lock,
-    other than those of `not_in`; 0 when there is none (a falsy value for `wait_for`)."""
+    """The pid of a session of this database whose `application_name` is LIKE the given
+    pattern and that waits on a lock, other than those of `not_in`; 0 when there is none (a
+    falsy value for `wait_for`)."""
     rows = conn.execute(
         "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
-        " AND wait_event_type = 'Lock' AND application_name = %s",
+        " AND wait_event_type = 'Lock' AND application_name LIKE %s",
         [application_name],
     ).fetchall()
     return next((int(pid) for (pid,) in rows if int(pid) not in not_in), 0)
