@@ -163,6 +163,49 @@ def test_lock_outcomes_of_the_listener_session(env: Env) -> None:
     second.close()
 
 
+def test_a_session_squatting_on_one_key_is_not_taken_for_an_armed_reactor(env: Env) -> None:
+    # Any role that can connect may take an advisory lock; one holding a single key must not
+    # make the reactor stop polling while the writers of the other keys skip NOTIFY.
+    squatter = env.connect()
+    squatter.execute("SELECT pg_advisory_lock(photo_jobs_doorbell_key() + 3)")
+    listener = Listener(env.database_url)
+    listener.connect()
+    assert listener.lock_doorbell() is ArmOutcome.BUSY
+    squatter.execute(LOCK_DOORBELL)  # now it holds every key: as an armed reactor would
+    assert listener.lock_doorbell() is ArmOutcome.HELD_ELSEWHERE
+    listener.close()
+
+
+def test_a_reactor_keeps_polling_while_a_session_squats_on_one_key(
+    env: Env, spawn: Callable[..., Process]
+) -> None:
+    admin, squatter = env.connect(), env.connect()
+    writers = [env.connect() for _ in range(8)]
+    # The key of none of the writers: their triggers take the shared lock and skip NOTIFY.
+    taken = {w.info.backend_pid % 16 for w in writers}
+    free = min(set(range(16)) - taken)
+    squatter.execute("SELECT pg_advisory_lock(photo_jobs_doorbell_key() + %s)", [free])
+    port = free_port()
+    start_reactor(spawn, *NO_SWEEP, "--metrics-port", str(port), "--metrics-host", "127.0.0.1")
+
+    def arm_attempts() -> float:
+        text = scrape(port)
+        return sum(
+            metric(text, f'reactor_doorbell_arm_attempts_total{{outcome="{outcome}"}}', 0)
+            for outcome in ("armed", "busy", "held_elsewhere")
+        )
+
+    wait_for(lambda: arm_attempts() >= 2, what="the reactor's attempts to arm")
+    # It polls on (taking the squatter for an armed reactor, it would wait for notifications
+    # that the writers of the other keys never send, and for the claims over the whole range).
+    polls = metric(scrape(port), "reactor_polls_total", 0)
+    wait_for(lambda: metric(scrape(port), "reactor_polls_total", 0) >= polls + 20, what="polls")
+    for i, writer in enumerate(writers):
+        insert_one(writer, f"sq{i}")
+        # Far below the 1 h sweep, the only other path.
+        wait_for(lambda i=i: is_active(admin, f"sq{i}"), timeout=5, what=f"sq{i}")  # type: ignore[misc]
+
+
 # -- the reactor ---------------------------------------------------------------------------
 
 

@@ -117,8 +117,10 @@ class Action(enum.Enum):
 
 def arm_outcome(held_here: int, held_elsewhere: bool, stripes: int) -> ArmOutcome:
     """The outcome of an arm whose lock request timed out, from who holds the keys now:
-    `held_here` keys of `stripes` by this session, any by another session. (The timeout can
-    fire just as the last key is granted: then this session holds them all.)"""
+    `held_here` keys of `stripes` by this session; `held_elsewhere`, all of them by one other
+    session (an armed reactor; a session holding only some is a writer in flight, or any role
+    squatting on a key, and polling goes on). (The timeout can fire just as the last key is
+    granted: then this session holds them all.)"""
     if held_here == stripes:
         return ArmOutcome.ARMED
     return ArmOutcome.HELD_ELSEWHERE if held_elsewhere else ArmOutcome.BUSY

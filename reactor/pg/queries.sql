@@ -648,22 +648,30 @@ SELECT count(pg_advisory_lock(photo_jobs_doorbell_key() + s))
 SELECT pg_advisory_unlock_all()
 
 -- name: DOORBELL_HOLDERS
--- How many stripes this session holds in exclusive mode, whether another session holds any,
--- and how many there are (a bigint key is classid = high 32 bits, objid = low 32 bits,
--- objsubid = 1 in pg_locks).
-SELECT count(DISTINCT l.objid) FILTER (WHERE l.pid = pg_backend_pid()),
-       coalesce(bool_or(l.pid <> pg_backend_pid()), false),
+-- How many stripes this session holds in exclusive mode, whether one other session holds
+-- every stripe so (an armed reactor: any role may take an advisory lock, so a session holding
+-- only some of them is a writer in flight or a squatter, and writers on the other stripes do
+-- not notify), and how many stripes there are (a bigint key is classid = high 32 bits,
+-- objid = low 32 bits, objsubid = 1 in pg_locks).
+WITH held AS (
+    SELECT l.pid, count(DISTINCT l.objid) AS stripes
+      FROM pg_locks AS l
+     WHERE l.locktype = 'advisory'
+       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+       AND l.classid = (photo_jobs_doorbell_key() >> 32)::oid
+       AND l.objid BETWEEN (photo_jobs_doorbell_key() & 4294967295)::oid
+                       AND ((photo_jobs_doorbell_key() & 4294967295)
+                            + photo_jobs_doorbell_stripes() - 1)::oid
+       AND l.objsubid = 1
+       AND l.mode = 'ExclusiveLock'
+       AND l.granted
+     GROUP BY l.pid
+)
+SELECT coalesce(max(stripes) FILTER (WHERE pid = pg_backend_pid()), 0),
+       coalesce(bool_or(pid <> pg_backend_pid() AND stripes = photo_jobs_doorbell_stripes()),
+                false),
        photo_jobs_doorbell_stripes()
-  FROM pg_locks AS l
- WHERE l.locktype = 'advisory'
-   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-   AND l.classid = (photo_jobs_doorbell_key() >> 32)::oid
-   AND l.objid BETWEEN (photo_jobs_doorbell_key() & 4294967295)::oid
-                   AND ((photo_jobs_doorbell_key() & 4294967295)
-                        + photo_jobs_doorbell_stripes() - 1)::oid
-   AND l.objsubid = 1
-   AND l.mode = 'ExclusiveLock'
-   AND l.granted
+  FROM held
 
 -- migrations ---------------------------------------------------------------------------------
 
