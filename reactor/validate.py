@@ -25,6 +25,7 @@ __all__ = [
     "check_job_type",
     "check_max_attempts",
     "check_photo_id",
+    "error_column",
     "is_valid_type",
     "validate_job",
 ]
@@ -39,6 +40,12 @@ MAX_ATTEMPTS = 1_000_000
 
 _TYPE = re.compile(rf"[A-Za-z0-9_.-]{{1,{MAX_TYPE_LENGTH}}}")
 _SHOWN_CHARS = 40
+
+
+def error_column(text: str) -> str:
+    """`text` as a row's `last_error` can hold it: a NUL (which Postgres text refuses, and a
+    handler's message about binary data may carry) written `\\x00`, cut to `MAX_ERROR_CHARS`."""
+    return text.replace("\x00", "\\x00")[:MAX_ERROR_CHARS]
 
 
 def _show(value: object) -> str:

@@ -72,6 +72,12 @@ def always_fails(photo_id: str) -> None:
     raise RuntimeError(f"boom {_attempt()}")
 
 
+def binary_failure(photo_id: str) -> None:
+    _record(photo_id, "error")
+    header = "\x89PNG\x00\x00"
+    raise ValueError(f"not an image: {header} ({_attempt()})")
+
+
 def permanent(photo_id: str) -> None:
     _record(photo_id, "error")
     raise PermanentError("this photo is corrupt")

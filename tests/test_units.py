@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import random
 import re
+import zlib
 
 import pytest
+from rq.job import Job
 
 from reactor.errors import ConfigError
-from reactor.jobs import MAX_ENCODED_PART, job_id, parse_job_id
+from reactor.jobs import MAX_ENCODED_PART, JobRef, job_id, parse_job_id
 from reactor.ops.admin import parse_duration
 from reactor.pg import queries
 from reactor.redact import redact
@@ -20,11 +22,12 @@ from reactor.routes import (
     parse_routes,
     recorded_route,
 )
-from reactor.rq.job_errors import last_line
+from reactor.rq.job_errors import MAX_TRACEBACK_BYTES, last_line, read_failure_texts
 from reactor.settings import ReactorSettings, WorkerSettings
 from reactor.validate import MAX_ERROR_CHARS
 from reactor.worker.entry import backoff_seconds
 from reactor.worker.own_routes import HandlerRefusedError, OwnRoutes
+from tests.support.env import Env
 
 RQ_ID = re.compile(r"[A-Za-z0-9_-]+")
 
@@ -254,6 +257,25 @@ def test_last_line_of_a_traceback_names_the_exception() -> None:
     )
     assert last_line("") == ""
     assert len(last_line("ValueError: " + "x" * 2000)) == MAX_ERROR_CHARS
+    # Postgres text refuses NUL.
+    assert last_line("Traceback:\n  File 'h.py'\nValueError: \x89PNG\x00") == (
+        "ValueError: \x89PNG\\x00"
+    )
+
+
+def test_a_recorded_traceback_is_inflated_within_a_bound(env: Env) -> None:
+    # Whoever can write Redis could plant a few KB that inflate to gigabytes.
+    client = env.redis()
+    small, bomb = (JobRef("photo.process", f"p{i}", 1) for i in range(2))
+    traceback = b"Traceback:\n  File 'h.py', line 1\nValueError: boom\n"
+    client.hset(Job.key_for(small.job_id), "exc_info", zlib.compress(traceback))
+    client.hset(
+        Job.key_for(bomb.job_id), "exc_info", zlib.compress(b"x" * (4 * MAX_TRACEBACK_BYTES))
+    )
+    assert read_failure_texts(client, [small, bomb]) == [
+        "ValueError: boom",
+        f"(a traceback of more than {MAX_TRACEBACK_BYTES} bytes, not read)",
+    ]
 
 
 def test_status_of_an_empty_table_says_so() -> None:

@@ -193,6 +193,20 @@ def test_spent_attempts_fail_the_row(
 
 
 @ALL_KINDS
+def test_an_error_message_with_a_nul_is_recorded_escaped(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], kind: str
+) -> None:
+    # Postgres text refuses NUL: written as is, the outcome would be lost and the row left
+    # active until the stale rescue, whose error (RQ's traceback) holds the NUL again.
+    submit(conn, "p1", max_attempts=2)
+    sweep(env, "binary_failure")
+    burst_ours(spawn, env, kind)
+    state, attempts, error, _ = row_of(conn, "p1")
+    assert (state, attempts) == ("pending", 1)
+    assert error == "ValueError: not an image: \x89PNG\\x00\\x00 (1)"
+
+
+@ALL_KINDS
 def test_permanent_error_fails_after_one_attempt(
     env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], kind: str
 ) -> None:

@@ -28,7 +28,7 @@ from reactor.errors import StatementError
 from reactor.jobs import short_id
 from reactor.pg import queries
 from reactor.pg.db import Connection, translating
-from reactor.validate import MAX_ERROR_CHARS
+from reactor.validate import error_column
 
 __all__ = ["CLAIM_REFUSED_PREFIX", "MAX_REFUSED_PER_SEARCH", "RefusedRow", "RefusedRows"]
 
@@ -157,7 +157,7 @@ def _note(conn: Connection, job_type: str, photo_id: str, error: str) -> bool:
     params = {
         "type": job_type,
         "photo_id": photo_id,
-        "error": (CLAIM_REFUSED_PREFIX + error)[:MAX_ERROR_CHARS],
+        "error": error_column(CLAIM_REFUSED_PREFIX + error),
     }
     try:
         with translating("claim-refused note failed", conn), conn.transaction():

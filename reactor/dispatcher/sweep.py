@@ -56,6 +56,7 @@ from reactor.routes import Route
 from reactor.rq.state import ALIVE_STATUSES, FAILED, QUEUED, STARTED, UNREADABLE, RqState
 from reactor.settings import DEFAULT_GONE_AFTER_SECONDS
 from reactor.throttle import LogThrottle
+from reactor.validate import error_column
 
 __all__ = ["SweepResult", "Sweeper", "guarded_round"]
 
@@ -361,7 +362,7 @@ class Sweeper:
             return BatchResult()
         by_error: dict[str, list[JobRef]] = {}
         for ref, text in zip(refs, self._rq.failure_texts(refs), strict=True):
-            why = f"{_JOB_FAILED_IN_RQ}: {text or 'RQ recorded no error'}"
+            why = error_column(f"{_JOB_FAILED_IN_RQ}: {text or 'RQ recorded no error'}")
             by_error.setdefault(why, []).append(ref)
         total = BatchResult()
         for why, group in by_error.items():

@@ -21,13 +21,16 @@ from rq.job import Job
 from rq.results import Result
 
 from reactor.jobs import JobRef
-from reactor.validate import MAX_ERROR_CHARS
+from reactor.validate import error_column
 
-__all__ = ["last_line", "read_failure_texts"]
+__all__ = ["MAX_TRACEBACK_BYTES", "last_line", "read_failure_texts"]
+
+#: The most of a recorded traceback that is inflated to find its last line.
+MAX_TRACEBACK_BYTES = 1 << 20
 
 
 def last_line(traceback_text: str) -> str:
-    """The line of a traceback that names the exception, cut to `MAX_ERROR_CHARS`: the first
+    """The line of a traceback that names the exception, as a row can hold it: the first
     unindented line after the last frame (an exception's message may go on over more lines,
     as Postgres errors do), else the last non-empty line."""
     lines = traceback_text.splitlines()
@@ -35,9 +38,9 @@ def last_line(traceback_text: str) -> str:
     if frames:
         for line in lines[frames[-1] + 1 :]:
             if line.strip() and not line[0].isspace():
-                return line.strip()[:MAX_ERROR_CHARS]
+                return error_column(line.strip())
     text = [line.strip() for line in lines if line.strip()]
-    return text[-1][:MAX_ERROR_CHARS] if text else ""
+    return error_column(text[-1]) if text else ""
 
 
 def _results_key(job_id: str) -> str:
@@ -46,10 +49,17 @@ def _results_key(job_id: str) -> str:
 
 
 def _inflate(raw: bytes) -> str | None:
+    """The text of a compressed traceback; None if `raw` is not zlib data. Inflated to at
+    most `MAX_TRACEBACK_BYTES`: whoever can write Redis could plant a small value that
+    inflates to gigabytes."""
+    inflater = zlib.decompressobj()
     try:
-        return zlib.decompress(raw).decode("utf-8", "replace")
+        text = inflater.decompress(raw, MAX_TRACEBACK_BYTES)
     except zlib.error:
         return None
+    if inflater.unconsumed_tail:
+        return f"(a traceback of more than {MAX_TRACEBACK_BYTES} bytes, not read)"
+    return text.decode("utf-8", "replace")
 
 
 def _from_result(entries: list[tuple[bytes, dict[bytes, bytes]]]) -> str | None:

@@ -52,7 +52,7 @@ from reactor.pg import db, queries
 from reactor.redact import redact
 from reactor.settings import WorkerSettings
 from reactor.throttle import LogThrottle
-from reactor.validate import MAX_ERROR_CHARS
+from reactor.validate import error_column
 
 _T = TypeVar("_T")
 
@@ -128,8 +128,8 @@ def backoff_seconds(attempt: int, base: float, cap: float) -> float:
 
 
 def error_text(exc: BaseException) -> str:
-    """`Type: message` of an exception, password masked, at most `MAX_ERROR_CHARS`."""
-    return redact(f"{type(exc).__name__}: {exc}")[:MAX_ERROR_CHARS]
+    """`Type: message` of an exception, password masked, as a row can hold it."""
+    return error_column(redact(f"{type(exc).__name__}: {exc}"))
 
 
 def outcome_of(exc: BaseException) -> Outcome:
