@@ -1,6 +1,7 @@
 """The project's exceptions: one base, one subclass per kind of failure, siblings that say what
 happened (`DatabaseError`: Postgres unavailable; `StatementError`: a statement failed;
-`RedisUnavailableError`: Redis failed or refused), since each calls for its own reaction.
+`RedisUnavailableError`: Redis failed or refused; `RedisDataError`: a key holds what the
+enqueue cannot write over), since each calls for its own reaction.
 
 Library errors (psycopg, redis-py, rq) are translated into these at the boundary where they
 happen, once; callers above that boundary only ever see a `ReactorError`. Each class carries
@@ -17,6 +18,7 @@ __all__ = [
     "MigrationError",
     "PermanentError",
     "ReactorError",
+    "RedisDataError",
     "RedisUnavailableError",
     "SchemaError",
     "StatementError",
@@ -54,12 +56,29 @@ class LockBusyError(StatementError):
 
 
 class RedisUnavailableError(ReactorError):
-    """Redis failed or refused a command (down, hung past its timeout, out of memory, a key
-    of the wrong type); what was being written was not written: a batch's claim is rolled
-    back."""
+    """Redis failed or refused a command (down, hung past its timeout, out of memory); what
+    was being written was not written: a batch's claim is rolled back."""
 
     def __init__(self, message: str, *, rows: int = 0) -> None:
         super().__init__(message)
+        #: How many rows the failed batch held (they stay as they were).
+        self.rows = rows
+
+
+class RedisDataError(ReactorError):
+    """A Redis key that a batch's jobs would write holds a value of another kind (planted, or
+    left by something else): nothing of the batch was written and its claim is rolled back.
+    Trying again fails again, so the caller leaves out the row whose job key it is, or the
+    type whose queue key it is, and the others go on."""
+
+    def __init__(
+        self, message: str, *, key: str, photo_id: str | None = None, rows: int = 0
+    ) -> None:
+        super().__init__(message)
+        #: The key that holds the wrong kind of value.
+        self.key = key
+        #: The row whose job key it is; None: a key the batch's queue shares.
+        self.photo_id = photo_id
         #: How many rows the failed batch held (they stay as they were).
         self.rows = rows
 

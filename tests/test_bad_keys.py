@@ -1,6 +1,8 @@
-"""One bad Redis key fails only its own row: the sweep reads job statuses, workers and queues
-key by key, rescues every other row of the pass, logs the bad key once, and counts the failed
-rescue step in `reactor_sweep_failures_total` and `/healthz`.
+"""One bad Redis key fails only its own row or type: the sweep reads job statuses, workers and
+queues key by key, rescues every other row of the pass, logs the bad key once, and counts the
+failed rescue step in `reactor_sweep_failures_total` and `/healthz`; a key the enqueue would
+write that holds another kind of value leaves out its row (a job key) or its type (a queue's
+key), and every other row and type flows.
 """
 
 from __future__ import annotations
@@ -109,3 +111,58 @@ def test_a_bad_queue_key_counts_as_a_failed_rescue_and_health_says_so(
     # The key repaired: the next sweeps succeed and health is 200 again.
     client.delete("rq:queue:thumbs")
     wait_for(lambda: health(port)[0] == 200, timeout=30, what="/healthz 200")
+
+
+def test_a_bad_queue_key_holds_up_only_its_type_and_a_bad_job_key_only_its_row(
+    env: Env, spawn: Callable[..., Process]
+) -> None:
+    conn, client = env.connect(), env.redis()
+    client.set("rq:queue:thumbs", "junk")
+    planted = _job_key(JobRef("photo.process", "p2", 1))
+    client.set(planted, "junk")
+    port = free_port()
+    start_reactor(
+        spawn,
+        "--route",
+        "photo.process=reactor.demo.process_photo",
+        "--route",
+        "photo.thumb=reactor.demo.process_photo@thumbs",
+        "--sweep-interval",
+        "1",
+        "--metrics-port",
+        str(port),
+    )
+    with conn.transaction():
+        for photo_id, job_type in [
+            ("t1", "photo.thumb"),
+            *((f"p{i}", "photo.process") for i in range(1, 5)),
+            ("t2", "photo.thumb"),
+        ]:
+            conn.execute(
+                "INSERT INTO photo_jobs (photo_id, type) VALUES (%s, %s)", [photo_id, job_type]
+            )
+    flowing = {"p1": ("active", 1), "p3": ("active", 1), "p4": ("active", 1)}
+    wait_for(lambda: flowing.items() <= _attempts(conn).items(), what="the other rows")
+    assert _attempts(conn)["p2"] == ("pending", 0)
+    assert {_attempts(conn)[t] for t in ("t1", "t2")} == {("pending", 0)}
+    status, body = health(port)
+    assert status == 503 and "photo.thumb" in body and "rq:queue:thumbs" in body, body
+    note = conn.execute("SELECT last_error FROM photo_jobs WHERE photo_id = 'p2'").fetchone()
+    assert note is not None and planted in note[0]
+
+    client.delete("rq:queue:thumbs", planted)
+    everything = dict.fromkeys(("t1", "t2", "p1", "p2", "p3", "p4"), ("active", 1))
+    wait_for(lambda: _attempts(conn) == everything, timeout=90, what="every row")
+    wait_for(lambda: health(port)[0] == 200, timeout=30, what="/healthz 200")
+
+
+def test_a_bad_key_at_a_rescued_row_s_next_job_holds_up_only_that_rescue(env: Env) -> None:
+    conn, client = env.connect(), env.redis()
+    first = _stale_active(conn, "first", "photo.process")
+    _stale_active(conn, "second", "photo.process")
+    # No job for either (lost): each is re-dispatched as attempt 2, whose job key is planted
+    # for the first.
+    client.set(_job_key(JobRef(first.type, first.photo_id, 2)), "junk")
+    swept = run_cli(env, "sweep", "--stale-after", "60")
+    assert _attempts(conn) == {"first": ("active", 1), "second": ("active", 2)}, swept.stderr
+    assert json.loads(swept.stdout)["rescue_refused"] == 1, swept.stdout

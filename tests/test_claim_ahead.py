@@ -15,6 +15,7 @@ from typing import Any
 
 import psycopg
 import pytest
+import redis
 from psycopg import pq
 
 from reactor.dispatcher.drain import Dispatcher
@@ -27,6 +28,7 @@ from tests.support.env import Env
 from tests.support.processes import Process, start_reactor
 from tests.support.rows import insert_rows, states
 from tests.support.rq_state import jobs_missing, queue_ids
+from tests.support.servers import free_port
 from tests.support.waiting import wait_for
 
 ROUTES = parse_routes(["photo.process=reactor.demo.process_photo"])
@@ -135,17 +137,16 @@ def test_a_row_failing_a_claim_sent_ahead_is_refused_and_its_type_flows(env: Env
 def test_a_failed_enqueue_rolls_back_the_batch_and_the_claim_sent_ahead(env: Env) -> None:
     conn, client = env.connect(), env.redis()
     insert_rows(conn, 12)
-    client.set("rq:queue:photo-process", "junk")  # the script refuses every batch
     work, ahead = env.connect(autocommit=False), env.connect(autocommit=False)
-    dispatcher = Dispatcher(Enqueuer(client, ROUTES), ROUTES, batch_size=5)
+    unreachable = redis.Redis(port=free_port(), socket_connect_timeout=1)
+    dispatcher = Dispatcher(Enqueuer(unreachable, ROUTES), ROUTES, batch_size=5)
 
     with pytest.raises(RedisUnavailableError):
         dispatcher.drain(work, [TYPE], ahead=ahead)
 
     assert states(conn) == {"pending": 12}
-    assert client.keys("rq:job:*") == []
     assert _idle(work, ahead)
-    client.delete("rq:queue:photo-process")
+    dispatcher = Dispatcher(Enqueuer(client, ROUTES), ROUTES, batch_size=5)
     result = dispatcher.drain(work, [TYPE], ahead=ahead)
     assert (result.claimed, result.enqueued) == (12, 12)
     assert jobs_missing(conn, client) == []
@@ -168,15 +169,15 @@ class _StallingEnqueuer(Enqueuer):
 def test_a_failed_drain_keeps_a_connection_whose_claim_ahead_met_a_bad_row(env: Env) -> None:
     """The claim sent ahead fails on a row while the batch before it cannot be enqueued: both
     claims roll back, and both connections stay open (the one that met the row is healthy)."""
-    conn, client = env.connect(), env.redis()
+    conn = env.connect()
     conn.execute(_POISON)
     insert_rows(conn, 5, prefix="a")
     conn.execute("INSERT INTO photo_jobs (photo_id, type) VALUES ('poison', %s)", [TYPE])
     insert_rows(conn, 5, prefix="b")
-    client.set("rq:queue:photo-process", "junk")  # the first batch cannot be enqueued
     work, ahead = env.connect(autocommit=False), env.connect(autocommit=False)
-    # Slow to fail: the claim sent ahead has met the row by then.
-    enqueuer = _StallingEnqueuer(client, ROUTES, stall_at=1, seconds=0.5)
+    # Slow to fail (no Redis answers): the claim sent ahead has met the row by then.
+    unreachable = redis.Redis(port=free_port(), socket_connect_timeout=1)
+    enqueuer = _StallingEnqueuer(unreachable, ROUTES, stall_at=1, seconds=0.5)
     dispatcher = Dispatcher(enqueuer, ROUTES, batch_size=5)
 
     with pytest.raises(RedisUnavailableError):

@@ -25,7 +25,7 @@ from rq.job import Job, JobStatus
 
 from reactor.dispatcher.drain import Dispatcher
 from reactor.dispatcher.loop import Reactor
-from reactor.errors import DatabaseError, RedisUnavailableError
+from reactor.errors import DatabaseError, RedisDataError
 from reactor.jobs import JobRef, job_id
 from reactor.pg.db import LATEST_SCHEMA_VERSION
 from reactor.routes import parse_routes
@@ -189,12 +189,15 @@ def test_a_key_of_the_wrong_type_fails_the_whole_batch_and_writes_nothing(
     client = env.redis()
     client.set(key, "junk")
     refs = [JobRef("photo.process", f"p{i}", 1) for i in range(3)]
-    with pytest.raises(RedisUnavailableError, match="WRONGTYPE"):
+    with pytest.raises(RedisDataError, match=f"Redis key {key} holds a string") as raised:
         Enqueuer(client, ROUTES).enqueue(refs)
+    assert raised.value.key == key
+    # A job key names its row; the queue's keys name none.
+    assert raised.value.photo_id == ("p1" if key.startswith("rq:job:") else None)
     assert client.keys("rq:*") == [key.encode()]
 
 
-def test_a_queue_key_of_the_wrong_type_rolls_the_claim_back_until_it_is_fixed(
+def test_a_queue_key_of_the_wrong_type_quarantines_its_type_until_it_is_fixed(
     env: Env,
 ) -> None:
     conn, client = env.connect(), env.redis()
@@ -202,15 +205,44 @@ def test_a_queue_key_of_the_wrong_type_rolls_the_claim_back_until_it_is_fixed(
     client.set("rq:queue:photo-process", "junk")
     work = env.connect(autocommit=False)
     dispatcher = Dispatcher(Enqueuer(client, ROUTES), ROUTES, batch_size=10)
-    with pytest.raises(RedisUnavailableError):
-        dispatcher.drain(work, ["photo.process"], lambda: False, 60.0)
+    result = dispatcher.drain(work, ["photo.process"], lambda: False, 60.0)
+    assert result.claimed == 0 and "photo.process" in dispatcher.quarantined
+    assert "rq:queue:photo-process" in dispatcher.quarantined["photo.process"].error
     assert states(conn) == {"pending": 1}
     assert client.keys("rq:job:*") == []  # nothing half-written
     client.delete("rq:queue:photo-process")
-    result = dispatcher.drain(work, ["photo.process"], lambda: False, 60.0)
-    assert (result.claimed, result.enqueued, result.already_enqueued) == (1, 1, 0)
+
+    def drained() -> bool:
+        return dispatcher.drain(work, ["photo.process"], lambda: False, 60.0).claimed == 1
+
+    wait_for(drained, what="the type's claim once its quarantine is over")
     assert states(conn) == {"active": 1}
     assert queue_ids(client) == [job_id("photo.process", "p1", 1)]
+    assert "photo.process" not in dispatcher.quarantined
+
+
+def test_a_job_key_of_the_wrong_type_leaves_its_row_out_and_the_others_flow(env: Env) -> None:
+    conn, client = env.connect(), env.redis()
+    insert_rows(conn, 5)
+    planted = Job.key_for(job_id("photo.process", "p3", 1))
+    client.set(planted, "junk")
+    work = env.connect(autocommit=False)
+    dispatcher = Dispatcher(Enqueuer(client, ROUTES), ROUTES, batch_size=10)
+    result = dispatcher.drain(work, ["photo.process"], lambda: False, 60.0)
+    assert (result.claimed, result.enqueued) == (4, 4)
+    assert ("p3", "photo.process", "pending", 0) in rows(conn)
+    assert states(conn) == {"active": 4, "pending": 1}
+    (refused,) = dispatcher.refused.current()
+    assert (refused.type, refused.photo_id) == ("photo.process", "p3")
+    note = conn.execute("SELECT last_error FROM photo_jobs WHERE photo_id = 'p3'").fetchone()
+    assert note is not None and planted in note[0]
+    client.delete(planted)
+
+    def drained() -> bool:
+        return dispatcher.drain(work, ["photo.process"], lambda: False, 60.0).claimed == 1
+
+    wait_for(drained, what="the row's claim once it is no longer left out")
+    assert states(conn) == {"active": 5} and dispatcher.refused.current() == []
 
 
 def test_three_reactors_and_four_writers_dispatch_each_row_once(

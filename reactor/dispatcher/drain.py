@@ -1,8 +1,8 @@
 """Claim rows and hand them to RQ, never a row `active` without its job: claim, enqueue, COMMIT.
 
 `Dispatcher.drain()` claims the due pending rows of the given types batch by batch; the sweep
-re-dispatches rows whose job is lost (`redispatch_lost`) or whose worker died
-(`redispatch_stale`) through the same unit: it is the only way a job reaches Redis. The work
+re-dispatches rows whose job is lost or whose worker died (`redispatch`) through the same
+unit: it is the only way a job reaches Redis. The work
 connection is its owner's, handed in with each call (`reactor.dispatcher.sessions` opens it
 and reopens it after a failure); the dispatcher opens no connection of its own.
 
@@ -43,7 +43,7 @@ from reactor.dispatcher.bounds import ClaimBounds
 from reactor.dispatcher.metrics import Metrics
 from reactor.dispatcher.quarantine import Quarantines
 from reactor.dispatcher.refused import RefusedRows
-from reactor.errors import DatabaseError, RedisUnavailableError, StatementError
+from reactor.errors import DatabaseError, RedisDataError, RedisUnavailableError, StatementError
 from reactor.jobs import JobRef, warm_up_ref
 from reactor.pg import db, queries
 from reactor.pg.db import Connection
@@ -241,7 +241,7 @@ class Dispatcher:
 
     # -- re-dispatching (the sweep's rescues) ------------------------------------------------
 
-    def redispatch_lost(
+    def redispatch(
         self,
         conn: Connection,
         refs: Sequence[JobRef],
@@ -250,30 +250,19 @@ class Dispatcher:
         error: str | None = None,
         stale_after_seconds: float | None = None,
     ) -> BatchResult:
-        """Re-dispatch `refs`, rows whose job is gone from Redis or ended in RQ without an
-        outcome, as a new attempt each, if they are still `active` at that attempt (and, when
-        `stale_after_seconds` is given, still without a write for that long), re-checked under
-        the lock. A row whose attempts are spent is failed with `why` in `last_error` (`failed`
-        counts them); a re-dispatched row keeps its `last_error`, or takes `error` when given.
+        """Re-dispatch `refs`, rows whose job is gone from Redis, ended in RQ without an
+        outcome, or was started by a worker that died, as a new attempt each, if they are still
+        `active` at that attempt (and, when `stale_after_seconds` is given, still without a
+        write for that long: a late heartbeat keeps its attempt), re-checked under the lock. A
+        row whose attempts are spent is failed with `why` in `last_error` (`failed` counts
+        them); a re-dispatched row keeps its `last_error`, or takes `error` when given.
 
         Raises:
             RedisUnavailableError: Redis failed (the rows were left as they were).
+            RedisDataError: a key the jobs write holds another kind of value (likewise).
             DatabaseError: Postgres failed (likewise, unless the COMMIT was lost).
         """
         return self._redispatch(conn, refs, stale_after_seconds, why, error)
-
-    def redispatch_stale(
-        self, conn: Connection, refs: Sequence[JobRef], stale_after_seconds: float, why: str
-    ) -> BatchResult:
-        """Re-dispatch `refs`, rows whose job was started but whose worker died, as
-        `redispatch_lost` does, only if the row still has had no heartbeat for
-        `stale_after_seconds` (re-checked under the lock: a late heartbeat keeps it).
-
-        Raises:
-            RedisUnavailableError: Redis failed (the rows were left as they were).
-            DatabaseError: Postgres failed (likewise, unless the COMMIT was lost).
-        """
-        return self._redispatch(conn, refs, stale_after_seconds, why, None)
 
     def _redispatch(
         self,
@@ -363,7 +352,11 @@ class Dispatcher:
                                 raise
                             lose(spare, exc)
                             ahead = spare = None
-                total = total.add(self._deliver(conn, rows), full)
+                try:
+                    total = total.add(self._deliver(conn, rows), full)
+                except RedisDataError as exc:
+                    if _left_out(self, conn, job_type, exc):
+                        rotation.append(job_type)  # its other rows go on
         except BaseException:
             # Whatever failed, no claim stays open (an open claim would be committed by the
             # next one, with no job behind its rows), and the claims rolled back put rows
@@ -398,3 +391,19 @@ class Dispatcher:
         except DatabaseError:
             rotation.appendleft(job_type)
             raise
+
+
+def _left_out(dispatcher: Dispatcher, conn: Connection, job_type: str, exc: RedisDataError) -> bool:
+    """A batch of `job_type` was refused for a key of the wrong kind (and rolled back): the
+    row whose job key it is is left out of the type's claims for a while, and True is returned
+    (claim the type again); a key of the type's queue quarantines the type.
+
+    Raises:
+        DatabaseError: the connection failed.
+    """
+    if exc.photo_id is not None:
+        dispatcher.refused.refuse(conn, job_type, exc.photo_id, str(exc))
+        return True
+    dispatcher.quarantined.failed(job_type, str(exc))
+    dispatcher.bounds.forget(job_type)
+    return False

@@ -117,10 +117,16 @@ class RefusedRows:
             if len(found) > MAX_REFUSED_PER_SEARCH:
                 return False
         for photo_id, error in found:
-            self._refuse(conn, job_type, photo_id, error)
+            self.refuse(conn, job_type, photo_id, error)
         return bool(found)
 
-    def _refuse(self, conn: Connection, job_type: str, photo_id: str, error: str) -> None:
+    def refuse(self, conn: Connection, job_type: str, photo_id: str, error: str) -> None:
+        """Leave the row out of its type's claims (for longer if it already was), logged and
+        noted in its `last_error` the first time.
+
+        Raises:
+            DatabaseError: the connection failed.
+        """
         with self._lock:
             previous = self._rows.get((job_type, photo_id))
             failures = 1 if previous is None else previous.failures + 1

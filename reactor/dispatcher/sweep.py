@@ -31,7 +31,7 @@ LOCKED` and re-checks the row's state and attempt under the lock.
 
 Who does what: the sweep's own reads (active rows, pending types, backlog) run on the
 connection its owner hands in with each round; every write goes
-through the `Dispatcher`'s named methods (`drain`, `redispatch_lost`, `redispatch_stale`), so
+through the `Dispatcher`'s named methods (`drain`, `redispatch`), so
 claim, enqueue and COMMIT stay one unit; what RQ holds is read through `reactor.rq.state`.
 """
 
@@ -47,7 +47,7 @@ from reactor.dispatcher.backlog import refresh_backlog_metrics
 from reactor.dispatcher.drain import BatchResult, Dispatcher
 from reactor.dispatcher.metrics import HealthCheck, Metrics
 from reactor.dispatcher.sweep_notes import SweepNotes
-from reactor.errors import RedisUnavailableError, StatementError
+from reactor.errors import RedisDataError, RedisUnavailableError, StatementError
 from reactor.jobs import JobRef, short_id
 from reactor.pg import queries
 from reactor.pg.db import Connection, translating
@@ -281,23 +281,26 @@ class Sweeper:
                     elif status == QUEUED and stale:
                         waiting.append(ref)
                 dispatcher = self._dispatcher
-                lost_rows += self._row_by_row(dispatcher.redispatch_lost, gone, _JOB_LOST)
+                lost_rows += self._row_by_row(dispatcher.redispatch, gone, _JOB_LOST)
                 lost_rows += self._row_by_row(
-                    dispatcher.redispatch_lost,
+                    dispatcher.redispatch,
                     ended,
                     _JOB_ENDED,
                     stale_after_seconds=self._gone_after,
                 )
                 lost_rows += self._redispatch_failed_in_rq(failed_in_rq)
                 dead_rows += self._row_by_row(
-                    dispatcher.redispatch_stale,
+                    dispatcher.redispatch,
                     dead,
-                    self._stale_after,
                     f"worker lost: no heartbeat for {self._stale_after:g} s",
+                    stale_after_seconds=self._stale_after,
                 )
                 # Re-checked under the lock: a worker that resumed and beat keeps its attempt.
                 gone_rows += self._row_by_row(
-                    dispatcher.redispatch_stale, dead_gone, self._gone_after, _WORKER_GONE
+                    dispatcher.redispatch,
+                    dead_gone,
+                    _WORKER_GONE,
+                    stale_after_seconds=self._gone_after,
                 )
                 last = page[-1]
                 after = (last[3], last[0], last[1])
@@ -309,7 +312,7 @@ class Sweeper:
             gone = [ref for ref, orphan in zip(waiting, orphaned, strict=True) if orphan]
             for start in range(0, len(gone), self._batch_size):
                 lost_rows += self._row_by_row(
-                    self._dispatcher.redispatch_lost,
+                    self._dispatcher.redispatch,
                     gone[start : start + self._batch_size],
                     _JOB_LOST,
                 )
@@ -330,14 +333,15 @@ class Sweeper:
         self, redispatch: Callable[..., BatchResult], refs: list[JobRef], *args: Any, **kwargs: Any
     ) -> BatchResult:
         """`redispatch(refs, *args, **kwargs)`; if the statement fails (a trigger of the user's
-        refusing one row, say), each row again on its own: rows that fail alone are left as they
-        are until the next sweep (counted in `rescue_refused`, logged a few times a minute), so
-        one row cannot hold up every rescue after it."""
+        refusing one row, say) or a Redis key the jobs write holds another kind of value, each
+        row again on its own: rows that fail alone are left as they are until the next sweep
+        (counted in `rescue_refused`, logged a few times a minute), so one row cannot hold up
+        every rescue after it."""
         if not refs:
             return BatchResult()
         try:
             return redispatch(self._conn, refs, *args, **kwargs)
-        except StatementError as exc:
+        except (StatementError, RedisDataError) as exc:
             if len(refs) == 1:
                 self._refused += 1
                 if self._refused_log.allow():
@@ -367,7 +371,7 @@ class Sweeper:
         total = BatchResult()
         for why, group in by_error.items():
             total += self._row_by_row(
-                self._dispatcher.redispatch_lost,
+                self._dispatcher.redispatch,
                 group,
                 why,
                 error=why,

@@ -5,8 +5,8 @@ stays the author of its job format), and one Lua script runs them, in one round 
 the batch's size. Redis does not undo what a script wrote before an error inside it, so the
 script first checks everything that could fail: every key a command writes must hold the kind
 of value that command writes, or nothing (`rq:queue:photo-process` set to a string makes the
-script refuse the batch, writing nothing: a `RedisUnavailableError`, and the claim rolls
-back). Only then does it write. A script runs atomically, and the claim is still open, so a
+script refuse the batch, writing nothing: a `RedisDataError` naming the key, and the claim
+rolls back). Only then does it write. A script runs atomically, and the claim is still open, so a
 job is never written half.
 
 Guarantee: an attempt's job is enqueued at most once. A job that is already *enqueued* — in
@@ -28,6 +28,7 @@ the Redis client comes from `reactor.rq.redis_url.connect_redis`.
 
 from __future__ import annotations
 
+import re
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,7 +43,7 @@ from rq.job import Job
 from rq.queue import EnqueueData
 from rq.serializers import PickleSerializer
 
-from reactor.errors import ConfigError, RedisUnavailableError
+from reactor.errors import ConfigError, RedisDataError, RedisUnavailableError
 from reactor.jobs import ENTRY_POINT, JobRef, short_id
 from reactor.redact import redact
 from reactor.routes import Route
@@ -123,6 +124,10 @@ while i <= #ARGV do
 end
 return enqueued
 """
+
+
+#: The script's refusal of a key of the wrong kind (`check` above).
+_WRONG_KIND = re.compile(r"WRONGTYPE (?P<key>\S+) holds (?P<held>an? \w+, not an? \w+): nothing")
 
 
 class _Job(Job):
@@ -226,6 +231,7 @@ class Enqueuer:
 
         Raises:
             RedisUnavailableError: Redis failed or refused the batch; nothing of it was written.
+            RedisDataError: a key the batch writes holds another kind of value; likewise.
             KeyError: a ref's type has no route (callers only claim routed types).
         """
         if not refs:
@@ -234,6 +240,19 @@ class Enqueuer:
             # Building the jobs may ask Redis too (RQ reads the server's version once).
             refs, argv = self._arguments(refs)
             skipped = self._script(keys=[], args=argv)
+        except redis.ResponseError as exc:
+            found = _WRONG_KIND.search(str(exc))
+            if found is None:
+                raise RedisUnavailableError(
+                    f"Redis enqueue failed: {redact(str(exc))}", rows=len(refs)
+                ) from exc
+            key = found["key"]
+            raise RedisDataError(
+                f"Redis key {key} holds {found['held']}: no job of the batch written",
+                key=key,
+                photo_id=next((r.photo_id for r in refs if Job.key_for(r.job_id) == key), None),
+                rows=len(refs),
+            ) from None
         except redis.RedisError as exc:
             raise RedisUnavailableError(
                 f"Redis enqueue failed: {redact(str(exc))}", rows=len(refs)
