@@ -56,3 +56,23 @@ def test_status_counts_exactly_the_rows_the_sweep_rescues_for_a_gone_worker(env:
     assert (result["lost"], result["rescued"]) == (1, 1), result
     attempts = dict(conn.execute("SELECT photo_id, attempts FROM photo_jobs").fetchall())
     assert attempts == {"ended": 2, "stale": 2}
+
+
+def test_a_worker_key_without_expiry_counts_as_gone(env: Env) -> None:
+    # RQ's workers always give their key an expiry; a work horse that outlived its killed
+    # worker writes its counters to a key that had expired, which then never expires.
+    conn, client = env.connect(), env.redis()
+    orphaned = _active(conn, "photo.process", "orphaned", timedelta(minutes=1))
+    client.hset(Job.key_for(orphaned.job_id), mapping={"status": "started", "worker_name": "w3"})
+    client.hset("rq:worker:w3", "successful_job_count", 1)
+    alive = _active(conn, "photo.thumb", "alive", timedelta(minutes=1))
+    client.hset(Job.key_for(alive.job_id), mapping={"status": "started", "worker_name": "w4"})
+    client.hset("rq:worker:w4", "state", "busy")
+    client.expire("rq:worker:w4", 60)
+    shown = run_cli(env, "status", "--json", "--stale-after", "300")
+    gone = {t["type"]: t["worker_gone"] for t in json.loads(shown.stdout)["types"]}
+    assert gone == {"photo.process": 1, "photo.thumb": 0}, shown.stderr
+    swept = run_cli(env, "sweep", "--stale-after", "300", *ROUTES)
+    assert json.loads(swept.stdout)["rescued"] == 1, swept.stderr
+    attempts = dict(conn.execute("SELECT photo_id, attempts FROM photo_jobs").fetchall())
+    assert attempts == {"orphaned": 2, "alive": 1}

@@ -2,7 +2,7 @@
 
 The sweep asks, through `RqState` and `job_statuses`, which jobs
 of `active` rows are gone, failed without an outcome, or orphaned. Everything is read with
-plain commands (`HGET` of a job's status or worker name, `EXISTS` of a worker's key, `LRANGE`
+plain commands (`HGET` of a job's status or worker name, `TTL` of a worker's key, `LRANGE`
 of a queue, RQ's error text through `reactor.rq.job_errors`), in one round trip per call (two
 for `workers_gone`): whoever can write to Redis chooses what a
 job's pickled fields hold, so the reactor never decodes them. Nothing here writes to Redis.
@@ -77,9 +77,11 @@ def workers_gone(
 ) -> list[bool]:
     """For each attempt's job: is the RQ worker that took it gone? That is, the job names a
     worker (RQ stores it when the worker starts the job) and that worker's key no longer
-    exists: a worker renews its key while it lives (the worker classes every heartbeat while
-    they run an attempt), so the key expires only once it has stopped (killed, paused, cut off
-    from Redis). A job that names no worker (never started) is not counted as gone; nor is one
+    exists, or has no expiry: a worker renews its key, with an expiry, while it lives (the
+    worker classes every heartbeat while they run an attempt), so the key expires only once it
+    has stopped (killed, paused, cut off from Redis); a key without one was written by no live
+    worker (a work horse that outlived its killed worker counts its job on a key that had
+    expired). A job that names no worker (never started) is not counted as gone; nor is one
     whose key cannot be read (noted in `unreadable`, key -> error, when given).
 
     Raises:
@@ -101,8 +103,9 @@ def workers_gone(
     prefix = Worker.redis_worker_namespace_prefix.encode()
     with client.pipeline(transaction=False) as pipe:
         for name in known:
-            pipe.exists(prefix + name)
-        alive = dict(zip(known, pipe.execute(), strict=True))
+            pipe.ttl(prefix + name)
+        # TTL: -2 no key, -1 a key without expiry.
+        alive = {name: ttl >= 0 for name, ttl in zip(known, pipe.execute(), strict=True)}
     return [name is not None and name in alive and not alive[name] for name in names]
 
 
