@@ -5,6 +5,7 @@ lifecycle (done, a retry after its backoff, failed), and the rollback leaves not
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import textwrap
@@ -26,6 +27,7 @@ from reactor.errors import ConfigError
 from reactor.settings import DEFAULT_RETRY_BASE_SECONDS
 from tests.support.env import Env
 from tests.support.processes import Process, child_environ, start_worker
+from tests.support.urls import with_path
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -279,6 +281,29 @@ def test_pytest_plugin_fixture(database_url: str, tmp_path: Path) -> None:
     assert "1 failed, 1 passed" in out.stdout, out.stdout + out.stderr
     assert "no photo.process job for photo 'IMG_7'; submitted:" in out.stdout
     assert rows_seen_outside(database_url) == 0  # each test's transaction rolled back
+
+
+def test_pytest_plugin_fixture_on_a_database_not_migrated(env: Env, tmp_path: Path) -> None:
+    (tmp_path / "test_app.py").write_text(PLUGIN_TEST)
+    bare = f"reactor_kit_bare_{os.getpid()}"
+    admin = psycopg.connect(env.pg_server_url, autocommit=True)
+    admin.execute(f"DROP DATABASE IF EXISTS {bare}")
+    admin.execute(f"CREATE DATABASE {bare}")
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_app.py"],
+            env=child_environ(DATABASE_URL=with_path(env.pg_server_url, bare)),
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        admin.execute(f"DROP DATABASE {bare}")
+    assert "2 errors" in out.stdout, out.stdout + out.stderr
+    assert "reactor_connection: database is not migrated" in out.stdout
+    assert "run `reactor migrate` against it" in out.stdout
+    assert "Traceback" not in out.stdout and "UndefinedTable" not in out.stdout
 
 
 def transient(photo_id: str) -> None:

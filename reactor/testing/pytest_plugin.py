@@ -2,8 +2,10 @@
 
 Two fixtures:
 - `reactor_connection`: the connection the kit works on. By default a psycopg connection to
-  `DATABASE_URL`, in a transaction rolled back after the test; override it to hand the kit the
-  connection your code under test writes on (Django's `connection`, a SQLAlchemy session).
+  `DATABASE_URL` (a test database: `run` runs every due row of its types, committed ones
+  too), migrated to this release's schema (else the test fails saying so), in a transaction
+  rolled back after the test; override it to hand the kit the connection your code under test
+  writes on (Django's `connection`, a SQLAlchemy session).
 - `reactor_jobs`: the kit bound to that connection (`ReactorJobs`).
 """
 
@@ -17,6 +19,8 @@ import psycopg
 import pytest
 
 from reactor import testing
+from reactor.errors import ReactorError
+from reactor.pg.db import check_schema
 from reactor.producer import DEFAULT_JOB_TYPE
 
 __all__ = ["ReactorJobs", "reactor_connection", "reactor_jobs"]
@@ -59,6 +63,10 @@ def reactor_connection() -> Iterator[Any]:
     if not url:
         pytest.fail("reactor_connection: set DATABASE_URL, or override this fixture")
     with psycopg.connect(url) as conn:
+        try:
+            check_schema(conn)
+        except ReactorError as exc:
+            pytest.fail(f"reactor_connection: {exc}", pytrace=False)
         try:
             yield conn
         finally:
