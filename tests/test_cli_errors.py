@@ -85,7 +85,9 @@ def test_a_sweep_that_could_not_enqueue_exits_1(env: Env) -> None:
     result = run_cli(env, "sweep", extra_env={"REDIS_URL": nothing_there})
     assert result.returncode == 1, result.stderr
     assert json.loads(result.stdout)["enqueue_failures"] == 1
-    assert "reactor: error: 1 row could not be enqueued (no row changed" in result.stderr
+    line = result.stderr.strip().splitlines()[-1]  # after the log's warnings
+    assert line.startswith("reactor: error: 1 row could not be enqueued (no row changed): "), line
+    assert "Connection refused" in line, line  # why, in the same line
     assert "reactor_started" not in result.stderr
     assert "Traceback" not in result.stderr
     assert states(conn) == {"pending": 1}

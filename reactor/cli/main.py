@@ -216,9 +216,11 @@ def sweep(ctx: click.Context, /, **options: Any) -> None:
         problems.append(f"{_count(result.claim_refused, 'row')} refused the claim (left pending)")
     if result.enqueue_failures:
         rows = _count(result.enqueue_failures, "row")
-        problems.append(f"{rows} could not be enqueued (no row changed)")
+        problems.append(f"{rows} could not be enqueued (no row changed): {result.enqueue_error}")
+    if result.rescue_error is not None and result.rescue_error != result.enqueue_error:
+        problems.append(f"the rescue step failed: {result.rescue_error}")
     if problems:
-        click.echo(f"reactor: error: {'; '.join(problems)}; see the log", err=True)
+        click.echo(f"reactor: error: {'; '.join(problems)}", err=True)
         ctx.exit(1)
 
 

@@ -101,6 +101,8 @@ class SweepResult:
     #: their rows are left alone), and why the rescue step failed (None: it did not).
     unreadable_keys: int = 0
     rescue_error: str | None = None
+    #: Why the drain step's enqueue failed (None: it did not).
+    enqueue_error: str | None = None
 
 
 class Sweeper:
@@ -151,12 +153,13 @@ class Sweeper:
         self._conn = conn
         self._refused = 0
         more = False
-        rescue_error: str | None = None
+        rescue_error = enqueue_error = None
         try:
             drained = self._dispatcher.drain(conn, self._types, should_stop, slice_seconds)
             claimed, enqueued, more = drained.claimed, drained.enqueued, drained.more
         except RedisUnavailableError as exc:
             failures += exc.rows
+            enqueue_error = str(exc)
             logger.warning("sweep_enqueue_failed step=drain error=%s", exc)
         try:
             rescued, lost, rescue_failed = self._rescue(should_stop)
@@ -192,6 +195,7 @@ class Sweeper:
             claim_refused=sum(r.type in self.routes for r in dispatcher.refused.current()),
             unreadable_keys=len(unreadable),
             rescue_error=rescue_error,
+            enqueue_error=enqueue_error,
         )
         if claimed or rescued or rescue_failed or lost or failures or self._refused:
             logger.info(
