@@ -354,16 +354,20 @@ def finish(
     params["error"] = outcome.error
     if outcome.kind == "permanent":
         changed = store.execute(queries.ATTEMPT_FAILED, params)[0]
-        logger.warning("attempt_failed_permanently %s changed=%d", describe(ref), changed)
+        event = "attempt_failed_permanently %s"
     elif not started.last:
         delay = backoff_seconds(
             started.attempt, settings.retry_base_seconds, settings.retry_max_seconds
         )
         changed = store.execute(queries.ATTEMPT_RETRY, {**params, "delay": delay})[0]
-        logger.warning("attempt_failed %s retry_in=%.1fs changed=%d", describe(ref), delay, changed)
+        event = f"attempt_failed %s retry_in={delay:.1f}s"
     else:
         changed = store.execute(queries.ATTEMPT_FAILED, params)[0]
-        logger.warning("attempts_exhausted %s changed=%d", describe(ref), changed)
+        event = "attempts_exhausted %s"
+    if changed == 0:
+        # Cancelled or re-dispatched while it ran: this attempt retries nothing.
+        event = "failure_superseded %s (the row moved on while the attempt ran)"
+    logger.warning(event, describe(ref))
     return changed > 0
 
 
