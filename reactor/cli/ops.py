@@ -92,7 +92,7 @@ def status(
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (errors in full).")
 def failures(database_url: str, job_type: str | None, limit: int, as_json: bool) -> None:
-    """Show the latest failed and retried rows: attempt, last_error, when."""
+    """Show the latest failed, cancelled and retried rows: attempt, last_error, when."""
     with connect_migrated(database_url, "failures", read_write=False) as conn:
         found = read_failures(conn, job_type, limit)
     click.echo(json.dumps(found.as_dict()) if as_json else format_failures(found))

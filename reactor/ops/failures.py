@@ -66,9 +66,9 @@ def read_failures(
     count_more: bool = True,
     error_chars: int | None = None,
 ) -> Failures:
-    """The latest `limit` failed and retried rows (of `job_type`, if given; `last_error` cut
-    to `error_chars`, if given), and how many more there are (counted, with `count_more`,
-    only when the limit is reached).
+    """The latest `limit` failed, cancelled and retried rows (of `job_type`, if given;
+    `last_error` cut to `error_chars`, if given), and how many more there are (counted, with
+    `count_more`, only when the limit is reached).
 
     Raises:
         DatabaseError: a query failed.
