@@ -22,7 +22,7 @@ from reactor import submit
 from reactor.jobs import job_id
 from reactor.pg.registry import routes_in_use
 from tests.handlers import SCHEMA
-from tests.support.cli import NO_ROUTES, cli_without_routes, one_line
+from tests.support.cli import NO_ROUTES, cli_without_routes, one_line, run_cli
 from tests.support.env import Env
 from tests.support.paths import ROOT
 from tests.support.processes import Process, start_worker
@@ -159,7 +159,7 @@ def test_a_malformed_recorded_route_is_refused_in_one_line_and_no_row_is_lost(
     assert states(conn) == {"pending": 1}
 
 
-def readme_grants(worker: str, producer: str) -> list[str]:
+def readme_grants(worker: str, producer: str, monitor: str) -> list[str]:
     """The GRANT statements of README's Security section, for these roles."""
     text = (ROOT / "README.md").read_text()
     block = re.search(r"```sql\n(GRANT .*?)```", text, re.S)
@@ -170,6 +170,7 @@ def readme_grants(worker: str, producer: str) -> list[str]:
         if not statement:
             continue
         statement = statement.replace("photo_worker", f'"{worker}"')
+        statement = statement.replace("photo_monitor", f'"{monitor}"')
         statements.append(statement.replace("photo_producer", f'"{producer}"'))
     return statements
 
@@ -178,8 +179,12 @@ def test_workers_and_producers_work_with_readmes_grants_and_workers_cannot_write
     env: Env, spawn: Callable[..., Process]
 ) -> None:
     owner = env.connect()
-    with throwaway_role(env) as worker_role, throwaway_role(env) as producer_role:
-        grants = readme_grants(worker_role, producer_role)
+    with (
+        throwaway_role(env) as worker_role,
+        throwaway_role(env) as producer_role,
+        throwaway_role(env) as monitor_role,
+    ):
+        grants = readme_grants(worker_role, producer_role, monitor_role)
         assert any("reactor_routes" in g for g in grants), grants
         for grant in grants:
             owner.execute(grant.encode())
@@ -225,6 +230,11 @@ def test_workers_and_producers_work_with_readmes_grants_and_workers_cannot_write
         # Each re-arm carried the lives' attempts into the token: two dispatched lives, then a
         # cancelled one that never ran; the row waits at attempts 0 of its fourth life.
         assert found == (2, 0)
+        # The monitor reads what status and failures show.
+        monitor = {"DATABASE_URL": as_role(env.database_url, monitor_role)}
+        for command in ("status", "failures"):
+            shown = run_cli(env, command, extra_env=monitor)
+            assert shown.returncode == 0, (command, shown.stderr)
 
 
 def test_a_worker_following_the_recorded_routes_runs_a_route_changed_on_purpose(
