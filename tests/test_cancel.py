@@ -248,3 +248,34 @@ def test_metrics_count_cancelled_rows(
         return metric(text, 'reactor_cancelled_rows{type="photo.process"}', -1)
 
     wait_for(lambda: cancelled_rows() == 2, what="the cancelled-rows gauge")
+
+
+def test_a_started_job_naming_a_worker_no_rq_worker_can_have_is_passed_over(
+    env: Env, conn: psycopg.Connection[Any]
+) -> None:
+    """A started job whose worker name is not UTF-8 (written by hand: RQ names workers with
+    text, so none listens on it) stops neither the cancel nor the stop of the other jobs."""
+    client = env.redis()
+    for photo_id, worker in (("IMG_A", b"\xffbad"), ("IMG_B", b"good")):
+        conn.execute(
+            "INSERT INTO photo_jobs (photo_id, type, state, attempts)"
+            " VALUES (%s, 'photo.process', 'active', 1)",
+            [photo_id],
+        )
+        key = Job.key_for(job_id("photo.process", photo_id, 1))
+        client.hset(key, mapping={"status": "started", "worker_name": worker})
+    listener = client.pubsub()
+    env.cleanups.append(listener.close)
+    listener.subscribe("rq:pubsub:good")
+    wait_for(lambda: listener.get_message(timeout=0.1), what="the subscription confirmed")
+    found = cancel(env, "IMG_A", "IMG_B")
+    assert (found["cancelled"], found["stopped"]) == (2, 1), found
+    message = wait_for(
+        lambda: listener.get_message(ignore_subscribe_messages=True, timeout=0.1),
+        what="the stop-job command for IMG_B's worker",
+    )
+    assert json.loads(message["data"]) == {
+        "command": "stop-job",
+        "job_id": job_id("photo.process", "IMG_B", 1),
+    }
+    assert (row_of(conn, "IMG_A")[0], row_of(conn, "IMG_B")[0]) == ("cancelled", "cancelled")

@@ -16,8 +16,11 @@ import shutil
 import socket
 import subprocess
 import threading
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from email.message import Message
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -470,6 +473,132 @@ def test_redis_down_leaves_the_rest_of_the_page(env: Env, spawn: Callable[..., P
     assert data["queues"] == [] and "refused" in data["redis_error"].lower()
     assert "hunter2" not in body
     assert sum(t["counts"]["done"] for t in data["types"]) == 150
+
+
+def test_bad_rq_keys_are_named_and_leave_the_page_whole(
+    env: Env, spawn: Callable[..., Process]
+) -> None:
+    """Worker keys RQ's `Worker.all` cannot read (it raised, and the page went unanswered),
+    keys of the wrong type and a queue that is not a list: the page and its JSON are served,
+    the readable workers listed, each key that cannot be read named (none written to)."""
+    conn = env.connect()
+    seed(conn)
+    client = env.redis()
+    start_worker(spawn, env, "photo-idle")
+    [real] = wait_for(lambda: Worker.all(connection=client), what="the RQ worker registering")
+    client.hset("rq:worker:evil", "pid", "junk")  # no state, no queues: listed nowhere
+    client.set("rq:worker:wrongtype", "junk")
+    client.hset(b"rq:worker:\xffname", mapping={"state": "idle", "queues": "photo-idle"})
+    client.hset(
+        "rq:worker:busy",
+        mapping={"state": "busy", "queues": "photo-idle,,photo-odd", "pid": "x", "birth": "y"},
+    )
+    client.sadd("rq:worker:busy:executions", "job-1:e1", "job-0:gone")  # job-0's expired
+    client.hset("rq:execution:job-1:e1", "created_at", "junk")
+    client.hset("rq:worker:noexec", mapping={"state": "idle", "queues": "photo-idle"})
+    client.set("rq:worker:noexec:executions", "junk")
+    client.set("rq:queue:photo-odd", "junk")
+    client.sadd(
+        "rq:workers",
+        "rq:worker:evil",
+        "rq:worker:wrongtype",
+        b"rq:worker:\xffname",
+        "rq:worker:busy",
+        "rq:worker:noexec",
+        "rq:worker:expired",  # its key is gone: listed nowhere
+        "not-a-worker",
+    )
+    planted = [b"rq:workers", b"rq:queue:photo-odd", b"rq:execution:job-1:e1"] + [
+        b"rq:worker:" + name + suffix
+        for name in (b"evil", b"wrongtype", b"\xffname", b"busy", b"noexec")
+        for suffix in (b"", b":executions")
+    ]
+    before = {k: client.dump(k) for k in planted}
+    _, base = start_dashboard(spawn, "--route", IDLE_ROUTE, "--cache-seconds", "0")
+
+    status, body, _ = get(base + "/api/overview")
+    assert status == 200, body
+    data = json.loads(body)
+    assert data["redis_error"] is None
+    queues = {q["name"]: q for q in data["queues"]}
+    workers: list[dict[str, Any]] = [
+        {"name": "busy", "state": "busy", "current_job": "job-1"},
+        {"name": real.name, "state": "idle", "current_job": None},
+    ]
+    assert queues["photo-idle"]["workers"] == sorted(workers, key=lambda w: str(w["name"]))
+    assert (queues["photo-idle"]["waiting"], queues["photo-odd"]["waiting"]) == (0, None)
+    wrong = "WRONGTYPE Operation against a key holding the wrong kind of value"
+    assert sorted(data["unreadable"]) == [
+        "not-a-worker: not an RQ worker's key",
+        f"rq:queue:photo-odd: {wrong}",
+        "rq:worker:\\xffname: the worker's name is not UTF-8",
+        f"rq:worker:noexec: {wrong}",
+        f"rq:worker:wrongtype: {wrong}",
+    ]
+    status, html, _ = get(base + "/")
+    assert status == 200, html
+    page = Page(html)
+    assert page.one("waiting:photo-odd") == "unreadable"
+    assert "busy (busy: job-1)" in page.one("workers:photo-idle")
+    assert sorted(page.values["unreadable"]) == sorted(data["unreadable"])
+    # Nothing written: RQ's own read would have removed the stale members of both sets.
+    assert {k: client.dump(k) for k in planted} == before
+
+
+def test_a_request_that_fails_unexpectedly_gets_a_500_of_one_line(
+    env: Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Whatever fails while a page is built or an action runs, the client gets a 500 saying
+    why in one line (no password, no URL), never a connection closed on it."""
+    from reactor.ops.actions import Actions, Reply
+    from reactor.ops.auth import load_credentials
+    from reactor.ops.dashboard import Dashboard, serve_dashboard
+    from reactor.ops.overview import Overview
+
+    class Broken(Dashboard):
+        def overview(self) -> Overview:
+            raise ValueError("unexpected at postgresql://app:s3cret@db/app\nand more")
+
+    class BrokenActions(Actions):
+        def post(self, path: str, headers: Message, body: bytes | None) -> Reply:
+            raise KeyError("boom")
+
+    token = "t0ken-for-scripts-0123456789"
+    credentials = load_credentials({"REACTOR_DASHBOARD_TOKEN": token})
+    board = Broken(env.database_url, env.redis_url, {}, stale_after_seconds=300)
+    acting = BrokenActions(env.database_url, env.redis_url, {}, credentials)
+
+    def answer(base: str, path: str, body: bytes | None) -> str:
+        sent = urllib.request.Request(base + path, body)
+        sent.add_header("Authorization", f"Bearer {token}")
+        sent.add_header("Content-Type", "application/json")
+        with pytest.raises(urllib.error.HTTPError) as failed:
+            urllib.request.urlopen(sent, timeout=30)
+        text = failed.value.read().decode()
+        assert failed.value.code == 500, (path, text)
+        assert text.count("\n") == 1 and "s3cret" not in text, text
+        return text
+
+    try:
+        for actions in (None, acting):
+            server = serve_dashboard(board, "127.0.0.1", 0, actions=actions)
+            base = f"http://127.0.0.1:{server.server_address[1]}"
+            try:
+                page = answer(base, "/", None)
+                assert page.startswith("500 internal error: ValueError: unexpected at <url>")
+                api = json.loads(answer(base, "/api/overview", None))
+                assert api["error"].startswith("internal error: ValueError: unexpected at")
+                if actions is not None:
+                    assert "KeyError: 'boom'" in answer(base, "/api/pause", b"{}")
+            finally:
+                server.shutdown()
+                server.server_close()
+    finally:
+        board.close()
+    logged = [
+        r.getMessage() for r in caplog.records if "dashboard_request_failed" in r.getMessage()
+    ]
+    assert len(logged) == 5 and not any("s3cret" in line for line in logged), logged
 
 
 def request(base: str, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import threading
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
+from html.parser import HTMLParser
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any
@@ -290,3 +293,154 @@ def test_actions_need_a_credential_and_hash_password_makes_one(env: Env) -> None
     )
     assert broken.returncode == 2
     assert "is not one `reactor dashboard --hash-password` prints" in broken.stderr
+
+
+# -- a row's form names its row alone ----------------------------------------------------------
+
+#: Photo ids a producer may write that hold line breaks of every kind `str.splitlines` knows
+#: (a browser posts LF and CR as CRLF), separators, the form encoding's own characters, and a
+#: blank one: each row's form must act on that row and on no other (`IMG_VICTIM`, `decoy`).
+ODD_IDS = [
+    "decoy\u2028IMG_VICTIM",
+    "decoy-ps\u2029IMG_VICTIM",
+    "decoy-lf\nIMG_VICTIM",
+    "decoy-crlf\r\nIMG_VICTIM",
+    "decoy-cr\rIMG_VICTIM",
+    "decoy-nel\x85IMG_VICTIM",
+    "decoy-vt\x0bIMG_VICTIM\x0c",
+    "decoy-rs\x1eIMG_VICTIM\x1c",
+    " IMG_VICTIM ",
+    "IMG_VICTIM&photo_id=decoy",
+    "100%25+IMG_VICTIM",
+    "\u2028",
+]
+#: What is done to each odd row: cancel it (it is pending), then requeue it (cancelled).
+CLICKS = [("cancel", "cancelled"), ("requeue", "pending")]
+USERS = {"REACTOR_DASHBOARD_USERS": f"alice:{hash_password('alice-pw')}"}
+ALICE = {"Authorization": "Basic " + base64.b64encode(b"alice:alice-pw").decode()}
+
+
+def retried_rows(conn: psycopg.Connection[Any], photo_ids: list[str]) -> None:
+    """Pending rows that failed once, due in an hour: each listed with its own cancel form;
+    and `decoy` and `IMG_VICTIM`, pending, listed nowhere."""
+    conn.execute(
+        "INSERT INTO photo_jobs (photo_id, type) VALUES ('decoy', 'photo.process'),"
+        " ('IMG_VICTIM', 'photo.process')"
+    )
+    for photo_id in photo_ids:
+        conn.execute(
+            "INSERT INTO photo_jobs (photo_id, type, attempts, last_error, next_retry_at)"
+            " VALUES (%s, 'photo.process', 1, 'RuntimeError: once', now() + interval '1 hour')",
+            [photo_id],
+        )
+
+
+def states_by_photo(conn: psycopg.Connection[Any]) -> dict[str, str]:
+    return dict(conn.execute("SELECT photo_id, state FROM photo_jobs").fetchall())
+
+
+class Forms(HTMLParser):
+    """The action forms of a page as a browser reads them: the hidden fields of each, by its
+    `data-k`, with every line break of a value as CRLF (what a browser posts)."""
+
+    def __init__(self, html: str) -> None:
+        super().__init__(convert_charrefs=True)
+        self.forms: dict[str, list[tuple[str, str]]] = {}
+        self._current: list[tuple[str, str]] | None = None
+        self.feed(html)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        found = {k: v or "" for k, v in attrs}
+        if tag == "form" and "data-k" in found:
+            self._current = self.forms.setdefault(found["data-k"], [])
+        elif tag == "input" and self._current is not None:
+            value = re.sub(r"\r\n|\r|\n", "\r\n", found.get("value", ""))
+            self._current.append((found["name"], value))
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "form":
+            self._current = None
+
+
+def form_post(
+    base: str, action: str, fields: list[tuple[str, str]], cookie: str
+) -> tuple[int, str]:
+    body = urllib.parse.urlencode(fields).encode()
+    headers = {
+        **ALICE,
+        "Cookie": cookie,
+        "Content-Type": "application/x-www-form-urlencoded",
+        "Origin": base,
+    }
+    code, _, text = post(f"{base}/actions/{action}", body, headers)
+    return code, text
+
+
+def test_a_rows_form_posted_as_a_browser_posts_it_acts_on_that_row_alone(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
+) -> None:
+    retried_rows(conn, ["decoy\u2028IMG_VICTIM"])
+    _, base = start_actions_dashboard(spawn, **USERS)
+    request = urllib.request.Request(base + "/", headers=ALICE)
+    with urllib.request.urlopen(request, timeout=30) as response:
+        cookie = response.headers["Set-Cookie"].split(";")[0]
+        forms = Forms(response.read().decode())
+    bulk = "cancel:photo.process:pending"
+    [fields] = [f for k, f in forms.forms.items() if k.startswith("cancel:") and k != bulk]
+    csrf = dict(fields)["csrf"]
+    before = states_by_photo(conn)
+
+    code, text = form_post(base, "cancel", fields, cookie)
+    assert (code, text.count("cancel photo.process: 1 row changed")) == (200, 1), text
+    assert states_by_photo(conn) == {**before, "decoy\u2028IMG_VICTIM": "cancelled"}
+
+    # Forms that name anything but one row as the page writes it are refused, changing nothing.
+    conn.execute("UPDATE photo_jobs SET state = 'pending' WHERE photo_id <> 'IMG_VICTIM'")
+    before = states_by_photo(conn)
+    common = [("csrf", csrf), ("type", "photo.process")]
+    for refused in (
+        [("photo_ids", "decoy\r\nIMG_VICTIM")],  # a list split on line breaks, once
+        [("photo_id", "decoy"), ("photo_id", "IMG_VICTIM")],
+        [("photo_id", "IMG_VICTIM"), ("state", "pending")],
+        [("photo_id", "decoy\u2028IMG_VICTIM")],  # not encoded as the page encodes it
+        [("photo_id", "IMG%5fVICTIM")],
+        [("photo_id", "%FF")],
+        [("photo_id", "%00")],
+    ):
+        code, text = form_post(base, "cancel", common + refused, cookie)
+        assert code == 400, (refused, code, text)
+    assert states_by_photo(conn) == before
+
+
+def test_in_a_browser_each_rows_form_acts_on_that_row_alone(
+    env: Env,
+    conn: psycopg.Connection[Any],
+    spawn: Callable[..., Process],
+    chromium: str,  # noqa: F811 - the fixture
+    tmp_path: Path,
+) -> None:
+    """Cancel each odd row with its own button, then requeue it with its own button: every
+    id comes back from the browser exactly, and nothing else changes."""
+    retried_rows(conn, ODD_IDS)
+    _, base = start_actions_dashboard(spawn, **USERS)
+    alice = Browser(chromium, tmp_path / "alice", ("alice", "alice-pw"))
+    try:
+        for photo_id, action, after in [(p, a, state) for p in ODD_IDS for a, state in CLICKS]:
+            before = states_by_photo(conn)
+            alice.goto(base + "/")
+            # The row is found by its text as the page shows it (an HTML parser reads CR and
+            # CRLF as LF), its button clicked as a person would.
+            shown = photo_id.replace("\r\n", "\n").replace("\r", "\n")
+            button = (
+                "[...document.querySelectorAll('#failures tr')].find(tr =>"
+                " tr.querySelector('[data-k=failure-photo]')?.textContent === "
+                f"{json.dumps(shown)})?.querySelector('form.act button')"
+            )
+            assert alice.evaluate(f"{button}?.textContent") == action, (photo_id, action)
+            alice.evaluate(f"{button}.setAttribute('data-clicked', '')")
+            alice.click_and_wait("[data-clicked]")
+            assert f"{action} photo.process: 1 row changed" in alice.text(), (photo_id, action)
+            assert states_by_photo(conn) == {**before, photo_id: after}, (photo_id, action)
+    finally:
+        alice.close()
+    assert states_by_photo(conn) == dict.fromkeys(["decoy", "IMG_VICTIM", *ODD_IDS], "pending")

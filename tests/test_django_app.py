@@ -22,6 +22,8 @@ from tests.support.paths import ROOT
 from tests.support.processes import child_environ
 
 PROJECT = ROOT / "tests" / "django_project"
+#: A photo id whose checkbox must survive a browser's form encoding (admin_check.py names it).
+ODD_ID = "odd\r\n100%:IMG_2"
 
 
 def manage(url: str, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
@@ -86,9 +88,12 @@ def test_manage_migrate_then_the_admin(
             " ('IMG_2', 'photo.process', 'done', 1, NULL),"
             " ('IMG_3', 'photo.process', 'active', 1, NULL),"
             " ('IMG_4', 'photo.thumb', 'failed', 5, 'boom IMG_4'),"
-            " ('IMG_1', 'photo.thumb', 'done', 1, NULL)"
+            " ('IMG_1', 'photo.thumb', 'failed', 1, 'boom thumb'),"
+            " (%s, 'photo.thumb', 'done', 1, NULL)",
+            [ODD_ID],
         )
-        # Two archived lives: one of a photo that has a row (it stays), one that has none.
+        # Archived lives: of a photo that has a row (it stays), and of one that has none, in
+        # two types.
         conn.execute(
             "SELECT photo_jobs_history_add_months(now() - interval '2 days', now());"
             " INSERT INTO photo_jobs_history (photo_id, type, state, attempts, max_attempts,"
@@ -96,6 +101,8 @@ def test_manage_migrate_then_the_admin(
             " ('IMG_1', 'photo.process', 'done', 1, 5, 0, now() - interval '3 days',"
             "  now() - interval '2 days'),"
             " ('IMG_9', 'photo.process', 'failed', 5, 5, 0, now() - interval '3 days',"
+            "  now() - interval '2 days'),"
+            " ('IMG_9', 'photo.thumb', 'failed', 3, 5, 0, now() - interval '3 days',"
             "  now() - interval '2 days')"
         )
     checked = manage(url, "admin_check.py")
@@ -103,24 +110,36 @@ def test_manage_migrate_then_the_admin(
     seen = json.loads(checked.stdout)
     assert seen["all"] == {
         "status": 200,
-        "photos": ["IMG_1", "IMG_1", "IMG_2", "IMG_3", "IMG_4"],
+        "photos": sorted(["IMG_1", "IMG_1", "IMG_2", "IMG_3", "IMG_4", ODD_ID]),
         "html_has_error": True,  # last_error is listed
     }
-    assert seen["failed"]["photos"] == ["IMG_1", "IMG_4"]
-    assert seen["thumb"]["photos"] == ["IMG_1", "IMG_4"]
+    assert seen["failed"]["photos"] == ["IMG_1", "IMG_1", "IMG_4"]
+    assert seen["thumb"]["photos"] == sorted(["IMG_1", "IMG_4", ODD_ID])
     assert seen["search"]["photos"] == ["IMG_2"]
-    # Every photo selected; the first action under a type filter, so only that type's row.
-    assert seen["requeue_failed"] == {"status": 200, "messages": ["1 failed row(s) requeued"]}
-    assert seen["requeue_done"] == {"status": 200, "messages": ["2 done row(s) requeued"]}
-    assert seen["history"] == {"status": 200, "photos": ["IMG_1", "IMG_9"]}
-    assert seen["restore"] == {"status": 200, "messages": ["1 archived photo(s) requeued"]}
+
+    def said(action: str) -> list[str]:
+        assert seen[action]["status"] == 200, seen[action]
+        return list(seen[action]["messages"])
+
+    assert said("requeue_one") == ["1 failed row(s) requeued"]  # not IMG_1's thumb row
+    # Each row's checkbox names that row alone: one photo's rows of two types differ.
+    boxes = seen["checkboxes"]
+    assert len(set(boxes.values())) == len(boxes) == 6
+    assert said("requeue_done") == ["1 done row(s) requeued"]  # the filter's type only
+    assert said("requeue_odd") == ["1 done row(s) requeued"]
+    [refused] = said("requeue_bare")
+    assert refused.startswith("the selection is not this list's rows")
+    assert said("requeue_across") == ["2 failed row(s) requeued"]  # every thumb row listed
+    assert seen["history"] == {"status": 200, "photos": ["IMG_1", "IMG_9", "IMG_9"]}
+    assert said("restore") == ["1 archived photo(s) requeued"]
     assert rows(url) == {
         ("IMG_1", "photo.process"): ("pending", 0, 2),  # a new life, the token going on
         ("IMG_2", "photo.process"): ("pending", 0, 1),
         ("IMG_3", "photo.process"): ("active", 1, 0),  # selected, but a worker's: untouched
-        ("IMG_4", "photo.thumb"): ("failed", 5, 0),  # filtered out
+        ("IMG_4", "photo.thumb"): ("pending", 0, 5),
         ("IMG_1", "photo.thumb"): ("pending", 0, 1),
-        ("IMG_9", "photo.process"): ("pending", 0, 5),  # back from the history
+        (ODD_ID, "photo.thumb"): ("pending", 0, 1),
+        ("IMG_9", "photo.process"): ("pending", 0, 5),  # back from the history, its type only
     }
 
     drop_djangos_tables(url)

@@ -17,6 +17,12 @@ requests from other sites:
   is HttpOnly and SameSite=Strict) and a bulk one (every failed or pending row of a type) first
   shows a confirmation page; the JSON API accepts only `application/json`, which no other
   site's page can send here without a CORS preflight, which this server never grants.
+
+A form names one row or one state, never a list: a row's form carries its photo id in one
+`photo_id` field, percent-encoded UTF-8 (`form_photo_id`), decoded whole and never split.
+Photo ids may hold any character but NUL (line breaks, U+2028 …), and browsers rewrite every
+line break of a form value to CRLF, so the id is encoded to come back exactly; a value that is
+not the encoding the page writes is refused. Lists of ids go through the JSON API.
 """
 
 from __future__ import annotations
@@ -45,9 +51,9 @@ from reactor.pg.registry import routes_in_use
 from reactor.redact import redact
 from reactor.routes import Route
 from reactor.throttle import LogThrottle
-from reactor.validate import check_job_type, validate_job
+from reactor.validate import MAX_PHOTO_ID_BYTES, check_job_type, validate_job
 
-__all__ = ["ACTIONS", "Actions", "Reply"]
+__all__ = ["ACTIONS", "Actions", "Reply", "form_photo_id"]
 
 logger = logging.getLogger(__name__)
 
@@ -317,10 +323,48 @@ def _from_json(action: str, headers: Message, body: bytes) -> _Request:
     return _request(action, data.get("type"), data.get("photo_ids"), data.get("state"))
 
 
+def form_photo_id(photo_id: str) -> str:
+    """A photo id as a row's form carries it: percent-encoded UTF-8, nothing left bare but
+    letters, digits and `_.-~` (no line break for a browser to rewrite)."""
+    return urllib.parse.quote(photo_id, safe="")
+
+
+def _row_photo_id(encoded: str) -> str:
+    """The photo id a row's form names, decoded exactly (see `form_photo_id`).
+
+    Raises:
+        _RefusedError: not an encoding `form_photo_id` writes, or not an id the table holds.
+    """
+    try:
+        photo_id = urllib.parse.unquote(encoded, errors="strict")
+    except UnicodeDecodeError:
+        photo_id = ""
+    # One encoding per id: a value the page did not write names no row of the page.
+    if not photo_id or form_photo_id(photo_id) != encoded:
+        raise _RefusedError(400, "photo_id is not a photo id as the page encodes it")
+    # The table's own bounds, not validate_job's: a blank id is refused from a person's
+    # typing, but a row that holds one may be acted on by its own form.
+    if "\x00" in photo_id or len(photo_id.encode()) > MAX_PHOTO_ID_BYTES:
+        raise _RefusedError(400, "photo_id names no row the table could hold")
+    return photo_id
+
+
 def _from_form(action: str, fields: Mapping[str, list[str]]) -> _Request:
-    ids = [p for given in fields.get("photo_ids", []) for p in given.splitlines() if p.strip()]
-    state = fields.get("state", [None])[0]
-    return _request(action, fields.get("type", [None])[0], ids or None, state)
+    job_type = fields.get("type", [None])[0]
+    named = fields.get("photo_id", [])
+    if "photo_ids" in fields or len(named) > 1:
+        raise _RefusedError(400, f"{action}: a form names one row (photo_id) or a state")
+    if not named or action in ("pause", "resume"):
+        return _request(action, job_type, None, fields.get("state", [None])[0])
+    if "state" in fields:
+        raise _RefusedError(400, f'{action}: give "photo_id" or "state", not both')
+    if not isinstance(job_type, str):
+        raise _RefusedError(400, 'give "type"')
+    try:
+        check_job_type(job_type)
+    except InvalidJobError as exc:
+        raise _RefusedError(400, str(exc)) from None
+    return _Request(action, job_type, (_row_photo_id(named[0]),), None)
 
 
 _PAGE = (

@@ -5,7 +5,8 @@ meta refresh; `GET /api/overview` is the same data as JSON (see `reactor.ops.ove
 carries everything it needs (inline CSS, server-side SVG charts: no script, no CDN), so it
 works offline, and it is served with a Content-Security-Policy that forbids every script:
 even a row whose `last_error` or photo id holds markup is shown as text. When Postgres cannot
-be read, both endpoints answer 503 with the reason (one line, no password, no URL). The
+be read, both endpoints answer 503 with the reason (one line, no password, no URL); a request
+that fails in any other way gets a 500 with one such line (`dashboard_request_failed`). The
 dashboard writes nothing, anywhere, unless its actions are on (`reactor.ops.actions`: behind
 a credential, each on a connection of its own).
 
@@ -30,7 +31,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -41,15 +42,17 @@ from markupsafe import Markup
 
 from reactor.errors import ConfigError, DatabaseError, ReactorError, StatementError
 from reactor.http_server import BoundedHTTPServer
-from reactor.ops.actions import Actions, read_body
+from reactor.ops.actions import Actions, form_photo_id, read_body
 from reactor.ops.charts import per_minute_chart
 from reactor.ops.hosts import allowed_hosts, host_of
 from reactor.ops.overview import Overview, read_overview
 from reactor.ops.status import STATES, FinishedCounts, read_finished_counts, shown_count
+from reactor.ops.terminal import visible
 from reactor.pg import db
 from reactor.redact import redact
 from reactor.routes import Route
 from reactor.rq.redis_url import connect_redis
+from reactor.throttle import LogThrottle
 
 __all__ = [
     "DATABASE_CONNECTIONS",
@@ -166,6 +169,7 @@ class Dashboard:
         )
         self._templates.filters["when"] = shown_time
         self._templates.filters["rows"] = shown_count
+        self._templates.filters["form_id"] = form_photo_id
 
     def _connection(self) -> tuple[db.Connection, bool]:
         """The dashboard's connection, and whether it was open already."""
@@ -341,6 +345,13 @@ def serve_dashboard(
 
         def do_GET(self) -> None:
             server.request_read(self.request)
+            self._send(_or_500(self.path, self._get))
+
+        def do_POST(self) -> None:
+            server.request_read(self.request)
+            self._send(_or_500(self.path, self._post))
+
+        def _get(self) -> Page:
             name = host_of(self.headers.get("Host", ""))
             path = self.path.split("?", 1)[0]
             if name is None or name not in names:
@@ -357,10 +368,9 @@ def serve_dashboard(
                 page = dashboard.json_page()
             else:
                 page = Page(404, b"not found\n", "text/plain; charset=utf-8")
-            self._send(page)
+            return page
 
-        def do_POST(self) -> None:
-            server.request_read(self.request)
+        def _post(self) -> Page:
             name = host_of(self.headers.get("Host", ""))
             if name is None or name not in names:
                 page = Page(421, _MISDIRECTED, "text/plain; charset=utf-8")
@@ -369,7 +379,7 @@ def serve_dashboard(
             else:
                 r = actions.post(self.path, self.headers, read_body(self.rfile, self.headers))
                 page = Page(r.status, r.body, r.content_type, r.headers)
-            self._send(page)
+            return page
 
         def _send(self, page: Page) -> None:
             self.send_response(page.status)
@@ -392,6 +402,31 @@ def serve_dashboard(
         raise ConfigError(f"cannot serve the dashboard on {host}:{port}: {exc}") from None
     threading.Thread(target=server.serve_forever, name="reactor-dashboard", daemon=True).start()
     return server
+
+
+#: Requests that failed unexpectedly, logged: a few a second at most (anyone may send them).
+_failed_log = LogThrottle(burst=5, interval_seconds=10.0)
+
+
+def _or_500(path: str, build: Callable[[], Page]) -> Page:
+    """The page `build` makes; if it raises, a 500 with one line saying why (logged), so the
+    client gets an answer instead of a connection closed on it."""
+    try:
+        return build()
+    except Exception as exc:  # whatever it is: answered and logged, never a dropped connection
+        reason = visible(f"{type(exc).__name__}: {public_reason(str(exc))}")
+        if _failed_log.allow():
+            logger.error(
+                "dashboard_request_failed path=%s error=%s suppressed=%d",
+                visible(path.split("?", 1)[0][:200]),
+                reason,
+                _failed_log.suppressed(),
+                exc_info=exc if logger.isEnabledFor(logging.DEBUG) else None,
+            )
+        if path.startswith("/api/"):
+            body = json.dumps({"error": f"internal error: {reason}"}) + "\n"
+            return Page(500, body.encode(), "application/json")
+        return Page(500, f"500 internal error: {reason}\n".encode(), "text/plain; charset=utf-8")
 
 
 _MISDIRECTED = (

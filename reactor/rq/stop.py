@@ -6,7 +6,8 @@ worker are read with plain `HGET`s, never by loading the job (its pickled fields
 decoded). A forking worker kills the work horse; a `SimpleWorker` has none to kill, so its
 handler runs to the end. Either way the attempt's outcome is fenced off by the row's state:
 stopping only saves the work. A job that is not started (queued) is left alone: its fenced
-start refuses it.
+start refuses it. A job whose worker name is not UTF-8 is passed over: RQ names its workers
+with text, so no worker listens on such a name (and the other jobs are still stopped).
 """
 
 from __future__ import annotations
@@ -39,8 +40,13 @@ def stop_started(client: redis.Redis, refs: Sequence[JobRef]) -> int:
         found: list[list[bytes | None]] = pipe.execute()
     sent = 0
     for ref, (status, worker) in zip(refs, found, strict=True):
-        if status == STARTED and worker:
-            with reading():
-                send_command(client, worker.decode(), "stop-job", job_id=ref.job_id)
-            sent += 1
+        if status != STARTED or not worker:
+            continue
+        try:
+            name = worker.decode()
+        except UnicodeDecodeError:
+            continue  # written by hand: no RQ worker has that name, none to stop
+        with reading():
+            send_command(client, name, "stop-job", job_id=ref.job_id)
+        sent += 1
     return sent
