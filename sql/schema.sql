@@ -29,7 +29,7 @@ SET row_security = off;
 
 CREATE FUNCTION public.photo_jobs_doorbell_key() RETURNS bigint
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
-    SET search_path TO 'public', 'pg_temp'
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$ SELECT 8099834372265700460::bigint $$;
 
 
@@ -39,7 +39,7 @@ CREATE FUNCTION public.photo_jobs_doorbell_key() RETURNS bigint
 
 CREATE FUNCTION public.photo_jobs_doorbell_stripes() RETURNS integer
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
-    SET search_path TO 'public', 'pg_temp'
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$ SELECT 16 $$;
 
 
@@ -49,7 +49,7 @@ CREATE FUNCTION public.photo_jobs_doorbell_stripes() RETURNS integer
 
 CREATE FUNCTION public.photo_jobs_history_add_months(p_from timestamp with time zone, p_to timestamp with time zone) RETURNS integer
     LANGUAGE plpgsql
-    SET search_path TO 'public', 'pg_temp'
+    SET search_path TO 'pg_catalog', 'pg_temp'
     SET lock_timeout TO '5s'
     AS $$
 DECLARE
@@ -64,7 +64,7 @@ BEGIN
     WHILE month <= last LOOP
         name := 'photo_jobs_history_' || to_char(month, 'YYYY_MM');
         IF to_regclass('public.' || name) IS NULL THEN
-            EXECUTE format(
+            EXECUTE pg_catalog.format(
                 'CREATE TABLE public.%I PARTITION OF public.photo_jobs_history'
                 ' FOR VALUES FROM (%L) TO (%L)',
                 name,
@@ -85,14 +85,14 @@ $$;
 
 CREATE FUNCTION public.photo_jobs_history_drop_before(p_before timestamp with time zone) RETURNS SETOF text
     LANGUAGE plpgsql
-    SET search_path TO 'public', 'pg_temp'
+    SET search_path TO 'pg_catalog', 'pg_temp'
     SET lock_timeout TO '5s'
     AS $$
 DECLARE
     name text;
 BEGIN
-    FOR name IN SELECT m.name FROM photo_jobs_history_months_before(p_before) AS m LOOP
-        EXECUTE format('DROP TABLE public.%I', name);
+    FOR name IN SELECT m.name FROM public.photo_jobs_history_months_before(p_before) AS m LOOP
+        EXECUTE pg_catalog.format('DROP TABLE public.%I', name);
         RETURN NEXT name;
     END LOOP;
 END;
@@ -105,16 +105,16 @@ $$;
 
 CREATE FUNCTION public.photo_jobs_history_months_before(p_before timestamp with time zone) RETURNS TABLE(name text, estimated_rows bigint, ends timestamp with time zone)
     LANGUAGE sql STABLE
-    SET search_path TO 'public', 'pg_temp'
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $_$
     SELECT m.name, greatest(m.reltuples, 0)::bigint, m.ends
       FROM (SELECT c.relname::text AS name, c.reltuples,
-                   (to_date(substr(c.relname, 20), 'YYYY_MM')::timestamp + interval '1 month')
-                       AT TIME ZONE 'UTC' AS ends
+                   (to_date(substr(c.relname::text, 20), 'YYYY_MM')::timestamp
+                    + interval '1 month') AT TIME ZONE 'UTC' AS ends
               FROM pg_inherits AS i
               JOIN pg_class AS c ON c.oid = i.inhrelid
-             WHERE i.inhparent = 'public.photo_jobs_history'::regclass
-               AND c.relname ~ '^photo_jobs_history_[0-9]{4}_[0-9]{2}$') AS m
+             WHERE i.inhparent = 'public.photo_jobs_history'::regclass::oid
+               AND c.relname::text ~ '^photo_jobs_history_[0-9]{4}_[0-9]{2}$') AS m
      WHERE m.ends <= p_before
      ORDER BY m.ends
 $_$;
@@ -126,7 +126,7 @@ $_$;
 
 CREATE FUNCTION public.photo_jobs_new_life() RETURNS trigger
     LANGUAGE plpgsql
-    SET search_path TO 'public', 'pg_temp'
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 BEGIN
     NEW.prior_attempts := OLD.prior_attempts + OLD.attempts;
@@ -142,7 +142,7 @@ $$;
 
 CREATE FUNCTION public.photo_jobs_notify_inserted() RETURNS trigger
     LANGUAGE plpgsql
-    SET search_path TO 'public', 'pg_temp'
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 BEGIN
     -- A 0-row statement (or one of rows not pending) also fires the trigger: no type, no NOTIFY.
@@ -159,7 +159,7 @@ $$;
 
 CREATE FUNCTION public.photo_jobs_notify_pending() RETURNS trigger
     LANGUAGE plpgsql
-    SET search_path TO 'public', 'pg_temp'
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 BEGIN
     PERFORM pg_notify('photo_jobs', NEW.type);
@@ -174,7 +174,7 @@ $$;
 
 CREATE FUNCTION public.photo_jobs_touch_updated_at() RETURNS trigger
     LANGUAGE plpgsql
-    SET search_path TO 'public', 'pg_temp'
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 BEGIN
     IF OLD.state = 'active' AND NEW.state = 'active' THEN
@@ -194,7 +194,7 @@ $$;
 
 CREATE FUNCTION public.reactor_migration_begin(p_version integer, p_name text) RETURNS void
     LANGUAGE plpgsql
-    SET search_path TO 'public', 'pg_temp'
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 BEGIN
     IF EXISTS (SELECT 1 FROM public.reactor_migrations WHERE version = p_version) THEN
@@ -217,7 +217,7 @@ $$;
 
 CREATE FUNCTION public.reactor_paused_types_notify_resumed() RETURNS trigger
     LANGUAGE plpgsql
-    SET search_path TO 'public', 'pg_temp'
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 BEGIN
     PERFORM pg_notify('photo_jobs', OLD.type);
@@ -232,12 +232,12 @@ $$;
 
 CREATE FUNCTION public.reactor_routes_live(p_lock_key integer) RETURNS boolean
     LANGUAGE sql STABLE
-    SET search_path TO 'public', 'pg_temp'
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
     SELECT NOT EXISTS (SELECT 1
-                         FROM reactor_routes AS r
+                         FROM public.reactor_routes AS r
                         WHERE r.lock_key = p_lock_key AND r.stopped_at IS NOT NULL)
-       AND reactor_routes_lock_held(p_lock_key)
+       AND public.reactor_routes_lock_held(p_lock_key)
 $$;
 
 
@@ -247,7 +247,7 @@ $$;
 
 CREATE FUNCTION public.reactor_routes_lock_class() RETURNS integer
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
-    SET search_path TO 'public', 'pg_temp'
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$SELECT 1885892468$$;
 
 
@@ -257,19 +257,19 @@ CREATE FUNCTION public.reactor_routes_lock_class() RETURNS integer
 
 CREATE FUNCTION public.reactor_routes_lock_held(p_lock_key integer) RETURNS boolean
     LANGUAGE sql STABLE
-    SET search_path TO 'public', 'pg_temp'
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
     SELECT EXISTS (
         SELECT 1
           FROM pg_locks AS l
          WHERE l.locktype = 'advisory'
            AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-           AND l.classid = reactor_routes_lock_class()::oid
+           AND l.classid = public.reactor_routes_lock_class()::oid
            AND l.objid = p_lock_key::oid
            AND l.objsubid = 2
            AND l.granted
            AND l.pid IN (SELECT r.backend_pid
-                           FROM reactor_routes AS r
+                           FROM public.reactor_routes AS r
                           WHERE r.lock_key = p_lock_key))
 $$;
 
@@ -598,4 +598,5 @@ INSERT INTO public.reactor_migrations (version, name) VALUES
     (17, 'bound_attempt_counters'),
     (18, 'validate_attempt_bounds'),
     (19, 'keep_heartbeats_heap_only'),
-    (20, 'create_photo_jobs_history');
+    (20, 'create_photo_jobs_history'),
+    (21, 'pin_function_search_paths');

@@ -264,7 +264,7 @@ def test_a_started_job_naming_a_worker_no_rq_worker_can_have_is_passed_over(
         )
         key = Job.key_for(job_id("photo.process", photo_id, 1))
         client.hset(key, mapping={"status": "started", "worker_name": worker})
-    listener = client.pubsub()
+    listener = client.pubsub()  # type: ignore[no-untyped-call]  # redis-py's is untyped
     env.cleanups.append(listener.close)
     listener.subscribe("rq:pubsub:good")
     wait_for(lambda: listener.get_message(timeout=0.1), what="the subscription confirmed")

@@ -12,7 +12,8 @@ each retry logged as `startup_retry`; a stop asked for meanwhile ends the tries
 is opened first (it records the routes and holds their liveness lock), then the dispatcher
 and the sweeper are made (the reactor hands them its connections with each call), the
 listener connected, Redis checked, and, when asked for, the metrics server and the retention
-thread started.
+thread started. A schema of the work session's search_path that roles other than the tables'
+owner may create in is named once, a warning (`reactor.pg.trust`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from reactor.dispatcher.retention import Pruner
 from reactor.dispatcher.sessions import Sessions, backoff
 from reactor.dispatcher.sweep import Sweeper
 from reactor.errors import ConfigError, DatabaseError, RedisUnavailableError, StatementError
-from reactor.pg import db
+from reactor.pg import db, trust
 from reactor.routes import Route
 from reactor.rq.enqueue import Enqueuer
 from reactor.rq.state import RqState
@@ -75,9 +76,10 @@ class Parts:
             StoppedError: a stop was asked for while a lost session was being retried.
         """
         reached = False  # whether Postgres answered once: only then is a lost session retried
+        checked = False  # whether the schemas others may write to were looked for (once)
 
         def connect() -> tuple[Parts, Enqueuer]:
-            nonlocal reached
+            nonlocal reached, checked
             if reached and stopper.requested:
                 raise StoppedError  # asked for during the pause before this try
             try:
@@ -89,6 +91,9 @@ class Parts:
             reached = True
             try:
                 db.check_schema(conn)
+                if not checked:
+                    trust.warn_untrusted_writers(conn)
+                    checked = True
                 if not liveness.registered:
                     liveness.register(conn)  # fills `routes` in, when none was given
                 enqueuer = Enqueuer(

@@ -3,6 +3,11 @@
 -- right after it (what the statement does and guarantees) are not sent to the server.
 -- Values are always bound parameters (%(name)s; a literal percent sign is written %%, except
 -- in a statement that takes no parameters, which psycopg sends as it is: there it is %).
+-- A call that reaches pg_catalog's function or operator only through a polymorphic type,
+-- VARIADIC "any" or a cast (unnest, format, count(x), make_interval of a bound number,
+-- oid = regclass) names pg_catalog or casts its arguments to an exact match: Postgres prefers
+-- an exact match in any schema of the search_path, which whoever may create there can plant.
+-- (unnest(a, b, ...) in FROM is pg_catalog's by the grammar, which only takes it unqualified.)
 
 -- name: CLAIM_DUE
 -- Claim up to `limit` due pending rows of one type: a new attempt each, now `active`, returned
@@ -26,7 +31,7 @@ UPDATE photo_jobs AS j
    SET state = CASE WHEN j.attempts < j.max_attempts THEN 'active' ELSE 'failed' END,
        attempts = CASE WHEN j.attempts < j.max_attempts THEN j.attempts + 1 ELSE j.attempts END,
        last_error = CASE WHEN j.attempts < j.max_attempts THEN j.last_error
-                    ELSE format('attempts spent before dispatch: attempt %%s of %%s',
+                    ELSE pg_catalog.format('attempts spent before dispatch: attempt %%s of %%s',
                                 j.attempts, j.max_attempts) END
  WHERE j.ctid = ANY (ARRAY(
          SELECT p.ctid
@@ -65,7 +70,7 @@ UPDATE photo_jobs AS j
    SET state = CASE WHEN j.attempts < j.max_attempts THEN 'active' ELSE 'failed' END,
        attempts = CASE WHEN j.attempts < j.max_attempts THEN j.attempts + 1 ELSE j.attempts END,
        last_error = CASE WHEN j.attempts < j.max_attempts THEN j.last_error
-                    ELSE format('attempts spent before dispatch: attempt %%s of %%s',
+                    ELSE pg_catalog.format('attempts spent before dispatch: attempt %%s of %%s',
                                 j.attempts, j.max_attempts) END
  WHERE j.ctid = ANY (ARRAY(
          SELECT p.ctid
@@ -106,7 +111,7 @@ UPDATE photo_jobs SET last_error = %(error)s
 -- Capped at a day, so a row parked at 'infinity' neither breaks the arithmetic nor matters.
 -- Paused types are left out: their rows becoming due is no reason to wake up.
 SELECT extract(epoch FROM least(min(d.due), now() + interval '1 day') - now())::float8
-  FROM unnest(%(types)s::text[]) AS t(type)
+  FROM pg_catalog.unnest(%(types)s::text[]) AS t(type)
  CROSS JOIN LATERAL (
         SELECT coalesce(p.next_retry_at, p.created_at) AS due
           FROM photo_jobs AS p
@@ -154,7 +159,7 @@ UPDATE photo_jobs AS j
        state = CASE WHEN j.attempts < j.max_attempts THEN 'active' ELSE 'failed' END,
        last_error = CASE WHEN j.attempts < j.max_attempts
                          THEN coalesce(%(error)s::text, j.last_error)
-                    ELSE format('%%s: attempt %%s of %%s', %(why)s::text,
+                    ELSE pg_catalog.format('%%s: attempt %%s of %%s', %(why)s::text,
                                 j.attempts, j.max_attempts) END
  WHERE j.ctid = ANY (ARRAY(
          SELECT a.ctid
@@ -197,7 +202,7 @@ SELECT t.type,
        CASE WHEN d.due IS NULL THEN 0
             ELSE extract(epoch FROM now() - greatest(d.due, '1970-01-01'::timestamptz))
        END::float8
-  FROM unnest(%(types)s::text[]) AS t(type)
+  FROM pg_catalog.unnest(%(types)s::text[]) AS t(type)
   LEFT JOIN LATERAL (
         SELECT coalesce(p.next_retry_at, p.created_at) AS due
           FROM photo_jobs AS p
@@ -213,12 +218,12 @@ LOCK TABLE reactor_routes IN SHARE ROW EXCLUSIVE MODE
 
 -- name: ROUTES_LOCK_TRY
 -- Take this reactor's session-level liveness lock (true when granted).
-SELECT pg_try_advisory_lock(reactor_routes_lock_class(), %(lock_key)s)
+SELECT pg_catalog.pg_try_advisory_lock(reactor_routes_lock_class(), %(lock_key)s)
 
 -- name: ROUTES_KEPT
 -- Whether this reactor's routes are in order: (its rows recorded and not marked stopped,
 -- whether some session holds its lock). Reads only.
-SELECT count(*), reactor_routes_lock_held(%(lock_key)s)
+SELECT count(*), reactor_routes_lock_held(%(lock_key)s::integer)
   FROM reactor_routes
  WHERE lock_key = %(lock_key)s AND stopped_at IS NULL
 
@@ -227,8 +232,9 @@ SELECT count(*), reactor_routes_lock_held(%(lock_key)s)
 -- transaction pooler, the server session that took it may have been closed): `held`,
 -- `taken` (this session holds it now: ROUTES_LOCK_OWNER follows in the same transaction) or
 -- `refused` (another session holds the key).
-SELECT CASE WHEN reactor_routes_lock_held(%(lock_key)s) THEN 'held'
-            WHEN pg_try_advisory_lock(reactor_routes_lock_class(), %(lock_key)s) THEN 'taken'
+SELECT CASE WHEN reactor_routes_lock_held(%(lock_key)s::integer) THEN 'held'
+            WHEN pg_catalog.pg_try_advisory_lock(reactor_routes_lock_class(), %(lock_key)s)
+                 THEN 'taken'
             ELSE 'refused' END
 
 -- name: ROUTES_LOCK_OWNER
@@ -246,7 +252,7 @@ SET LOCAL lock_timeout = '2s'
 
 -- name: ROUTES_UNLOCK
 -- Release the lock (when this session holds it).
-SELECT pg_advisory_unlock(reactor_routes_lock_class(), %(lock_key)s)
+SELECT pg_catalog.pg_advisory_unlock(reactor_routes_lock_class(), %(lock_key)s)
 
 -- name: LIVE_ROUTE_CONFLICTS
 -- Routes recorded by other live reactors for the given types that differ from ours.
@@ -356,7 +362,7 @@ SELECT sum(n)::bigint
 -- name: PAUSE_TYPES
 -- Pause the given types (already paused ones are left as they are); returns those paused now.
 INSERT INTO reactor_paused_types (type, paused_by)
-SELECT t.type, %(paused_by)s FROM unnest(%(types)s::text[]) AS t(type)
+SELECT t.type, %(paused_by)s FROM pg_catalog.unnest(%(types)s::text[]) AS t(type)
     ON CONFLICT (type) DO NOTHING
 RETURNING type
 
@@ -373,7 +379,7 @@ SELECT type, paused_at, paused_by FROM reactor_paused_types ORDER BY type
 -- Which of the given types the database knows: it has rows or is paused. (An unknown type
 -- reads the whole table once; this runs only for `reactor pause`/`resume` of unrouted types.)
 SELECT t.type
-  FROM unnest(%(types)s::text[]) AS t(type)
+  FROM pg_catalog.unnest(%(types)s::text[]) AS t(type)
  WHERE EXISTS (SELECT FROM reactor_paused_types AS x WHERE x.type = t.type)
     OR EXISTS (SELECT FROM photo_jobs AS p WHERE p.type = t.type)
 
@@ -457,9 +463,10 @@ months(month) AS (
      (SELECT month FROM held WHERE month IS NOT NULL LIMIT %(months)s)
   UNION
      SELECT date_trunc('month', at)
-       FROM unnest(ARRAY[now() AT TIME ZONE 'UTC' - make_interval(secs => %(age)s::float8),
-                         now() AT TIME ZONE 'UTC',
-                         now() AT TIME ZONE 'UTC' + interval '1 month']) AS at
+       FROM pg_catalog.unnest(ARRAY[now() AT TIME ZONE 'UTC'
+                                        - make_interval(secs => %(age)s::float8),
+                                    now() AT TIME ZONE 'UTC',
+                                    now() AT TIME ZONE 'UTC' + interval '1 month']) AS at
       WHERE EXISTS (SELECT FROM held WHERE month IS NOT NULL))
 SELECT coalesce(sum(photo_jobs_history_add_months(month AT TIME ZONE 'UTC',
                                                   month AT TIME ZONE 'UTC')), 0)
@@ -481,7 +488,7 @@ SELECT name, estimated_rows
 -- asks the planner instead (ESTIMATE_HISTORY).
 SELECT (SELECT count(*) FROM (SELECT FROM photo_jobs_history LIMIT %(limit)s) AS h),
        (SELECT count(*) FROM pg_inherits
-         WHERE inhparent = 'photo_jobs_history'::regclass)
+         WHERE inhparent = 'photo_jobs_history'::regclass::oid)
 
 -- name: ESTIMATE_HISTORY
 -- The planner's estimate of the rows in photo_jobs_history (a one-row EXPLAIN in JSON).
@@ -543,7 +550,8 @@ SELECT a.pid, substr(a.application_name, 15), host(a.client_addr), a.backend_sta
                     AND l.objid::bigint - (photo_jobs_doorbell_key() & 4294967295)
                         BETWEEN 0 AND photo_jobs_doorbell_stripes() - 1
                   GROUP BY l.pid
-                 HAVING count(DISTINCT l.objid) = photo_jobs_doorbell_stripes()) AS armed
+                 HAVING pg_catalog.count(DISTINCT l.objid)
+                        = photo_jobs_doorbell_stripes()) AS armed
   FROM pg_stat_activity AS a
  WHERE a.datname = current_database()
    AND a.application_name IN ('photo-reactor listener', 'photo-reactor work')
@@ -558,11 +566,11 @@ SELECT a.pid, substr(a.application_name, 15), host(a.client_addr), a.backend_sta
 -- same checks before it creates anything. It takes no parameters: its `%I` reach format().
 WITH t AS (SELECT c.oid, c.relkind, c.relowner, c.relrowsecurity
              FROM pg_catalog.pg_class AS c
-            WHERE c.oid = pg_catalog.to_regclass('public.reactor_migrations')),
+            WHERE c.oid = pg_catalog.to_regclass('public.reactor_migrations')::oid),
      f AS (SELECT p.proowner
              FROM pg_catalog.pg_proc AS p
             WHERE p.oid = pg_catalog.to_regprocedure(
-                      'public.reactor_migration_begin(integer, text)'))
+                      'public.reactor_migration_begin(integer, text)')::oid)
 SELECT CASE
   WHEN (SELECT relkind FROM t) <> 'r' THEN 'is not a plain table'
   WHEN (SELECT relowner FROM t) <> (SELECT oid FROM pg_catalog.pg_roles
@@ -589,15 +597,17 @@ SELECT CASE
        OR EXISTS (SELECT 1 FROM pg_catalog.pg_index
                    WHERE indrelid = (SELECT oid FROM t) AND NOT indisprimary)
     THEN 'has constraints or indexes that sql/0001 does not make'
-  WHEN (SELECT pg_catalog.array_agg(a.attname::text || ' ' || a.atttypid::regtype::text
-                                    || ' ' || coalesce(pg_catalog.pg_get_expr(d.adbin, d.adrelid),
-                                                       '')
-                                    ORDER BY a.attnum)
-          FROM pg_catalog.pg_attribute AS a
-          LEFT JOIN pg_catalog.pg_attrdef AS d ON (d.adrelid, d.adnum) = (a.attrelid, a.attnum)
-         WHERE a.attrelid = (SELECT oid FROM t) AND a.attnum > 0 AND NOT a.attisdropped)
-       IS DISTINCT FROM ARRAY['version integer ', 'name text ',
-                              'applied_at timestamp with time zone now()']
+  WHEN NOT coalesce(
+         (SELECT pg_catalog.array_agg(a.attname::text || ' ' || a.atttypid::regtype::text
+                                      || ' ' || coalesce(pg_catalog.pg_get_expr(d.adbin,
+                                                                                d.adrelid), '')
+                                      ORDER BY a.attnum)
+            FROM pg_catalog.pg_attribute AS a
+            LEFT JOIN pg_catalog.pg_attrdef AS d ON (d.adrelid, d.adnum) = (a.attrelid, a.attnum)
+           WHERE a.attrelid = (SELECT oid FROM t) AND a.attnum > 0 AND NOT a.attisdropped)
+         OPERATOR(pg_catalog.=) ARRAY['version integer ', 'name text ',
+                                      'applied_at timestamp with time zone now()'],
+         false)
     THEN 'has columns, types or defaults that sql/0001 does not make'
 END
 
@@ -610,6 +620,26 @@ SELECT set_config('idle_in_transaction_session_timeout', %(timeout)s, false)
 -- name: SERVER_READ_ONLY
 -- Whether this session cannot write: a standby (in recovery) or a read-only default.
 SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool
+
+-- name: SEARCH_PATH_WRITERS
+-- `reactor run` at start: the schemas of this session's search_path (its temporary schema left
+-- out) in which roles other than superusers, photo_jobs' owner and its members may CREATE,
+-- with those roles (predefined pg_ roles left out: their members are listed). A function or
+-- operator such a role puts there can take this session's unqualified calls over.
+SELECT n.nspname::text, pg_catalog.array_agg(r.rolname::text ORDER BY r.rolname)
+  FROM pg_catalog.unnest(pg_catalog.current_schemas(false)) AS s(name)
+  JOIN pg_catalog.pg_namespace AS n ON n.nspname = s.name
+  JOIN pg_catalog.pg_roles AS r ON pg_catalog.has_schema_privilege(r.oid, n.oid, 'CREATE')
+ WHERE n.oid <> pg_catalog.pg_my_temp_schema()
+   AND NOT r.rolsuper
+   AND NOT pg_catalog.starts_with(r.rolname::text, 'pg_')
+   AND NOT pg_catalog.pg_has_role(
+             r.oid,
+             (SELECT c.relowner FROM pg_catalog.pg_class AS c
+               WHERE c.oid = pg_catalog.to_regclass('public.photo_jobs')::oid),
+             'MEMBER')
+ GROUP BY n.nspname
+ ORDER BY n.nspname
 
 -- the LISTEN session and the doorbell --------------------------------------------------------
 
@@ -638,7 +668,7 @@ SELECT bool_and(pg_try_advisory_lock(photo_jobs_doorbell_key() + s))
 
 -- name: DOORBELL_ARM
 -- Take every doorbell key, queueing behind writers in flight (bounded by the lock timeout).
-SELECT count(pg_advisory_lock(photo_jobs_doorbell_key() + s))
+SELECT pg_catalog.count(pg_advisory_lock(photo_jobs_doorbell_key() + s))
   FROM generate_series(0, photo_jobs_doorbell_stripes() - 1) AS s
 
 -- name: DOORBELL_RELEASE
@@ -654,7 +684,7 @@ SELECT pg_advisory_unlock_all()
 -- not notify), and how many stripes there are (a bigint key is classid = high 32 bits,
 -- objid = low 32 bits, objsubid = 1 in pg_locks).
 WITH held AS (
-    SELECT l.pid, count(DISTINCT l.objid) AS stripes
+    SELECT l.pid, pg_catalog.count(DISTINCT l.objid) AS stripes
       FROM pg_locks AS l
      WHERE l.locktype = 'advisory'
        AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
@@ -702,10 +732,10 @@ SELECT pg_catalog.set_config('search_path', %(search_path)s, true)
 
 -- name: MIGRATION_LOCK
 -- The advisory lock `reactor migrate` holds while it applies files (`key`).
-SELECT pg_advisory_lock(%(key)s)
+SELECT pg_catalog.pg_advisory_lock(%(key)s)
 
 -- name: MIGRATION_UNLOCK
-SELECT pg_advisory_unlock(%(key)s)
+SELECT pg_catalog.pg_advisory_unlock(%(key)s)
 
 -- the sweep and the operator's commands -------------------------------------------------------
 
@@ -736,7 +766,7 @@ EXPLAIN (FORMAT JSON) SELECT FROM photo_jobs WHERE state = %(state)s AND type = 
 -- The types the table's statistics (the last ANALYZE) list as common: which types to ask
 -- the planner about when finished rows are too many to read.
 SELECT v.type
-  FROM pg_stats AS s, unnest(s.most_common_vals::text::text[]) AS v(type)
+  FROM pg_stats AS s, pg_catalog.unnest(s.most_common_vals::text::text[]) AS v(type)
  WHERE s.schemaname = 'public' AND s.tablename = 'photo_jobs' AND s.attname = 'type'
 
 -- name: HORIZON_HOLDERS
@@ -802,7 +832,7 @@ SELECT (SELECT count(*)
                   WHERE o.option_name = 'autovacuum_enabled'), true)
   FROM pg_class AS c
   LEFT JOIN pg_stat_user_tables AS s ON s.relid = c.oid
- WHERE c.oid = 'public.photo_jobs'::regclass
+ WHERE c.oid = 'public.photo_jobs'::regclass::oid
 
 -- name: STATUS_PER_TYPE
 -- `reactor status`: per given type, the age of the oldest due row, the next retry, and how
@@ -826,7 +856,7 @@ SELECT t.type,
            AND a.updated_at < now() - make_interval(secs => %(stale_after)s::float8)
            AND (a.heartbeat_at IS NULL
                 OR a.heartbeat_at < now() - make_interval(secs => %(stale_after)s::float8)))
-  FROM unnest(%(types)s::text[]) AS t(type)
+  FROM pg_catalog.unnest(%(types)s::text[]) AS t(type)
 
 -- name: CLAIM_REFUSED_ROWS
 -- `reactor status`: pending rows whose claim a reactor found failing (their last_error starts
@@ -931,7 +961,8 @@ WITH fresh AS (
        FROM photo_jobs
       WHERE photo_id = %(photo_id)s AND type = %(type)s
         AND state = 'active' AND prior_attempts + attempts = %(token)s
-        AND greatest(updated_at, heartbeat_at) > now() - make_interval(secs => %(fresh)s)),
+        AND greatest(updated_at, heartbeat_at)
+            > now() - pg_catalog.make_interval(secs => %(fresh)s)),
 stamped AS (
      UPDATE photo_jobs
         SET state = photo_jobs.state
@@ -979,7 +1010,7 @@ UPDATE photo_jobs SET state = 'failed', last_error = %(error)s
 -- A failed attempt with attempts left: pending again, due after `delay` seconds.
 UPDATE photo_jobs
    SET state = 'pending', last_error = %(error)s,
-       next_retry_at = now() + make_interval(secs => %(delay)s)
+       next_retry_at = now() + pg_catalog.make_interval(secs => %(delay)s)
  WHERE photo_id = %(photo_id)s AND type = %(type)s
    AND state = 'active' AND prior_attempts + attempts = %(token)s
 
@@ -1000,7 +1031,7 @@ WITH submitted AS (
                                   tracestate)
      SELECT p.photo_id, %(type)s::text, %(run_at)s::timestamptz,
             coalesce(%(max_attempts)s::int, 5), %(traceparent)s::text, %(tracestate)s::text
-       FROM unnest(%(photo_ids)s::text[]) AS p(photo_id)
+       FROM pg_catalog.unnest(%(photo_ids)s::text[]) AS p(photo_id)
          ON CONFLICT (photo_id, type) DO UPDATE
         SET state = 'pending',
             traceparent = EXCLUDED.traceparent,
@@ -1040,5 +1071,6 @@ SELECT photo_id, type, state, attempts, max_attempts,
 -- What waiting `seconds` would do to the pending rows (of `type`, if not NULL): each comes
 -- due that much sooner, so a test runs a retry without sleeping.
 UPDATE photo_jobs
-   SET next_retry_at = coalesce(next_retry_at, created_at) - make_interval(secs => %(seconds)s)
+   SET next_retry_at = coalesce(next_retry_at, created_at)
+                       - pg_catalog.make_interval(secs => %(seconds)s)
  WHERE state = 'pending' AND (%(type)s::text IS NULL OR type = %(type)s)
