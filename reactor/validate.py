@@ -44,8 +44,11 @@ _SHOWN_CHARS = 40
 
 def error_column(text: str) -> str:
     """`text` as a row's `last_error` can hold it: a NUL (which Postgres text refuses, and a
-    handler's message about binary data may carry) written `\\x00`, cut to `MAX_ERROR_CHARS`."""
-    return text.replace("\x00", "\\x00")[:MAX_ERROR_CHARS]
+    handler's message about binary data may carry) written `\\x00`, a lone surrogate (which
+    UTF-8 cannot encode: `os.fsdecode` of a file name that is not UTF-8) `\\udcff`, cut to
+    `MAX_ERROR_CHARS`."""
+    text = text.replace("\x00", "\\x00")
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")[:MAX_ERROR_CHARS]
 
 
 def _show(value: object) -> str:

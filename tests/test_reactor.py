@@ -221,6 +221,22 @@ def test_a_queue_key_of_the_wrong_type_quarantines_its_type_until_it_is_fixed(
     assert "photo.process" not in dispatcher.quarantined
 
 
+@pytest.mark.timeout(60)
+def test_a_bad_queue_key_under_full_batches_ends_the_drain(env: Env) -> None:
+    # A full batch puts its type back in the rotation before its delivery: the quarantine
+    # must take it out again, or the drain claims and rolls back the same batch for ever.
+    conn, client = env.connect(), env.redis()
+    insert_rows(conn, 20)
+    client.set("rq:queue:photo-process", "junk")
+    work, ahead = env.connect(autocommit=False), env.connect(autocommit=False)
+    dispatcher = Dispatcher(Enqueuer(client, ROUTES), ROUTES, batch_size=5)
+    result = dispatcher.drain(work, ["photo.process"], lambda: False, None, ahead)
+    assert result.claimed == 0 and dispatcher.quarantined["photo.process"].failures == 1
+    assert states(conn) == {"pending": 20}
+    for each in (work, ahead):
+        assert each.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
 def test_a_job_key_of_the_wrong_type_leaves_its_row_out_and_the_others_flow(env: Env) -> None:
     conn, client = env.connect(), env.redis()
     insert_rows(conn, 5)
@@ -236,6 +252,15 @@ def test_a_job_key_of_the_wrong_type_leaves_its_row_out_and_the_others_flow(env:
     assert (refused.type, refused.photo_id) == ("photo.process", "p3")
     note = conn.execute("SELECT last_error FROM photo_jobs WHERE photo_id = 'p3'").fetchone()
     assert note is not None and planted in note[0]
+    # Tried again once its pause is over, and left out for longer: the pause doubles.
+    wait_for(
+        lambda: (
+            dispatcher.drain(work, ["photo.process"], lambda: False, 60.0) is not None
+            and dispatcher.refused.current()[0].failures == 2
+        ),
+        what="the row tried again",
+    )
+    assert states(conn) == {"active": 4, "pending": 1}
     client.delete(planted)
 
     def drained() -> bool:
@@ -243,6 +268,23 @@ def test_a_job_key_of_the_wrong_type_leaves_its_row_out_and_the_others_flow(env:
 
     wait_for(drained, what="the row's claim once it is no longer left out")
     assert states(conn) == {"active": 5} and dispatcher.refused.current() == []
+
+
+def test_a_bad_job_key_met_while_a_claim_is_sent_ahead(env: Env) -> None:
+    conn, client = env.connect(), env.redis()
+    insert_rows(conn, 12)
+    client.set(Job.key_for(job_id("photo.process", "p3", 1)), "junk")
+    work, ahead = env.connect(autocommit=False), env.connect(autocommit=False)
+    dispatcher = Dispatcher(Enqueuer(client, ROUTES), ROUTES, batch_size=5)
+    result = dispatcher.drain(work, ["photo.process"], lambda: False, 60.0, ahead)
+    assert (result.claimed, result.enqueued) == (11, 11)
+    assert states(conn) == {"active": 11, "pending": 1}
+    assert [r.photo_id for r in dispatcher.refused.current()] == ["p3"]
+    assert len(queue_ids(client)) == 11 and job_id("photo.process", "p3", 1) not in queue_ids(
+        client
+    )
+    for each in (work, ahead):
+        assert each.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
 
 
 def test_three_reactors_and_four_writers_dispatch_each_row_once(

@@ -24,7 +24,7 @@ from reactor.routes import (
 )
 from reactor.rq.job_errors import MAX_TRACEBACK_BYTES, last_line, read_failure_texts
 from reactor.settings import ReactorSettings, WorkerSettings
-from reactor.validate import MAX_ERROR_CHARS
+from reactor.validate import MAX_ERROR_CHARS, error_column
 from reactor.worker.entry import backoff_seconds
 from reactor.worker.own_routes import HandlerRefusedError, OwnRoutes
 from tests.support.env import Env
@@ -257,6 +257,8 @@ def test_last_line_of_a_traceback_names_the_exception() -> None:
     )
     assert last_line("") == ""
     assert len(last_line("ValueError: " + "x" * 2000)) == MAX_ERROR_CHARS
+    # UTF-8 cannot encode a lone surrogate (`os.fsdecode` of a name that is not UTF-8).
+    assert error_column("cannot read IMG_\udcff.jpg") == "cannot read IMG_\\udcff.jpg"
     # Postgres text refuses NUL.
     assert last_line("Traceback:\n  File 'h.py'\nValueError: \x89PNG\x00") == (
         "ValueError: \x89PNG\\x00"

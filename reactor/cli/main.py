@@ -216,7 +216,8 @@ def sweep(ctx: click.Context, /, **options: Any) -> None:
         problems.append(f"{_count(result.claim_refused, 'row')} refused the claim (left pending)")
     if result.enqueue_failures:
         rows = _count(result.enqueue_failures, "row")
-        problems.append(f"{rows} could not be enqueued (no row changed): {result.enqueue_error}")
+        why = "" if result.enqueue_error is None else f": {result.enqueue_error}"
+        problems.append(f"{rows} could not be enqueued (no row changed){why}")
     if result.rescue_error is not None and result.rescue_error != result.enqueue_error:
         problems.append(f"the rescue step failed: {result.rescue_error}")
     if problems:

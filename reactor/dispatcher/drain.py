@@ -188,12 +188,13 @@ class Dispatcher:
 
     def _claim_type(
         self, conn: Connection, job_type: str, ahead: ClaimAhead | None = None
-    ) -> list[Row]:
+    ) -> list[Row] | None:
         """Claim a batch of `job_type` (or take the claim `ahead` sent on `conn`). After a
         statement error, the rows whose claim fails alone are found and left out
         (`reactor.dispatcher.refused`) and the batch is claimed without them; when that fails
-        too, the type is quarantined (logged once) and nothing is claimed, so a type the claim
-        cannot handle does not stop the others."""
+        too, the type is quarantined (logged once) and None is returned, so a type the claim
+        cannot handle does not stop the others. A quarantine or a refusal ends only once a
+        batch is delivered (`_delivered`)."""
         started = time.monotonic() if ahead is None else ahead.started
         window = self.bounds.window(job_type, started) if ahead is None else ahead.window
         seconds: float | None = None
@@ -213,14 +214,12 @@ class Dispatcher:
                     raise
                 rows = self._claim(conn, queries.CLAIM_DUE, self._claim_params(job_type, window))
                 seconds = None
-            self.refused.claimed(job_type, rows)
             short = len(rows) < self._batch_size
             self.bounds.claimed(job_type, started, window, short, seconds)
         except StatementError as exc:
             self.quarantined.failed(job_type, str(exc))
             self.bounds.forget(job_type)
-            return []
-        self.quarantined.recovered(job_type)
+            return None
         return rows
 
     def warm_up(self, conn: Connection) -> None:
@@ -315,12 +314,13 @@ class Dispatcher:
         total = DrainResult()
         sent: ClaimAhead | None = None
         spare = ahead
+        tried = 0  # batches claimed, delivered or not
         try:
             while sent is not None or (rotation and not should_stop()):
                 if sent is None:
                     # Out of time after at least one batch: a drain always makes progress.
                     elapsed = time.monotonic() - started
-                    if total.batches and slice_seconds is not None and elapsed > slice_seconds:
+                    if tried and slice_seconds is not None and elapsed > slice_seconds:
                         total = replace(total, more=True)
                         break
                     job_type = rotation.popleft()
@@ -338,6 +338,9 @@ class Dispatcher:
                         rotation.appendleft(job_type)
                         continue
                     conn, spare = claim.conn, conn
+                if rows is None:
+                    continue  # quarantined
+                tried += 1
                 full = len(rows) == self._batch_size
                 if full:
                     rotation.append(job_type)  # a full batch: this type may have more
@@ -355,8 +358,11 @@ class Dispatcher:
                 try:
                     total = total.add(self._deliver(conn, rows), full)
                 except RedisDataError as exc:
-                    if _left_out(self, conn, job_type, exc):
-                        rotation.append(job_type)  # its other rows go on
+                    _left_out(self, conn, job_type, exc, rotation=rotation, sent=sent)
+                    sent = None
+                    continue
+                self.refused.claimed(job_type, rows)
+                self.quarantined.recovered(job_type)
         except BaseException:
             # Whatever failed, no claim stays open (an open claim would be committed by the
             # next one, with no job behind its rows), and the claims rolled back put rows
@@ -393,17 +399,33 @@ class Dispatcher:
             raise
 
 
-def _left_out(dispatcher: Dispatcher, conn: Connection, job_type: str, exc: RedisDataError) -> bool:
-    """A batch of `job_type` was refused for a key of the wrong kind (and rolled back): the
-    row whose job key it is is left out of the type's claims for a while, and True is returned
-    (claim the type again); a key of the type's queue quarantines the type.
+def _left_out(
+    dispatcher: Dispatcher,
+    conn: Connection,
+    job_type: str,
+    exc: RedisDataError,
+    *,
+    rotation: deque[str],
+    sent: ClaimAhead | None,
+) -> None:
+    """A batch of `job_type` was refused for a key of the wrong kind (and rolled back). The
+    claim `sent` ahead is rolled back first (its rows may be the one the note below writes) and
+    its type put back at the front of `rotation`. Then the row whose job key it is is left out
+    of its type's claims for a while, and the type claimed again; a key of the type's queue
+    quarantines the type, and it leaves `rotation`.
 
     Raises:
         DatabaseError: the connection failed.
     """
+    if sent is not None:
+        sent.abandon()
+        rotation.appendleft(sent.job_type)
+    dispatcher.bounds.forget(job_type)  # the batch's rows are due again, however old
     if exc.photo_id is not None:
         dispatcher.refused.refuse(conn, job_type, exc.photo_id, str(exc))
-        return True
+        if job_type not in rotation:
+            rotation.append(job_type)  # its other rows go on
+        return
     dispatcher.quarantined.failed(job_type, str(exc))
-    dispatcher.bounds.forget(job_type)
-    return False
+    for _ in range(rotation.count(job_type)):
+        rotation.remove(job_type)

@@ -102,9 +102,13 @@ SELECT t.type
 
 -- name: NOTE_CLAIM_REFUSED
 -- Write why a pending row's claim fails into its last_error (`reactor status` and `reactor
--- failures` show it); the row stays pending, as due as before.
+-- failures` show it); the row stays pending, as due as before. A row locked elsewhere (a
+-- claim of the reactor's other connection, in flight) is passed over: the note never waits.
 UPDATE photo_jobs SET last_error = %(error)s
- WHERE type = %(type)s AND photo_id = %(photo_id)s AND state = 'pending'
+ WHERE (type, photo_id) = (SELECT type, photo_id FROM photo_jobs
+                            WHERE type = %(type)s AND photo_id = %(photo_id)s
+                              AND state = 'pending'
+                              FOR UPDATE SKIP LOCKED)
 
 -- name: NEXT_DUE_IN
 -- Seconds until the earliest pending row of the given types becomes due (NULL if none).

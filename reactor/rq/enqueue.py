@@ -127,7 +127,7 @@ return enqueued
 
 
 #: The script's refusal of a key of the wrong kind (`check` above).
-_WRONG_KIND = re.compile(r"WRONGTYPE (?P<key>\S+) holds (?P<held>an? \w+, not an? \w+): nothing")
+_WRONG_KIND = re.compile(r"WRONGTYPE (?P<key>\S+) holds (?P<held>an? \S+?, not an? \w+): nothing")
 
 
 class _Job(Job):

@@ -59,6 +59,8 @@ def _inflate(raw: bytes) -> str | None:
         return None
     if inflater.unconsumed_tail:
         return f"(a traceback of more than {MAX_TRACEBACK_BYTES} bytes, not read)"
+    if not inflater.eof:
+        return None  # cut short: not a whole zlib stream
     return text.decode("utf-8", "replace")
 
 
