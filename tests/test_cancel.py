@@ -250,6 +250,32 @@ def test_metrics_count_cancelled_rows(
     wait_for(lambda: cancelled_rows() == 2, what="the cancelled-rows gauge")
 
 
+def test_metrics_count_rows_failed_in_the_last_five_minutes(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
+) -> None:
+    with conn.transaction():
+        conn.execute("SET LOCAL session_replication_role = replica")  # keep updated_at as given
+        conn.execute(
+            "INSERT INTO photo_jobs (photo_id, type, state, attempts, updated_at) VALUES"
+            " ('now', 'photo.process', 'failed', 1, now()),"
+            " ('earlier', 'photo.process', 'failed', 1, now() - interval '10 minutes'),"
+            " ('other', 'photo.unrouted', 'failed', 1, now())"
+        )
+    port = free_port()
+    start_reactor(spawn, "--metrics-port", str(port), "--sweep-interval", "0.5")
+
+    def failed_rows() -> tuple[float, float]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+        name = "reactor_recently_failed_rows"
+        return (
+            metric(text, f'{name}{{type="photo.process"}}', -1),
+            metric(text, f'{name}{{type="(unrouted)"}}', -1),
+        )
+
+    wait_for(lambda: failed_rows() == (1, 1), what="the recently-failed gauge")
+
+
 def test_a_started_job_naming_a_worker_no_rq_worker_can_have_is_passed_over(
     env: Env, conn: psycopg.Connection[Any]
 ) -> None:

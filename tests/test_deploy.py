@@ -123,7 +123,12 @@ def test_the_kit_covers_what_an_operator_watches() -> None:
     titles = {where.rsplit(" ", 1)[0] for where in dashboard_expressions()}
     assert titles >= {"Dispatch rate by type", "Backlog by type", "Oldest due row by type"}
     assert titles >= {"xmin horizon age", "Dead tuples and autovacuum"}
-    assert titles >= {"Rescues", "Failures", "Listener and loop", "Doorbell and wake-ups"}
+    assert titles >= {
+        "Rescues and failed rows",
+        "Failures",
+        "Listener and loop",
+        "Doorbell and wake-ups",
+    }
     assert titles >= {"Claim latency", "Enqueue latency"}
 
 

@@ -1,10 +1,11 @@
-"""The backlog gauges: rows waiting or running per type, the oldest due row's age, and the
-cancelled rows kept for inspection.
+"""The backlog gauges: rows waiting or running per type, the oldest due row's age, the
+cancelled rows kept for inspection, and the rows failed in the last 5 minutes (the failure
+rate an alert watches: workers export no metrics, their outcomes are rows).
 
-Counting is O(pending + active + cancelled rows), so `reactor run` refreshes these after a
-sweep round and only when metrics are served, never on the dispatch path. Routed types are
-labelled by name and every other type under one label, so the series stay bounded whatever
-types the table holds.
+Counting is O(pending + active + cancelled + recently failed rows), so `reactor run` refreshes
+these after a sweep round and only when metrics are served, never on the dispatch path. Routed
+types are labelled by name and every other type under one label, so the series stay bounded
+whatever types the table holds.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from reactor.pg import queries
 from reactor.pg.db import Connection, translating
 from reactor.routes import Route
 
-__all__ = ["OTHER_TYPES_LABEL", "refresh_backlog_metrics"]
+__all__ = ["OTHER_TYPES_LABEL", "RECENTLY_FAILED_SECONDS", "refresh_backlog_metrics"]
 
 #: The `type` label of the backlog of every type no route covers.
 OTHER_TYPES_LABEL = "(unrouted)"
+#: How far back `reactor_recently_failed_rows` counts.
+RECENTLY_FAILED_SECONDS = 300.0
 #: The states the backlog gauge counts (finished rows are no backlog).
 _BACKLOG_STATES = ("pending", "active")
 
@@ -27,7 +30,8 @@ _BACKLOG_STATES = ("pending", "active")
 def refresh_backlog_metrics(
     conn: Connection, metrics: Metrics, routes: Mapping[str, Route]
 ) -> None:
-    """Set the backlog, oldest-due and cancelled-rows gauges from one read-only transaction.
+    """Set the backlog, oldest-due, cancelled-rows and recently-failed gauges from one
+    read-only transaction.
 
     Raises:
         DatabaseError, StatementError: as `translating` maps psycopg's errors.
@@ -37,6 +41,9 @@ def refresh_backlog_metrics(
         backlog = conn.execute(queries.BACKLOG).fetchall()
         ages = conn.execute(queries.OLDEST_DUE_AGE, {"types": types}).fetchall()
         cancelled_rows = conn.execute(queries.CANCELLED_COUNTS).fetchall()
+        failed_rows = conn.execute(
+            queries.RECENTLY_FAILED, {"seconds": RECENTLY_FAILED_SECONDS}
+        ).fetchall()
     counts: dict[tuple[str, str], int] = {
         (label, state): 0 for label in (*types, OTHER_TYPES_LABEL) for state in _BACKLOG_STATES
     }
@@ -52,6 +59,11 @@ def refresh_backlog_metrics(
         cancelled[_label(job_type, routes)] += count
     for label, count in cancelled.items():
         metrics.cancelled_rows.labels(label).set(count)
+    failed = dict.fromkeys((*types, OTHER_TYPES_LABEL), 0)
+    for job_type, count in failed_rows:
+        failed[_label(job_type, routes)] += count
+    for label, count in failed.items():
+        metrics.recently_failed.labels(label).set(count)
 
 
 def _label(job_type: str, routes: Mapping[str, Route]) -> str:

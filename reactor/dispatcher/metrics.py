@@ -151,6 +151,13 @@ class Metrics:
             ["type"],
             registry=r,
         )
+        self.recently_failed = Gauge(
+            "reactor_recently_failed_rows",
+            "Rows that went to failed (attempts spent, a PermanentError, failed by the sweep) "
+            "in the last 5 minutes, by type (refreshed after every sweep).",
+            ["type"],
+            registry=r,
+        )
         self.oldest_due_age = Gauge(
             "reactor_oldest_due_age_seconds",
             "Age of the oldest due pending row, by type (0 if none; refreshed after every sweep).",

@@ -935,6 +935,15 @@ UPDATE photo_jobs
    AND state = 'pending'
 RETURNING type, photo_id, prior_attempts + attempts
 
+-- name: RECENTLY_FAILED
+-- Rows of each type that went to `failed` (attempts spent, a PermanentError, failed by the
+-- sweep) in the last `seconds` (the metrics, after each sweep): a range of the finished rows'
+-- index, however much history the table holds.
+SELECT type, count(*)
+  FROM photo_jobs
+ WHERE state = 'failed' AND updated_at > now() - make_interval(secs => %(seconds)s::float8)
+ GROUP BY type
+
 -- name: CANCELLED_COUNTS
 -- Cancelled rows by type (the metrics, after each sweep): one walk of the cancelled-rows index.
 SELECT type, count(*) FROM photo_jobs WHERE state = 'cancelled' GROUP BY type
