@@ -24,6 +24,13 @@ from tests.support.servers import free_port
 from tests.support.waiting import wait_for
 
 HOUR_AGO = datetime.now(timezone.utc) - timedelta(hours=1)
+#: photo.process on its queue, photo.thumb on `thumbs`.
+TWO_QUEUES = (
+    "--route",
+    "photo.process=reactor.demo.process_photo",
+    "--route",
+    "photo.thumb=reactor.demo.process_photo@thumbs",
+)
 
 
 def _stale_active(conn: psycopg.Connection[Any], photo_id: str, job_type: str) -> JobRef:
@@ -88,10 +95,7 @@ def test_a_bad_queue_key_counts_as_a_failed_rescue_and_health_says_so(
     port = free_port()
     reactor = start_reactor(
         spawn,
-        "--route",
-        "photo.process=reactor.demo.process_photo",
-        "--route",
-        "photo.thumb=reactor.demo.process_photo@thumbs",
+        *TWO_QUEUES,
         "--sweep-interval",
         "0.5",
         "--stale-after",
@@ -123,10 +127,7 @@ def test_a_bad_queue_key_holds_up_only_its_type_and_a_bad_job_key_only_its_row(
     port = free_port()
     start_reactor(
         spawn,
-        "--route",
-        "photo.process=reactor.demo.process_photo",
-        "--route",
-        "photo.thumb=reactor.demo.process_photo@thumbs",
+        *TWO_QUEUES,
         "--sweep-interval",
         "1",
         "--metrics-port",
