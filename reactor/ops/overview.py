@@ -60,7 +60,10 @@ FAILURES_SHOWN = 20
 #: of a worker's executions (`job_id:execution_id`), an execution's hash (prefix + member).
 _WORKERS_KEY = Worker.redis_workers_keys
 _WORKER_PREFIX = Worker.redis_worker_namespace_prefix.encode()
-_EXECUTIONS_KEY = WORKER_EXECUTIONS_KEY_TEMPLATE.encode()
+# The template as RQ fills it in (`str.format`: a `{rq}` prefix is written `{{rq}}` in it).
+_EXECUTIONS_HEAD, _EXECUTIONS_TAIL = (
+    part.encode() for part in WORKER_EXECUTIONS_KEY_TEMPLATE.format("\x00").split("\x00")
+)
 _EXECUTION_PREFIX = f"{RQ_KEY_PREFIX}:execution:".encode()
 
 
@@ -197,7 +200,8 @@ def _workers(client: redis.Redis, unreadable: list[str]) -> list[tuple[WorkerInf
     with client.pipeline(transaction=False) as pipe:
         for key in keys:
             pipe.hmget(key, "state", "queues")
-            pipe.smembers(_EXECUTIONS_KEY.replace(b"{0}", key.removeprefix(_WORKER_PREFIX)))
+            name = key.removeprefix(_WORKER_PREFIX)
+            pipe.smembers(_EXECUTIONS_HEAD + name + _EXECUTIONS_TAIL)
         replies = pipe.execute(raise_on_error=False)
     found: list[_WorkerKey] = []
     for key, fields, executions in zip(keys, replies[::2], replies[1::2], strict=True):
