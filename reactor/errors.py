@@ -71,16 +71,12 @@ class RedisDataError(ReactorError):
     Trying again fails again, so the caller leaves out the row whose job key it is, or the
     type whose queue key it is, and the others go on."""
 
-    def __init__(
-        self, message: str, *, key: str, photo_id: str | None = None, rows: int = 0
-    ) -> None:
+    def __init__(self, message: str, *, key: str, photo_id: str | None = None) -> None:
         super().__init__(message)
         #: The key that holds the wrong kind of value.
         self.key = key
         #: The row whose job key it is; None: a key the batch's queue shares.
         self.photo_id = photo_id
-        #: How many rows the failed batch held (they stay as they were).
-        self.rows = rows
 
 
 class InvalidJobError(ReactorError):

@@ -7,13 +7,15 @@ of `[A-Za-z0-9_.-]` (it is the NOTIFY payload and names an RQ queue); `max_attem
 that is blank (whitespace and invisible format characters such as U+200B alone: a slip of a
 shell script, never a photo) or that no UTF-8 can encode (a lone surrogate) is refused here
 too. Error texts show at most the first few dozen characters of the value, so a huge id
-cannot flood a terminal or a log.
+cannot flood a terminal or a log. An HTML form carries a photo id percent-encoded
+(`quoted_photo_id`), read back only from exactly that encoding (`unquoted_photo_id`).
 """
 
 from __future__ import annotations
 
 import re
 import unicodedata
+import urllib.parse
 
 from reactor.errors import InvalidJobError
 
@@ -27,6 +29,8 @@ __all__ = [
     "check_photo_id",
     "error_column",
     "is_valid_type",
+    "quoted_photo_id",
+    "unquoted_photo_id",
     "validate_job",
 ]
 
@@ -49,6 +53,22 @@ def error_column(text: str) -> str:
     `MAX_ERROR_CHARS`."""
     text = text.replace("\x00", "\\x00")
     return text.encode("utf-8", "backslashreplace").decode("utf-8")[:MAX_ERROR_CHARS]
+
+
+def quoted_photo_id(photo_id: str) -> str:
+    """A photo id as an HTML form carries it: percent-encoded UTF-8, nothing left bare but
+    letters, digits and `_.-~` (no line break for a browser to rewrite)."""
+    return urllib.parse.quote(photo_id, safe="")
+
+
+def unquoted_photo_id(text: str) -> str | None:
+    """The photo id that `quoted_photo_id` wrote as `text`, or None for any other text: one
+    encoding per id, so a value a page did not write names none of its rows."""
+    try:
+        photo_id = urllib.parse.unquote(text, errors="strict")
+    except UnicodeDecodeError:
+        return None
+    return photo_id if photo_id and quoted_photo_id(photo_id) == text else None
 
 
 def _show(value: object) -> str:

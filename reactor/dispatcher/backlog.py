@@ -11,6 +11,9 @@ whatever types the table holds.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
+
+from prometheus_client import Gauge
 
 from reactor.dispatcher.metrics import Metrics
 from reactor.pg import queries
@@ -54,16 +57,18 @@ def refresh_backlog_metrics(
         metrics.backlog.labels(label, state).set(count)
     for job_type, age in ages:
         metrics.oldest_due_age.labels(job_type).set(age)
-    cancelled = dict.fromkeys((*types, OTHER_TYPES_LABEL), 0)
-    for job_type, count in cancelled_rows:
-        cancelled[_label(job_type, routes)] += count
-    for label, count in cancelled.items():
-        metrics.cancelled_rows.labels(label).set(count)
-    failed = dict.fromkeys((*types, OTHER_TYPES_LABEL), 0)
-    for job_type, count in failed_rows:
-        failed[_label(job_type, routes)] += count
-    for label, count in failed.items():
-        metrics.recently_failed.labels(label).set(count)
+    _set_by_type(metrics.cancelled_rows, cancelled_rows, routes)
+    _set_by_type(metrics.recently_failed, failed_rows, routes)
+
+
+def _set_by_type(gauge: Gauge, rows: list[Any], routes: Mapping[str, Route]) -> None:
+    """Set `gauge` for every routed type and `OTHER_TYPES_LABEL` from (type, count) rows,
+    0 where no row counts one."""
+    counts = dict.fromkeys((*routes, OTHER_TYPES_LABEL), 0)
+    for job_type, count in rows:
+        counts[_label(job_type, routes)] += count
+    for label, count in counts.items():
+        gauge.labels(label).set(count)
 
 
 def _label(job_type: str, routes: Mapping[str, Route]) -> str:

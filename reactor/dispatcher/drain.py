@@ -194,7 +194,7 @@ class Dispatcher:
         (`reactor.dispatcher.refused`) and the batch is claimed without them; when that fails
         too, the type is quarantined (logged once) and None is returned, so a type the claim
         cannot handle does not stop the others. A quarantine or a refusal ends only once a
-        batch is delivered (`_delivered`)."""
+        batch of the type is delivered (`drain`)."""
         started = time.monotonic() if ahead is None else ahead.started
         window = self.bounds.window(job_type, started) if ahead is None else ahead.window
         seconds: float | None = None
@@ -261,16 +261,6 @@ class Dispatcher:
             RedisDataError: a key the jobs write holds another kind of value (likewise).
             DatabaseError: Postgres failed (likewise, unless the COMMIT was lost).
         """
-        return self._redispatch(conn, refs, stale_after_seconds, why, error)
-
-    def _redispatch(
-        self,
-        conn: Connection,
-        refs: Sequence[JobRef],
-        stale_after_seconds: float | None,
-        why: str,
-        error: str | None,
-    ) -> BatchResult:
         if not refs:
             return BatchResult()
         return self._dispatch(

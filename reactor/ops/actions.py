@@ -19,7 +19,7 @@ requests from other sites:
   site's page can send here without a CORS preflight, which this server never grants.
 
 A form names one row or one state, never a list: a row's form carries its photo id in one
-`photo_id` field, percent-encoded UTF-8 (`form_photo_id`), decoded whole and never split.
+`photo_id` field, percent-encoded UTF-8 (`quoted_photo_id`), decoded whole and never split.
 Photo ids may hold any character but NUL (line breaks, U+2028 …), and browsers rewrite every
 line break of a form value to CRLF, so the id is encoded to come back exactly; a value that is
 not the encoding the page writes is refused. Lists of ids go through the JSON API.
@@ -51,9 +51,14 @@ from reactor.pg.registry import routes_in_use
 from reactor.redact import redact
 from reactor.routes import Route
 from reactor.throttle import LogThrottle
-from reactor.validate import MAX_PHOTO_ID_BYTES, check_job_type, validate_job
+from reactor.validate import (
+    MAX_PHOTO_ID_BYTES,
+    check_job_type,
+    unquoted_photo_id,
+    validate_job,
+)
 
-__all__ = ["ACTIONS", "Actions", "Reply", "form_photo_id"]
+__all__ = ["ACTIONS", "Actions", "Reply"]
 
 logger = logging.getLogger(__name__)
 
@@ -323,24 +328,14 @@ def _from_json(action: str, headers: Message, body: bytes) -> _Request:
     return _request(action, data.get("type"), data.get("photo_ids"), data.get("state"))
 
 
-def form_photo_id(photo_id: str) -> str:
-    """A photo id as a row's form carries it: percent-encoded UTF-8, nothing left bare but
-    letters, digits and `_.-~` (no line break for a browser to rewrite)."""
-    return urllib.parse.quote(photo_id, safe="")
-
-
 def _row_photo_id(encoded: str) -> str:
-    """The photo id a row's form names, decoded exactly (see `form_photo_id`).
+    """The photo id a row's form names, decoded exactly (`quoted_photo_id` wrote it).
 
     Raises:
-        _RefusedError: not an encoding `form_photo_id` writes, or not an id the table holds.
+        _RefusedError: not an encoding `quoted_photo_id` writes, or not an id the table holds.
     """
-    try:
-        photo_id = urllib.parse.unquote(encoded, errors="strict")
-    except UnicodeDecodeError:
-        photo_id = ""
-    # One encoding per id: a value the page did not write names no row of the page.
-    if not photo_id or form_photo_id(photo_id) != encoded:
+    photo_id = unquoted_photo_id(encoded)
+    if photo_id is None:
         raise _RefusedError(400, "photo_id is not a photo id as the page encodes it")
     # The table's own bounds, not validate_job's: a blank id is refused from a person's
     # typing, but a row that holds one may be acted on by its own form.

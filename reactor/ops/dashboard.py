@@ -42,7 +42,7 @@ from markupsafe import Markup
 
 from reactor.errors import ConfigError, DatabaseError, ReactorError, StatementError
 from reactor.http_server import BoundedHTTPServer
-from reactor.ops.actions import Actions, form_photo_id, read_body
+from reactor.ops.actions import Actions, read_body
 from reactor.ops.charts import per_minute_chart
 from reactor.ops.hosts import allowed_hosts, host_of
 from reactor.ops.overview import Overview, read_overview
@@ -53,6 +53,7 @@ from reactor.redact import redact
 from reactor.routes import Route
 from reactor.rq.redis_url import connect_redis
 from reactor.throttle import LogThrottle
+from reactor.validate import quoted_photo_id
 
 __all__ = [
     "DATABASE_CONNECTIONS",
@@ -169,7 +170,7 @@ class Dashboard:
         )
         self._templates.filters["when"] = shown_time
         self._templates.filters["rows"] = shown_count
-        self._templates.filters["form_id"] = form_photo_id
+        self._templates.filters["form_id"] = quoted_photo_id
 
     def _connection(self) -> tuple[db.Connection, bool]:
         """The dashboard's connection, and whether it was open already."""

@@ -240,20 +240,15 @@ class Enqueuer:
             # Building the jobs may ask Redis too (RQ reads the server's version once).
             refs, argv = self._arguments(refs)
             skipped = self._script(keys=[], args=argv)
-        except redis.ResponseError as exc:
-            found = _WRONG_KIND.search(str(exc))
-            if found is None:
-                raise RedisUnavailableError(
-                    f"Redis enqueue failed: {redact(str(exc))}", rows=len(refs)
-                ) from exc
-            key = found["key"]
-            raise RedisDataError(
-                f"Redis key {key} holds {found['held']}: no job of the batch written",
-                key=key,
-                photo_id=next((r.photo_id for r in refs if Job.key_for(r.job_id) == key), None),
-                rows=len(refs),
-            ) from None
         except redis.RedisError as exc:
+            found = _WRONG_KIND.search(str(exc)) if isinstance(exc, redis.ResponseError) else None
+            if found is not None:
+                key = found["key"]
+                raise RedisDataError(
+                    f"Redis key {key} holds {found['held']}: no job of the batch written",
+                    key=key,
+                    photo_id=next((r.photo_id for r in refs if Job.key_for(r.job_id) == key), None),
+                ) from None
             raise RedisUnavailableError(
                 f"Redis enqueue failed: {redact(str(exc))}", rows=len(refs)
             ) from exc

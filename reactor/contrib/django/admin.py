@@ -18,7 +18,6 @@ those rows before Django's own selection. "Select all" acts on every row the lis
 
 from __future__ import annotations
 
-import urllib.parse
 from collections import defaultdict
 from typing import Any
 
@@ -33,7 +32,7 @@ from django.utils.translation import gettext
 from reactor.contrib.django.models import ArchivedPhotoJob, PhotoJob
 from reactor.pg import queries
 from reactor.producer import sync_executor
-from reactor.validate import is_valid_type
+from reactor.validate import is_valid_type, quoted_photo_id, unquoted_photo_id
 
 #: Photo ids per requeue statement, as `reactor requeue` batches them.
 REQUEUE_BATCH = 5000
@@ -62,17 +61,14 @@ def requeue(queryset: Any, state: str | None, statement: str = queries.REQUEUE_P
 
 def row_key(job_type: str, photo_id: str) -> str:
     """The value of a row's checkbox: its type, `:`, its photo id percent-encoded (UTF-8)."""
-    return f"{job_type}:{urllib.parse.quote(photo_id, safe='')}"
+    return f"{job_type}:{quoted_photo_id(photo_id)}"
 
 
 def parse_row_key(key: str) -> tuple[str, str] | None:
     """(type, photo id) of a `row_key`, or None: not one `row_key` writes."""
     job_type, _, encoded = key.partition(":")
-    try:
-        photo_id = urllib.parse.unquote(encoded, errors="strict")
-    except UnicodeDecodeError:
-        return None
-    if not is_valid_type(job_type) or not photo_id or row_key(job_type, photo_id) != key:
+    photo_id = unquoted_photo_id(encoded)
+    if not is_valid_type(job_type) or photo_id is None:
         return None
     return job_type, photo_id
 
