@@ -206,6 +206,22 @@ def test_a_reactor_keeps_polling_while_a_session_squats_on_one_key(
         wait_for(lambda i=i: is_active(admin, f"sq{i}"), timeout=5, what=f"sq{i}")  # type: ignore[misc]
 
 
+def test_a_session_holding_every_key_only_makes_writers_notify(
+    env: Env, spawn: Callable[..., Process]
+) -> None:
+    # A role that can merely connect takes every key, as an armed reactor would: writers then
+    # notify (as under --doorbell plain) and the listening reactor dispatches their rows.
+    admin, squatter = env.connect(), env.connect()
+    squatter.execute(LOCK_DOORBELL)
+    start_reactor(spawn, *NO_SWEEP)
+    writers = [env.connect() for _ in range(4)]
+    for i, writer in enumerate(writers):
+        insert_one(writer, f"all{i}")
+        # Far below the 1 h sweep, the only other path.
+        wait_for(lambda i=i: is_active(admin, f"all{i}"), timeout=5, what=f"all{i}")  # type: ignore[misc]
+    assert armed_by(admin) == squatter.info.backend_pid
+
+
 # -- the reactor ---------------------------------------------------------------------------
 
 

@@ -354,3 +354,24 @@ def test_the_migration_takes_no_lock_on_photo_jobs(empty_database: str) -> None:
     assert outcome["psql"].returncode == 0, outcome["psql"].stderr
     with psycopg.connect(url) as conn:
         assert conn.execute("SELECT max(version) FROM reactor_migrations").fetchone() == (20,)
+
+
+def test_a_requeued_archived_photo_goes_on_from_its_highest_token(env: Env) -> None:
+    """Two archived lives of one photo, the later by its clock holding the lower token: the
+    photo comes back with a token above both, so no job id of either life repeats."""
+    conn = env.connect()
+    for prior, age in ((5, "3 days"), (1, "2 days")):
+        conn.execute(
+            "INSERT INTO photo_jobs (photo_id, type, state, attempts, prior_attempts,"
+            " created_at, updated_at) VALUES ('lives-1', %s, 'failed', 2, %s,"
+            " now() - %s::interval - interval '1 minute', now() - %s::interval)",
+            [TYPE, prior, age, age],
+        )
+        archive(env, "--older-than", "1d")
+    assert archived(conn, "lives-") == 2
+
+    assert run_cli(env, "requeue", "lives-1").returncode == 0
+    row = conn.execute(
+        "SELECT state, attempts, prior_attempts FROM photo_jobs WHERE photo_id = 'lives-1'"
+    ).fetchone()
+    assert row == ("pending", 0, 7)

@@ -501,12 +501,14 @@ EXPLAIN (FORMAT JSON) SELECT FROM photo_jobs_history
 -- name: RESTORE_ARCHIVED
 -- `reactor requeue` of photos whose rows were archived: the latest archived life of each
 -- (photo, type) among the given ids (of `type`, if not NULL) that has no row in photo_jobs
--- comes back as a pending row, due now, at attempts 0, its token going on from the archived
--- life's (prior_attempts + attempts). The history row stays: the record of that life.
+-- comes back as a pending row, due now, at attempts 0 and with that life's max_attempts, its
+-- token going on from the highest of every archived life (a finished_at is only a clock's
+-- word, so the latest life need not hold the highest token). The history rows stay.
 INSERT INTO photo_jobs (photo_id, type, max_attempts, prior_attempts, next_retry_at)
-SELECT l.photo_id, l.type, l.max_attempts, l.prior_attempts + l.attempts, now()
+SELECT l.photo_id, l.type, l.max_attempts, l.token, now()
   FROM (SELECT DISTINCT ON (h.photo_id, h.type) h.photo_id, h.type, h.max_attempts,
-               h.prior_attempts, h.attempts
+               pg_catalog.max(h.prior_attempts + h.attempts)
+                   OVER (PARTITION BY h.photo_id, h.type) AS token
           FROM photo_jobs_history AS h
          WHERE h.photo_id = ANY (%(photo_ids)s::text[])
            AND (%(type)s::text IS NULL OR h.type = %(type)s)
