@@ -24,7 +24,9 @@ from sqlalchemy.orm import Session
 import reactor
 from reactor import testing
 from reactor.errors import ConfigError
+from reactor.producer import sync_executor
 from reactor.settings import DEFAULT_RETRY_BASE_SECONDS
+from reactor.worker.entry import HandlerImportError
 from tests.support.env import Env
 from tests.support.processes import Process, child_environ, start_worker
 from tests.support.urls import with_path
@@ -97,6 +99,29 @@ def exercise(conn: Any) -> None:
     assert [(r.photo_id, r.outcome, r.attempt) for r in second] == [("flaky", "failed", 2)]
     testing.assert_submitted(conn, "flaky", "photo.flaky", state="failed", attempts=2)
     testing.assert_submitted(conn, "later", state="pending", due=False)
+    a_failed_statement(conn)
+
+
+def a_failed_statement(conn: Any) -> None:
+    """A handler whose statement fails on `conn` ends its attempt like any exception: what it
+    wrote is undone, and the test's transaction goes on."""
+    execute = sync_executor(conn)
+
+    def divide(photo_id: str) -> None:
+        reactor.submit(conn, f"{photo_id}-child", "photo.child")  # its own work: undone
+        execute("SELECT 1/0", {})
+
+    reactor.submit(conn, "sql", "photo.sql", max_attempts=2)
+    [first] = testing.run_jobs(conn, handlers={"photo.sql": divide})
+    assert (first.outcome, first.attempt) == ("retry", 1)
+    assert "division by zero" in (first.error or "")
+    testing.assert_submitted(conn, "sql", "photo.sql", state="pending", attempts=1)
+    assert testing.submitted(conn, "photo.child") == []
+    testing.advance(conn, 3600)
+    [second] = testing.run_jobs(conn, handlers={"photo.sql": divide})
+    assert (second.outcome, second.attempt) == ("failed", 2)
+    testing.assert_submitted(conn, "sql", "photo.sql", state="failed", attempts=2)
+    testing.assert_submitted(conn, "ok", state="done")  # what the test did before, intact
 
 
 def test_psycopg_in_the_callers_transaction(database_url: str) -> None:
@@ -281,6 +306,95 @@ def test_pytest_plugin_fixture(database_url: str, tmp_path: Path) -> None:
     assert "1 failed, 1 passed" in out.stdout, out.stdout + out.stderr
     assert "no photo.process job for photo 'IMG_7'; submitted:" in out.stdout
     assert rows_seen_outside(database_url) == 0  # each test's transaction rolled back
+
+
+def run_pytest(tmp_path: Path, database_url: str, test_source: str) -> str:
+    """Run `test_source` as a project's test module (`tmp_path` its root); pytest's output."""
+    (tmp_path / "test_app.py").write_text(test_source)
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_app.py"],
+        env=child_environ(DATABASE_URL=database_url),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return out.stdout + out.stderr
+
+
+ISOLATION_TEST = textwrap.dedent(
+    """
+    import reactor
+
+    def test_one(reactor_jobs):
+        with reactor_jobs.conn.transaction():  # the app's own transaction block
+            reactor.submit(reactor_jobs.conn, "LEAK_1")
+        reactor.submit(reactor_jobs.conn, "LEAK_2")
+        assert [r.photo_id for r in reactor_jobs.submitted()] == ["LEAK_1", "LEAK_2"]
+
+    def test_two(reactor_jobs):
+        assert reactor_jobs.submitted() == []
+        with reactor_jobs.conn.transaction():
+            reactor.submit(reactor_jobs.conn, "LEAK_3")
+        reactor_jobs.assert_submitted("LEAK_3")
+    """
+)
+
+
+def test_pytest_plugin_fixture_isolates_tests(database_url: str, tmp_path: Path) -> None:
+    """The fixture's transaction is open before the test runs: the app's own transaction
+    blocks are savepoints in it, and nothing a test writes reaches the next test."""
+    out = run_pytest(tmp_path, database_url, ISOLATION_TEST)
+    assert "2 passed" in out, out
+    assert rows_seen_outside(database_url) == 0
+
+
+PATCHED_HANDLER_TEST = textwrap.dedent(
+    """
+    from unittest import mock
+
+    import reactor
+
+    HANDLERS = {"photo.process": "rv_app.photos.process"}
+
+    def test_the_real_handler(reactor_jobs):
+        reactor.submit(reactor_jobs.conn, "IMG_1")
+        [result] = reactor_jobs.run(handlers=HANDLERS)
+        assert result.outcome == "done"
+
+    def test_a_patched_handler(reactor_jobs):
+        reactor.submit(reactor_jobs.conn, "IMG_2")
+        bad = reactor.PermanentError("patched")
+        with mock.patch("rv_app.photos.process", side_effect=bad) as patched:
+            [result] = reactor_jobs.run(handlers=HANDLERS)
+        patched.assert_called_once_with("IMG_2")
+        assert (result.outcome, result.error) == ("failed", "PermanentError: patched")
+    """
+)
+
+
+def test_a_dotted_path_is_resolved_on_each_run(database_url: str, tmp_path: Path) -> None:
+    """A handler named by its path is looked up when `run` runs, not once per process: a
+    test that patches it gets its mock, whichever test ran the real handler before."""
+    (tmp_path / "rv_app").mkdir()
+    (tmp_path / "rv_app" / "__init__.py").write_text("")
+    (tmp_path / "rv_app" / "photos.py").write_text("def process(photo_id):\n    pass\n")
+    out = run_pytest(tmp_path, database_url, PATCHED_HANDLER_TEST)
+    assert "2 passed" in out, out
+
+
+def test_a_handler_that_cannot_be_imported(database_url: str) -> None:
+    with psycopg.connect(database_url) as conn:
+        reactor.submit(conn, "IMG_1")
+        for path, cause in [
+            ("tests.no_such_module.process", "No module named 'tests.no_such_module'"),
+            ("tests.test_testing_kit.HANDLERS", "TypeError: HANDLERS is not callable"),
+            ("process", "ValueError: not a dotted path"),
+        ]:
+            with pytest.raises(HandlerImportError) as raised:
+                testing.run_jobs(conn, handlers={"photo.process": path})
+            assert str(raised.value) == f"cannot import handler {path}: {cause}"
+        testing.assert_submitted(conn, "IMG_1", state="pending", attempts=0)
 
 
 def test_pytest_plugin_fixture_on_a_database_not_migrated(env: Env, tmp_path: Path) -> None:

@@ -12,7 +12,11 @@ rows; nothing here commits.
 - `run_jobs(conn, handlers=None, types=None, limit=None)`: run the due rows now, through the
   worker's own lifecycle (the reactor's claim, the fenced start, the handler, then done, a
   retry with its backoff, or failed), in this process; `handlers` maps a type to a callable
-  or a dotted path (by default the routes of `REACTOR_ROUTES`). A `JobResult` per attempt.
+  or a dotted path (by default the routes of `REACTOR_ROUTES`), imported on each call. A
+  `JobResult` per attempt. Each handler call runs in a savepoint of the connection's own kind
+  (psycopg's `transaction()`, SQLAlchemy's `begin_nested()`, Django's `atomic()`): a handler
+  that raises, a failed statement included, leaves its writes undone and the transaction
+  usable.
 - `advance(conn, seconds)`: what waiting would do to the pending rows (they come due that
   much sooner), so the next `run_jobs` runs the retries.
 
@@ -23,8 +27,11 @@ adds the `reactor_jobs` fixture: these functions bound to the `reactor_connectio
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
+from contextlib import AsyncExitStack, contextmanager
+from typing import Any, TypeVar
+
+import psycopg
 
 from reactor.pg import queries
 from reactor.producer import DEFAULT_JOB_TYPE, Executed, async_executor, sync_executor
@@ -46,6 +53,7 @@ __all__ = [
 ]
 
 Handlers = Mapping[str, Callable[[str], object] | str]
+_T = TypeVar("_T")
 
 
 def submitted(conn: Any, type: str | None = None) -> list[Submitted]:  # noqa: A002
@@ -89,16 +97,58 @@ def run_jobs(
         ValueError: a type of `types` has no handler.
         HandlerImportError: a dotted path cannot be imported.
     """
-    return kit.run(sync_executor(conn), handlers, types, limit)
+    return kit.run(sync_executor(conn), _savepoint(conn), handlers, types, limit)
+
+
+def _savepoint(conn: Any) -> kit.Savepoint:
+    """A savepoint of `conn`'s open transaction, by its own API (so an ORM session and
+    Django's atomic blocks know of it); `conn` is one `sync_executor` took."""
+    if isinstance(conn, psycopg.Connection):
+        # A savepoint once a statement opened the transaction (the claim did); in autocommit,
+        # a transaction of its own.
+        return conn.transaction
+    if hasattr(conn, "begin_nested"):  # SQLAlchemy's Connection, Session, scoped_session
+        return conn.begin_nested  # type: ignore[no-any-return]
+    from django.db import transaction  # noqa: PLC0415 - Django is optional
+
+    return lambda: transaction.atomic(using=conn.alias)
+
+
+def _on_loop() -> Callable[[Coroutine[Any, Any, _T]], _T]:
+    """Runs a coroutine on this thread's running loop, called from another thread."""
+    loop = asyncio.get_running_loop()
+    return lambda coroutine: asyncio.run_coroutine_threadsafe(coroutine, loop).result()
 
 
 def _bridged(conn: Any) -> Callable[[str, Mapping[str, Any]], Executed]:
     """The async connection's executor, callable from a thread while its loop runs."""
-    execute = async_executor(conn)
-    loop = asyncio.get_running_loop()
-    return lambda query, params: asyncio.run_coroutine_threadsafe(
-        execute(query, params), loop
-    ).result()
+    execute, call = async_executor(conn), _on_loop()
+    return lambda query, params: call(execute(query, params))
+
+
+def _bridged_savepoint(conn: Any) -> kit.Savepoint:
+    """`_savepoint` for an async connection, entered from a thread while its loop runs."""
+    call = _on_loop()
+
+    @contextmanager
+    def savepoint() -> Iterator[None]:
+        stack = AsyncExitStack()
+
+        async def enter() -> None:
+            if isinstance(conn, psycopg.AsyncConnection):
+                await stack.enter_async_context(conn.transaction())
+            else:  # SQLAlchemy's AsyncConnection, AsyncSession, async_scoped_session
+                await stack.enter_async_context(conn.begin_nested())
+
+        call(enter())
+        try:
+            yield
+        except BaseException as exc:
+            call(stack.__aexit__(type(exc), exc, exc.__traceback__))
+            raise
+        call(stack.aclose())
+
+    return savepoint
 
 
 async def submitted_async(conn: Any, type: str | None = None) -> list[Submitted]:  # noqa: A002
@@ -130,4 +180,6 @@ async def run_jobs_async(
 ) -> list[JobResult]:
     """`run_jobs` on an async connection: the lifecycle and the (plain, synchronous) handlers
     run in a thread, each statement on `conn` in this event loop."""
-    return await asyncio.to_thread(kit.run, _bridged(conn), handlers, types, limit)
+    return await asyncio.to_thread(
+        kit.run, _bridged(conn), _bridged_savepoint(conn), handlers, types, limit
+    )

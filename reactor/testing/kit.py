@@ -8,11 +8,18 @@ or when attempts are spent). Only the delivery differs: the job is not enqueued 
 run at once in this process. The statements run through `reactor.producer`'s executors, so the
 kit takes exactly the connections `submit()` takes. Nothing here commits: the caller's
 transaction decides what stays.
+
+Each handler call runs in a savepoint of that transaction, so a handler that raises (a failed
+statement on the caller's connection included) leaves its own writes undone and the
+transaction usable: its exception is the attempt's outcome, never the test's. A handler named
+by a dotted path is imported on each `run`, not through the worker's per-process cache, so
+what a test patches at that path is what runs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any, Literal
@@ -24,12 +31,14 @@ from reactor.producer import Executed, SyncExecute
 from reactor.routes import given_routes
 from reactor.settings import WorkerSettings
 from reactor.tracing import stored_context
-from reactor.worker.entry import load_handler
+from reactor.worker.entry import import_handler
 from reactor.worker.lifecycle import Outcome, Store, finish, outcome_of, start
 
 __all__ = ["JobResult", "Submitted", "advance", "check_expected", "run", "submitted"]
 
 Handler = Callable[[str], object]
+#: Opens a savepoint in the caller's transaction; leaving it with an exception rolls it back.
+Savepoint = Callable[[], AbstractContextManager[object]]
 #: Rows claimed per round: a bound on what one claim holds locked before its handlers run.
 CLAIM_BATCH = 100
 
@@ -138,17 +147,20 @@ def _handlers(
     missing = [t for t in chosen if t not in handlers]
     if missing:
         raise ValueError(f"run_jobs: no handler for types {missing}")
-    return {t: h if callable(h) else load_handler(h) for t, h in ((t, handlers[t]) for t in chosen)}
+    chosen_handlers = ((t, handlers[t]) for t in chosen)
+    return {t: h if callable(h) else import_handler(h) for t, h in chosen_handlers}
 
 
 def run(
     execute: SyncExecute,
+    savepoint: Savepoint,
     handlers: Mapping[str, Handler | str] | None = None,
     types: Iterable[str] | None = None,
     limit: int | None = None,
 ) -> list[JobResult]:
     """Run the due rows of the handled types, in rounds until none is due (or `limit` rows
-    ran): rows a handler submits run in the same call when they are due."""
+    ran): rows a handler submits run in the same call when they are due. Each handler call
+    runs in a `savepoint()` of the connection `execute` runs on."""
     funcs = _handlers(handlers, types)
     settings = WorkerSettings.from_env()
     store = CallerStore(execute)
@@ -171,16 +183,21 @@ def run(
                         JobResult(photo_id, row_type, "failed", 0, "attempts spent before dispatch")
                     )
                     continue
-                results.append(_attempt(store, settings, ref, func))
+                results.append(_attempt(store, settings, ref, func, savepoint))
     return results
 
 
-def _attempt(store: Store, settings: WorkerSettings, ref: JobRef, func: Handler) -> JobResult:
+def _attempt(
+    store: Store, settings: WorkerSettings, ref: JobRef, func: Handler, savepoint: Savepoint
+) -> JobResult:
     started = start(store, settings, ref)
     if started is None:
         return JobResult(ref.photo_id, ref.type, "skipped", 0)
     try:
-        func(ref.photo_id)
+        # A failed statement aborts the whole transaction; rolled back to the savepoint, only
+        # the handler's own work is lost and `finish` can still write the outcome.
+        with savepoint():
+            func(ref.photo_id)
     except Exception as exc:
         outcome = outcome_of(exc)
     else:

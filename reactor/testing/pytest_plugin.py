@@ -4,8 +4,10 @@ Two fixtures:
 - `reactor_connection`: the connection the kit works on. By default a psycopg connection to
   `DATABASE_URL` (a test database: `run` runs every due row of its types, committed ones
   too), migrated to this release's schema (else the test fails saying so), in a transaction
-  rolled back after the test; override it to hand the kit the connection your code under test
-  writes on (Django's `connection`, a SQLAlchemy session).
+  opened before the test and rolled back after it: the test's own `conn.transaction()` blocks
+  are savepoints in it, and an explicit `commit()` is refused, so no test sees another's
+  rows. Override it to hand the kit the connection your code under test writes on (Django's
+  `connection`, a SQLAlchemy session).
 - `reactor_jobs`: the kit bound to that connection (`ReactorJobs`).
 """
 
@@ -58,7 +60,7 @@ class ReactorJobs:
 
 @pytest.fixture
 def reactor_connection() -> Iterator[Any]:
-    """A psycopg connection to `DATABASE_URL`, its transaction rolled back after the test."""
+    """A psycopg connection to `DATABASE_URL`, in a transaction rolled back after the test."""
     url = os.environ.get("DATABASE_URL")
     if not url:
         pytest.fail("reactor_connection: set DATABASE_URL, or override this fixture")
@@ -67,10 +69,10 @@ def reactor_connection() -> Iterator[Any]:
             check_schema(conn)
         except ReactorError as exc:
             pytest.fail(f"reactor_connection: {exc}", pytrace=False)
-        try:
+        # Open before the test: on an idle connection, the app's `with conn.transaction():`
+        # would begin a transaction of its own and commit it.
+        with conn.transaction(force_rollback=True):
             yield conn
-        finally:
-            conn.rollback()
 
 
 @pytest.fixture

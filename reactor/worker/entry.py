@@ -63,6 +63,7 @@ __all__ = [
     "backoff_seconds",
     "decode_outcome",
     "hand_over",
+    "import_handler",
     "load_handler",
     "perform",
 ]
@@ -83,8 +84,29 @@ class HandlerError(Exception):
 _handlers: dict[str, Handler | HandlerImportError] = {}
 
 
+def import_handler(path: str) -> Handler:
+    """Import the handler at dotted `path` (`pkg.module.func`) now (a module already imported
+    is not run again).
+
+    Raises:
+        HandlerImportError: "cannot import handler PATH: CAUSE".
+    """
+    module_name, _, attribute = path.rpartition(".")
+    try:
+        if not module_name:
+            raise ValueError("not a dotted path")
+        found = getattr(importlib.import_module(module_name), attribute)
+        if not callable(found):
+            raise TypeError(f"{attribute} is not callable")
+    except Exception as exc:
+        cause = str(exc) if isinstance(exc, ImportError) else f"{type(exc).__name__}: {exc}"
+        raise HandlerImportError(redact(f"cannot import handler {path}: {cause}")) from exc
+    handler: Handler = found
+    return handler
+
+
 def load_handler(path: str) -> Handler:
-    """Import the handler at dotted `path` (`pkg.module.func`), once per process.
+    """`import_handler`, once per process.
 
     A failure is remembered too: importing a broken module again could half-run it again;
     a fixed deploy restarts the worker anyway.
@@ -94,16 +116,10 @@ def load_handler(path: str) -> Handler:
     """
     found = _handlers.get(path)
     if found is None:
-        module_name, _, attribute = path.rpartition(".")
         try:
-            if not module_name:
-                raise ValueError("not a dotted path")
-            found = getattr(importlib.import_module(module_name), attribute)
-            if not callable(found):
-                raise TypeError(f"{attribute} is not callable")
-        except Exception as exc:
-            cause = str(exc) if isinstance(exc, ImportError) else f"{type(exc).__name__}: {exc}"
-            found = HandlerImportError(redact(f"cannot import handler {path}: {cause}"))
+            found = import_handler(path)
+        except HandlerImportError as exc:
+            found = exc
         _handlers[path] = found
     if isinstance(found, HandlerImportError):
         raise found
