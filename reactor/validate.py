@@ -6,9 +6,11 @@ of `[A-Za-z0-9_.-]` (it is the NOTIFY payload and names an RQ queue); `max_attem
 `MAX_ATTEMPTS` (so a row's token, `prior_attempts + attempts`, cannot overflow). A photo id
 that is blank (whitespace and invisible format characters such as U+200B alone: a slip of a
 shell script, never a photo) or that no UTF-8 can encode (a lone surrogate) is refused here
-too. Error texts show at most the first few dozen characters of the value, so a huge id
-cannot flood a terminal or a log. An HTML form carries a photo id percent-encoded
-(`quoted_photo_id`), read back only from exactly that encoding (`unquoted_photo_id`).
+too; a command that only names rows that exist (requeue, cancel) takes a blank id
+(`check_row_photo_id`), since it can name only a row that has it. Error texts show at most
+the first few dozen characters of the value, so a huge id cannot flood a terminal or a log.
+An HTML form carries a photo id percent-encoded (`quoted_photo_id`), read back only from
+exactly that encoding (`unquoted_photo_id`).
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ __all__ = [
     "check_job_type",
     "check_max_attempts",
     "check_photo_id",
+    "check_row_photo_id",
     "error_column",
+    "is_blank",
     "is_valid_type",
     "quoted_photo_id",
     "unquoted_photo_id",
@@ -106,6 +110,32 @@ def check_photo_id(photo_id: object) -> None:
 def _is_blank(text: str) -> bool:
     # Format characters (category Cf: U+200B, U+2060, U+FEFF, ...) show as nothing at all.
     return all(c.isspace() or unicodedata.category(c) == "Cf" for c in text)
+
+
+def is_blank(photo_id: str) -> bool:
+    """Whether `photo_id` is blank: whitespace and invisible format characters alone (or
+    empty)."""
+    return _is_blank(photo_id)
+
+
+def check_row_photo_id(photo_id: object) -> None:
+    """`check_photo_id` for a photo id that names rows which exist (requeue, cancel): a blank
+    id passes (the table holds any id but the empty one, and a blank id is refused only so
+    that a slip makes no new row).
+
+    Raises:
+        InvalidJobError: `photo_id` is not a non-empty string, is too long, holds a NUL or a
+            lone surrogate.
+    """
+    if isinstance(photo_id, str) and photo_id and _is_blank(photo_id):
+        size = len(photo_id.encode("utf-8"))  # blank: no NUL, no surrogate
+        if size > MAX_PHOTO_ID_BYTES:
+            raise InvalidJobError(
+                f"invalid photo id {_show(photo_id)}: {size} bytes long, "
+                f"the limit is {MAX_PHOTO_ID_BYTES} (UTF-8)"
+            )
+        return
+    check_photo_id(photo_id)
 
 
 def check_max_attempts(max_attempts: object) -> None:

@@ -305,3 +305,23 @@ def test_a_started_job_naming_a_worker_no_rq_worker_can_have_is_passed_over(
         "job_id": job_id("photo.process", "IMG_B", 1),
     }
     assert (row_of(conn, "IMG_A")[0], row_of(conn, "IMG_B")[0]) == ("cancelled", "cancelled")
+
+
+def test_with_redis_down_every_row_is_cancelled_and_the_output_says_what_was_not_done(
+    env: Env, conn: psycopg.Connection[Any]
+) -> None:
+    """More rows than one batch, one of them active: Postgres first (every row cancelled, the
+    counts printed), then the stop that Redis could not take, named in one line (exit 1)."""
+    ids = [f"p{i:04d}" for i in range(6000)]
+    reactor.submit_many(conn, ids)
+    conn.execute("UPDATE photo_jobs SET state = 'active', attempts = 1 WHERE photo_id = 'p5999'")
+    down = f"redis://127.0.0.1:{free_port()}/15"
+    result = run_cli(env, "cancel", "--redis-url", down, *ids, "nope")
+    assert result.returncode == 1, result.stderr
+    assert json.loads(result.stdout) == {"cancelled": 6000, "stopped": 0, "not_found": ["nope"]}
+    lines = result.stderr.strip().splitlines()
+    assert "Traceback" not in result.stderr
+    assert lines[0] == "reactor: error: no row for: nope", lines
+    assert lines[1].startswith("reactor: error: Redis failed (") and len(lines) == 2, lines
+    assert "6000 rows cancelled, but their running jobs were not asked to stop" in lines[1]
+    assert states(conn) == {"cancelled": 6000}

@@ -297,3 +297,109 @@ def test_no_listen_with_another_doorbell_is_refused(
 ) -> None:
     line = error_line(run_cli(env, "run", *args, extra_env=extra_env), 2)
     assert "--no-listen (REACTOR_NO_LISTEN) means --doorbell poll-only" in line, line
+
+
+def _failed_rows(conn: psycopg.Connection[Any], *photo_ids: str) -> None:
+    for photo_id in photo_ids:
+        conn.execute(
+            "INSERT INTO photo_jobs (photo_id, type, state) VALUES (%s, 'a.b', 'failed')",
+            [photo_id],
+        )
+
+
+def _states_of(conn: psycopg.Connection[Any]) -> dict[str, str]:
+    return dict(conn.execute("SELECT photo_id, state FROM photo_jobs").fetchall())
+
+
+def test_standard_input_is_split_at_line_feeds_only(env: Env) -> None:
+    """Every other line break Python knows (U+2028, \\x85, \\x0b, \\x1c, a lone \\r) may be
+    inside a photo id: only \\n ends a line, and one \\r before it (CRLF) is dropped."""
+    conn = env.connect()
+    inner = ["cat\u2028dog", "a\x85b", "c\x0bd", "e\x1cf", "g\rh", "i\u2029j"]
+    _failed_rows(conn, "cat", "dog", "a", "b", "g", "h", *inner)
+    piped = "\n".join(inner[:3]) + "\r\n\r\n" + "\n".join(inner[3:]) + "\n"
+    result = run_cli(env, "requeue", "-", stdin=piped)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"requeued": 6, "not_found": []}
+    assert _states_of(conn) == {
+        **dict.fromkeys(["cat", "dog", "a", "b", "g", "h"], "failed"),
+        **dict.fromkeys(inner, "pending"),
+    }
+    made = run_cli(env, "submit", "-", stdin="new\u2028one\r\nnew\x85two")
+    assert made.returncode == 0, made.stderr
+    assert json.loads(made.stdout) == {"submitted": 2, "unchanged": 0}
+    assert {"new\u2028one", "new\x85two"} <= set(_states_of(conn))
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["requeue", "--failed", "--type", "bad!!type"], "invalid job type 'bad!!type'"),
+        (["requeue", "f1", "--type", "bad!!type"], "invalid job type 'bad!!type'"),
+        (["cancel", "--pending", "--type", "bad!!type"], "invalid job type 'bad!!type'"),
+        (["cancel", "p1", "--type", "bad\ntype"], "invalid job type 'bad\\ntype'"),
+        (["requeue", "--failed", "--type", "no.such.type"], "unknown type 'no.such.type'"),
+        (["cancel", "--pending", "--type", "no.such.type"], "unknown type 'no.such.type'"),
+    ],
+)
+def test_requeue_and_cancel_refuse_a_malformed_or_unknown_type(
+    env: Env, args: list[str], message: str
+) -> None:
+    conn = env.connect()
+    _failed_rows(conn, "f1")
+    conn.execute("INSERT INTO photo_jobs (photo_id, type, state) VALUES ('p1', 'a.b', 'pending')")
+    line = error_line(run_cli(env, *args), 2)
+    assert line.startswith(f"reactor: error: {message}"), line
+    assert _states_of(conn) == {"f1": "failed", "p1": "pending"}
+
+
+@pytest.mark.parametrize(
+    ("args", "key"),
+    [
+        (["cancel", "--pending", "--type", "a.b"], "cancelled"),  # rows, none pending
+        (["requeue", "--failed", "--type", "a.b"], "requeued"),  # rows, none failed
+        (["cancel", "--pending", "--type", "photo.process"], "cancelled"),  # routed, no rows
+        (["requeue", "--failed", "--type", "photo.process"], "requeued"),
+    ],
+)
+def test_a_known_type_with_nothing_to_do_is_no_error(env: Env, args: list[str], key: str) -> None:
+    conn = env.connect()
+    conn.execute("INSERT INTO photo_jobs (photo_id, type, state) VALUES ('d1', 'a.b', 'done')")
+    result = run_cli(env, *args)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)[key] == 0
+
+
+def test_error_lines_show_each_id_escaped_on_one_line(env: Env) -> None:
+    forged = "nope\nreactor: requeued 5 rows OK"
+    odd = ["x\u2028y", "\x1b[2Jz", "w\x85v", "  "]
+    result = run_cli(env, "requeue", forged, *odd)
+    assert json.loads(result.stdout) == {"requeued": 0, "not_found": [forged, *odd]}
+    assert error_line(result, 1) == (
+        "reactor: error: no row for: nope\\nreactor: requeued 5 rows OK, x\\u2028y, "
+        "\\x1b[2Jz, w\\x85v, '  '"
+    )
+    cancelled = run_cli(env, "cancel", forged)
+    assert error_line(cancelled, 1) == (
+        "reactor: error: no row for: nope\\nreactor: requeued 5 rows OK"
+    )
+
+
+def test_blank_ids_of_rows_can_be_requeued_and_cancelled(env: Env) -> None:
+    """The table holds any id but '' (a row may have come from SQL or an old release): a blank
+    one is refused for a new row, never for naming a row that has it."""
+    conn = env.connect()
+    _failed_rows(conn, " ", "\t")
+    conn.execute(
+        "INSERT INTO photo_jobs (photo_id, type, state) VALUES ('\u200b', 'a.b', 'pending')"
+    )
+    requeued = run_cli(env, "requeue", " ", "-", stdin="\t\n")
+    assert requeued.returncode == 0, requeued.stderr
+    assert json.loads(requeued.stdout) == {"requeued": 2, "not_found": []}
+    cancelled = run_cli(env, "cancel", "\u200b", "--type", "a.b")
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert json.loads(cancelled.stdout)["cancelled"] == 1
+    assert _states_of(conn) == {" ": "pending", "\t": "pending", "\u200b": "cancelled"}
+    assert "must not be blank" in error_line(run_cli(env, "submit", " "), 2)
+    too_long = error_line(run_cli(env, "requeue", " " * 256), 2)
+    assert "256 bytes long, the limit is 255" in too_long, too_long

@@ -23,18 +23,25 @@ from reactor.cli.options import (
 )
 from reactor.errors import ConfigError
 from reactor.ops import admin
-from reactor.ops.cancel import cancel_pending, cancel_photos
+from reactor.ops.cancel import StopNotSentError, cancel_pending, cancel_photos
 from reactor.ops.failures import format_failures, read_failures
 from reactor.ops.hosts import parse_allowed_host
-from reactor.ops.pause import pause_types, resume_types, who
+from reactor.ops.pause import check_types, pause_types, resume_types, who
 from reactor.ops.status import format_status, read_status
+from reactor.ops.terminal import visible
 from reactor.pg import db
 from reactor.pg.registry import routes_in_use
 from reactor.producer import DEFAULT_JOB_TYPE, submit_many
 from reactor.routes import Route, given_routes
 from reactor.settings import DEFAULT_DASHBOARD_PORT
 from reactor.signals import Stopper
-from reactor.validate import MAX_ATTEMPTS, check_photo_id, validate_job
+from reactor.validate import (
+    MAX_ATTEMPTS,
+    check_job_type,
+    check_row_photo_id,
+    is_blank,
+    validate_job,
+)
 
 __all__ = ["OPS_COMMANDS"]
 
@@ -139,24 +146,28 @@ def requeue(
     job_type: str | None,
 ) -> None:
     """Move done/failed/cancelled rows back to pending (attempts 0): PHOTO_ID... or --failed.
-    `-` reads photo ids from standard input, one a line (empty lines are skipped). Photo ids
-    with no row are reported (exit 1); the others are requeued."""
+    `-` reads photo ids from standard input, one a line (lines end at a line feed, a CR before
+    it is dropped; empty lines are skipped). Photo ids with no row are reported (exit 1); the
+    others are requeued. A --type that is neither routed, paused nor in the table is refused."""
     if bool(photo_ids) == all_failed:
         raise click.UsageError("give PHOTO_IDs or --failed (one of them)")
+    if job_type is not None:
+        check_job_type(job_type)
     photo_ids = tuple(dict.fromkeys(_with_stdin(photo_ids)))
     for photo_id in photo_ids:
-        check_photo_id(photo_id)
+        check_row_photo_id(photo_id)
     missing: list[str] = []
     with connect_migrated(database_url, "requeue") as conn:
         if all_failed:
             moved = admin.requeue_failed(conn, job_type)
+            if moved == 0 and job_type is not None:
+                _check_type_known(conn, job_type, "requeued")
         else:
             missing = admin.missing_photo_ids(conn, photo_ids, job_type)
             moved = admin.requeue_photos(conn, photo_ids, job_type)
     click.echo(json.dumps({"requeued": moved, "not_found": missing}))
     if missing:
-        kind = "" if job_type is None else f" of type {job_type}"
-        click.echo(f"reactor: error: no row{kind} for: {', '.join(missing)}", err=True)
+        _report_missing(missing, job_type)
         ctx.exit(1)
 
 
@@ -176,21 +187,28 @@ def cancel(
     all_pending: bool,
     job_type: str | None,
 ) -> None:
-    """Cancel pending/active rows (state `cancelled`): PHOTO_ID... or --pending --type T. The
-    started jobs of active rows are asked to stop; their outcomes never count. Photo ids with
-    no row are reported (exit 1)."""
+    """Cancel pending/active rows (state `cancelled`): PHOTO_ID... or --pending --type T. Every
+    row is cancelled first; then the started jobs of active rows are asked to stop (their
+    outcomes never count either way; exit 1 when Redis failed, with the counts printed). Photo
+    ids with no row are reported (exit 1). A --type that is neither routed, paused nor in the
+    table is refused."""
     from reactor.rq.redis_url import connect_redis  # noqa: PLC0415 - only this command's Redis
 
     if bool(photo_ids) == all_pending:
         raise click.UsageError("give PHOTO_IDs or --pending --type T (one of them)")
     if all_pending and job_type is None:
         raise click.UsageError("--pending needs --type")
+    if job_type is not None:
+        check_job_type(job_type)
     for photo_id in photo_ids:
-        validate_job(photo_id, job_type or DEFAULT_JOB_TYPE)
+        check_row_photo_id(photo_id)
     missing: list[str] = []
+    not_stopped: StopNotSentError | None = None
     with connect_migrated(database_url, "cancel") as conn:
         if all_pending and job_type is not None:
             result = cancel_pending(conn, job_type, who())
+            if result.cancelled == 0:
+                _check_type_known(conn, job_type, "cancelled")
         else:
             missing = admin.missing_photo_ids(conn, photo_ids, job_type)
             client = connect_redis(
@@ -200,26 +218,59 @@ def cancel(
             )
             try:
                 result = cancel_photos(conn, client, photo_ids, job_type, who())
+            except StopNotSentError as exc:
+                result, not_stopped = exc.result, exc
             finally:
                 client.close()
     click.echo(
         json.dumps({"cancelled": result.cancelled, "stopped": result.stopped, "not_found": missing})
     )
     if missing:
-        kind = "" if job_type is None else f" of type {job_type}"
-        click.echo(f"reactor: error: no row{kind} for: {', '.join(missing)}", err=True)
+        _report_missing(missing, job_type)
+    if not_stopped is not None:
+        click.echo(f"reactor: error: {not_stopped}", err=True)
+    if missing or not_stopped is not None:
         ctx.exit(1)
 
 
+def _check_type_known(conn: db.Connection, job_type: str, done: str) -> None:
+    """After a bulk action that changed no row (the lookup may read the whole table), refuse
+    a type that is neither routed, paused nor in the table, as `reactor pause` does: a typo
+    is no quiet success. Raises ConfigError."""
+    routed = _known_routes(conn, ())
+    try:
+        check_types(conn, [job_type], routed)
+    except ConfigError:
+        raise ConfigError(
+            f"unknown type {job_type!r}: no route, no rows and not paused (nothing {done})"
+        ) from None
+
+
+def _report_missing(missing: list[str], job_type: str | None) -> None:
+    """One error line naming the ids with no row, each escaped (a blank one quoted)."""
+    kind = "" if job_type is None else f" of type {job_type}"
+    shown = ", ".join(_shown(photo_id) for photo_id in missing)
+    click.echo(f"reactor: error: no row{kind} for: {shown}", err=True)
+
+
+def _shown(photo_id: str) -> str:
+    if is_blank(photo_id):
+        return repr(photo_id)
+    return visible(photo_id)
+
+
 def _with_stdin(photo_ids: tuple[str, ...]) -> Iterator[str]:
-    """The ids, with `-` replaced by the lines of standard input (read once)."""
+    """The ids, with `-` replaced by the lines of standard input (read once): a line ends at a
+    line feed alone, one CR before it is dropped (CRLF files), empty lines are skipped. Every
+    other line break Python knows (CR alone, U+2028, U+0085, VT, FS...) may be inside an id."""
     for photo_id in photo_ids:
         if photo_id != "-":
             yield photo_id
             continue
-        for line in sys.stdin.read().splitlines():
-            if line:
-                yield line
+        # UTF-8 whatever the locale, as the table holds ids; undecodable bytes are refused
+        # by the id check (as lone surrogates).
+        text = sys.stdin.buffer.read().decode("utf-8", "surrogateescape")
+        yield from filter(None, (line.removesuffix("\r") for line in text.split("\n")))
 
 
 @click.command("submit")
@@ -236,7 +287,8 @@ def submit_command(
     database_url: str, photo_ids: tuple[str, ...], job_type: str, max_attempts: int | None
 ) -> None:
     """Submit photos (one transaction): new rows, or done/failed/cancelled rows re-armed. `-`
-    reads photo ids from standard input, one a line (empty lines are skipped)."""
+    reads photo ids from standard input, one a line (lines end at a line feed, a CR before it
+    is dropped; empty lines are skipped)."""
     photo_ids = tuple(dict.fromkeys(_with_stdin(photo_ids)))
     for photo_id in photo_ids:
         validate_job(photo_id, job_type)

@@ -4,26 +4,31 @@
 Rows are cancelled in batches of `batch_size`, each its own short transaction: by photo id
 (rows a claim or an outcome holds are waited for, then checked again, so a row whose handler
 has just finished stays `done`), or every pending row of a type (`SKIP LOCKED`: never waiting
-behind a claim). After each batch commits, the started RQ jobs of the rows that were active
-are asked to stop (`reactor.rq.stop`). Nothing depends on that stop arriving: every outcome a
-worker writes is fenced on `state = 'active'` at its token and the fenced start refuses a row
-that is not active or pending, so an attempt that ends after the cancel changes nothing and a
-queued job never runs its handler. `requeue` and `submit()` re-arm a cancelled row.
+behind a claim). The row's state is the record: once every batch has committed, the started RQ
+jobs of the rows cancelled by id are asked to stop (`reactor.rq.stop`), so a Redis that fails
+never leaves part of the rows uncancelled. Nothing depends on that stop arriving: every outcome
+a worker writes is fenced on `state = 'active'` at its token and the fenced start refuses a row
+that is not active at its token, so an attempt that ends after the cancel changes nothing and
+a queued job never runs its handler; a stop that Redis did not take (`StopNotSentError`, with
+the counts) only lets a running handler finish for nothing. `requeue` and `submit()` re-arm a
+cancelled row.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import redis
 
+from reactor.errors import ReactorError, RedisUnavailableError
 from reactor.jobs import JobRef
 from reactor.pg import queries
 from reactor.pg.db import Connection, translating
 from reactor.rq.stop import stop_started
 
-__all__ = ["CancelResult", "cancel_pending", "cancel_photos", "reason_for"]
+__all__ = ["CancelResult", "StopNotSentError", "cancel_pending", "cancel_photos", "reason_for"]
 
 DEFAULT_CANCEL_BATCH = 5000
 
@@ -34,6 +39,24 @@ class CancelResult:
 
     cancelled: int = 0
     stopped: int = 0
+
+
+class StopNotSentError(RedisUnavailableError):
+    """Redis failed after the rows were cancelled, before every started job of theirs was asked
+    to stop: the rows stay cancelled (`result`), running handlers finish for nothing."""
+
+    def __init__(self, result: CancelResult, cause: str) -> None:
+        only = f" (only {result.stopped} were)" if result.stopped else ""
+        super().__init__(
+            f"Redis failed ({cause}): {_rows(result.cancelled)} cancelled, but their running "
+            f"jobs were not asked to stop{only}: such a handler runs to its end and its "
+            "outcome is discarded"
+        )
+        self.result = result
+
+
+def _rows(count: int) -> str:
+    return f"{count} row" if count == 1 else f"{count} rows"
 
 
 def reason_for(by: str) -> str:
@@ -50,22 +73,37 @@ def cancel_photos(
     *,
     batch_size: int = DEFAULT_CANCEL_BATCH,
 ) -> CancelResult:
-    """Cancel the pending/active rows of these photos (of `job_type`, if given); with a Redis
-    `client`, ask the workers running their jobs to stop.
+    """Cancel the pending/active rows of these photos (of `job_type`, if given); then, with a
+    Redis `client`, ask the workers running their jobs to stop.
 
     Raises:
-        DatabaseError: a batch failed (it was rolled back; the batches before it stay).
-        RedisUnavailableError: Redis failed (the rows are cancelled; their outcomes are fenced off).
+        DatabaseError: a batch failed (it was rolled back; the batches before it stay, and
+            their started jobs are asked to stop if Redis answers).
+        StopNotSentError: Redis failed; every row is cancelled (the error's `result`).
     """
     ids = sorted(set(photo_ids))  # one lock order for every cancel: no deadlock
-    cancelled = stopped = 0
-    for start in range(0, len(ids), batch_size):
-        params = {"photo_ids": ids[start : start + batch_size], "type": job_type}
-        refs = _cancel_batch(conn, queries.CANCEL_PHOTOS, params, by, cancelled)
-        cancelled += len(refs)
+    refs: list[JobRef] = []
+    try:
+        for start in range(0, len(ids), batch_size):
+            params = {"photo_ids": ids[start : start + batch_size], "type": job_type}
+            refs += _cancel_batch(conn, queries.CANCEL_PHOTOS, params, by, len(refs))
+    except ReactorError:
         if client is not None:
-            stopped += stop_started(client, refs)
-    return CancelResult(cancelled, stopped)
+            with contextlib.suppress(StopNotSentError):  # the database's error is the one
+                _stop(client, refs, batch_size)
+        raise
+    stopped = 0 if client is None else _stop(client, refs, batch_size)
+    return CancelResult(len(refs), stopped)
+
+
+def _stop(client: redis.Redis, refs: Sequence[JobRef], batch_size: int) -> int:
+    stopped = 0
+    for start in range(0, len(refs), batch_size):
+        try:
+            stopped += stop_started(client, refs[start : start + batch_size])
+        except RedisUnavailableError as exc:
+            raise StopNotSentError(CancelResult(len(refs), stopped), str(exc)) from exc
+    return stopped
 
 
 def cancel_pending(

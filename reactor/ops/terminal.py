@@ -3,9 +3,10 @@
 A photo id, a `last_error` or who paused a type is whatever someone wrote into the database:
 an escape sequence in it would reach the operator's terminal and act there (retitle the
 window, erase lines, fake output). Guarantee: `visible` returns one line with no character a
-terminal acts on (C0 and C1 controls, DEL) and no Unicode bidirectional override; each comes
-out as its Python escape (`\\x1b`, `\\n`, `\\u202e`), so it is seen, not obeyed. `shorten`
-cuts a line to a width keeping its head and its end (where an error's cause usually is).
+terminal acts on (C0 and C1 controls, DEL), no Unicode line or paragraph separator (which
+ends a line for a log shipper) and no bidirectional override; each comes out as its Python
+escape (`\\x1b`, `\\n`, `\\u2028`), so it is seen, not obeyed. `shorten` cuts a line to a
+width keeping its head and its end (where an error's cause usually is).
 JSON output needs neither: `json.dumps` escapes control characters itself.
 """
 
@@ -15,7 +16,7 @@ import re
 
 __all__ = ["shorten", "visible"]
 
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
