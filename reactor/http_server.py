@@ -2,9 +2,10 @@
 dashboard`: a thread per connection, at most `MAX_CLIENTS` connections at once.
 
 - A connection counts as *sending* from its arrival until its handler calls `request_read`
-  (its request line and headers are in). Given `request_seconds`, a connection still sending
-  that long after it arrived is closed, however it trickles (a header line every few seconds);
-  checked at every turn of the accept loop (`service_actions`).
+  (its request line and headers are in, and the body it takes, read with `read_body`). Given
+  `request_seconds`, a connection still sending that long after it arrived is closed, however
+  it trickles (a header line, or a byte of body, every few seconds); checked at every turn of
+  the accept loop (`service_actions`), and by `read_body` itself.
 - A new connection beyond the limit closes the oldest one still sending (idle and slow clients
   are those), so a crowd of them can take neither every thread nor every file descriptor, and
   a fresh request (a health probe, a person reloading the page) is still served. Only when all
@@ -20,6 +21,7 @@ import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from io import BufferedIOBase
 from typing import Any
 
 __all__ = ["MAX_CLIENTS", "BoundedHTTPServer"]
@@ -70,6 +72,38 @@ class BoundedHTTPServer(ThreadingHTTPServer):
         """`request` has sent its request line and headers: it is being answered."""
         with self._lock:
             self._sending.pop(request, None)
+
+    def read_body(self, request: socket.socket, rfile: BufferedIOBase, length: int) -> bytes | None:
+        """`length` bytes of `request`'s body, read by its deadline: the request is read then
+        (`request_read`). None when they have not all come by then: the connection is closed,
+        unanswered, as one whose headers are late. Until then it may be closed to make room."""
+        with self._lock:
+            deadline = self._sending.get(request)
+        parts: list[bytes] = []
+        got = 0
+        previous = request.gettimeout()
+        try:
+            while deadline is not None and got < length:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                # The whole body by the deadline: a byte every few seconds does not reset it.
+                request.settimeout(None if left == float("inf") else left)
+                part = rfile.read1(min(length - got, 65536))
+                if not part:
+                    break
+                parts.append(part)
+                got += len(part)
+        except OSError:  # timed out, or closed by `service_actions` or a new connection
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                request.settimeout(previous)
+        if got < length:
+            _cut(request)
+            return None
+        self.request_read(request)
+        return b"".join(parts)
 
     def service_actions(self) -> None:
         now = time.monotonic()

@@ -5,9 +5,12 @@ foreign origin) and through the JSON API, with real Postgres, Redis, reactor and
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import re
+import socket
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -20,6 +23,8 @@ from typing import Any
 import psycopg
 import pytest
 
+from reactor.http_server import MAX_CLIENTS
+from reactor.ops.actions import LOCK_TIMEOUT_SECONDS
 from reactor.ops.auth import hash_password
 from tests.handlers import SCHEMA
 from tests.support.browser import Browser
@@ -444,3 +449,165 @@ def test_in_a_browser_each_rows_form_acts_on_that_row_alone(
     finally:
         alice.close()
     assert states_by_photo(conn) == dict.fromkeys(["decoy", "IMG_VICTIM", *ODD_IDS], "pending")
+
+
+# -- slow bodies and held locks ------------------------------------------------------------------
+
+
+def slow_posts(port: int, headers: str) -> list[socket.socket]:
+    """`MAX_CLIENTS` connections that each send the head of a POST announcing a 4 MB body."""
+    head = (
+        "POST /api/cancel HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: 4000000\r\n{headers}\r\n"
+    ).encode()
+    slow = [socket.create_connection(("127.0.0.1", port)) for _ in range(MAX_CLIENTS)]
+    for sock in slow:
+        sock.sendall(head)
+    return slow
+
+
+def trickling(slow: list[socket.socket], stop: threading.Event) -> threading.Thread:
+    """Send each socket one byte of its body every 3 s (never silent for the 5 s timeout)."""
+
+    def trickle() -> None:
+        while not stop.wait(3.0):
+            for sock in slow:
+                with contextlib.suppress(OSError):  # the server has closed it
+                    sock.sendall(b" ")
+
+    thread = threading.Thread(target=trickle, daemon=True)
+    thread.start()
+    return thread
+
+
+class Answers:
+    """What each socket received until the server closed it, gathered over several looks."""
+
+    def __init__(self, slow: list[socket.socket]) -> None:
+        self.slow = slow
+        self.received = [b""] * len(slow)
+        self.closed: set[int] = set()
+        for sock in slow:
+            sock.settimeout(0)
+
+    def all_closed(self) -> bool:
+        for i, sock in enumerate(self.slow):
+            try:
+                while i not in self.closed:
+                    part = sock.recv(4096)
+                    self.received[i] += part
+                    if not part:
+                        self.closed.add(i)
+            except BlockingIOError:  # open, nothing (more) to read yet
+                continue
+            except OSError:  # reset: closed with our trickled bytes unread
+                self.closed.add(i)
+        return len(self.closed) == len(self.slow)
+
+
+def authorized_get(base: str) -> int:
+    request = urllib.request.Request(base + "/api/overview", headers=bearer(TOKEN))
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return int(response.status)
+
+
+def test_slow_bodies_without_a_credential_are_answered_from_their_headers(
+    env: Env, spawn: Callable[..., Process]
+) -> None:
+    """A POST without a credential gets its 401 before any of its body is read: a crowd of
+    them trickling 4 MB bodies holds no place, and an authenticated GET is answered."""
+    _, base = start_actions_dashboard(spawn, REACTOR_DASHBOARD_TOKEN=TOKEN)
+    stop = threading.Event()
+    slow = slow_posts(int(base.rsplit(":", 1)[1]), "")
+    thread = trickling(slow, stop)
+    try:
+        found = Answers(slow)
+        wait_for(found.all_closed, timeout=10, what="every slow POST answered")
+        statuses = {received.split(b"\r\n")[0] for received in found.received}
+        assert statuses == {b"HTTP/1.0 401 Unauthorized"}, found.received
+        assert authorized_get(base) == 200
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+        for sock in slow:
+            sock.close()
+
+
+def test_slow_bodies_with_a_credential_are_cut_at_the_client_timeout(
+    env: Env, spawn: Callable[..., Process]
+) -> None:
+    """An authenticated POST's body must arrive within the client timeout of connecting, however
+    it trickles; meanwhile those bodies still count as being sent, so an authenticated GET
+    closes the oldest of them and is answered."""
+    timeout = 5.0
+    _, base = start_actions_dashboard(spawn, REACTOR_DASHBOARD_TOKEN=TOKEN)
+    stop = threading.Event()
+    slow = slow_posts(int(base.rsplit(":", 1)[1]), f"Authorization: Bearer {TOKEN}\r\n")
+    started = time.monotonic()
+    thread = trickling(slow, stop)
+    try:
+        for _ in range(10):  # while every slow body is still within its time
+            assert authorized_get(base) == 200
+        found = Answers(slow)
+        wait_for(found.all_closed, timeout=timeout + 10, what="the slow bodies cut")
+        assert time.monotonic() - started < timeout + 10
+        assert set(found.received) == {b""}, found.received  # unanswered, as late headers are
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+        for sock in slow:
+            sock.close()
+
+
+def held_failed_row(env: Env, photo_id: str) -> psycopg.Connection[Any]:
+    """A session (a producer's, say) holding `photo_id`'s row with FOR UPDATE, until rollback."""
+    holder = env.connect(autocommit=False)
+    holder.execute("SELECT 1 FROM photo_jobs WHERE photo_id = %s FOR UPDATE", [photo_id])
+    return holder
+
+
+def test_an_action_blocked_on_a_held_row_answers_409_and_blocks_no_other(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
+) -> None:
+    failed_rows(conn, "A", "B")
+    _, base = start_actions_dashboard(spawn, REACTOR_DASHBOARD_TOKEN=TOKEN)
+    requeue = base + "/api/requeue"
+    holder = held_failed_row(env, "A")
+    blocked: dict[str, Any] = {}
+
+    def requeue_a() -> None:
+        began = time.monotonic()
+        blocked["answer"] = post(
+            requeue, {"type": "photo.process", "photo_ids": ["A"]}, bearer(TOKEN)
+        )
+        blocked["seconds"] = time.monotonic() - began
+
+    thread = threading.Thread(target=requeue_a, daemon=True)
+    try:
+        thread.start()
+        waiting = (
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            " AND application_name = 'photo-reactor dashboard'"
+        )
+        wait_for(
+            lambda: conn.execute(waiting).fetchone() == (1,),
+            timeout=30,
+            what="the requeue of A waiting for its row",
+        )
+        # Meanwhile, another row's action goes through.
+        code, _, body = post(requeue, {"type": "photo.process", "photo_ids": ["B"]}, bearer(TOKEN))
+        assert (code, json.loads(body)["rows"]) == (200, 1), body
+        assert state_of(conn, "B") == "pending"
+        assert "answer" not in blocked  # B went through while A still waited for its row
+        thread.join(timeout=LOCK_TIMEOUT_SECONDS + 30)
+        code, _, body = blocked["answer"]
+        assert code == 409, body
+        error = json.loads(body)["error"]
+        assert "locked by another session" in error and "nothing was changed" in error, error
+        assert blocked["seconds"] < LOCK_TIMEOUT_SECONDS + 5
+        assert state_of(conn, "A") == "failed"
+    finally:
+        holder.rollback()
+    code, _, body = post(requeue, {"type": "photo.process", "photo_ids": ["A"]}, bearer(TOKEN))
+    assert (code, json.loads(body)["rows"]) == (200, 1), body
+    assert state_of(conn, "A") == "pending"

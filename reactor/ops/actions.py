@@ -2,14 +2,19 @@
 from the page (forms) and from scripts (`POST /api/requeue|cancel|pause|resume`, JSON).
 
 Each action runs the CLI's own function (`reactor.ops.admin` requeue, `reactor.ops.cancel`,
-`reactor.ops.pause`) on a connection of its own, opened for the action and closed after it,
-one action at a time; so the role needs what those commands need, and the read-only
-connection of the page is never written on. Every action is logged (`dashboard_action`) with
-who, what and how many rows.
+`reactor.ops.pause`) on a connection of its own, opened for the action and closed after it, at
+most `MAX_ACTING` at once (a bound on the dashboard's Postgres connections); so the role needs
+what those commands need, and the read-only connection of the page is never written on. Every
+action is logged (`dashboard_action`) with who, what and how many rows.
+
+An action on photo ids, a pause, a resume is one transaction whose lock waits end after
+`LOCK_TIMEOUT_SECONDS` (`SET LOCAL`): a row held elsewhere (`SELECT ... FOR UPDATE`) gets a 409,
+nothing changed, and holds up no other action. A bulk action skips locked rows.
 
 Who may act (`reactor.ops.auth`): every request needs a credential when actions are on (401
-without one); a read-only credential may look but gets 403 on every action. Against forged
-requests from other sites:
+without one); a read-only credential may look but gets 403 on every action. A POST is judged
+on its headers (`refuse_post`) before any of its body is read: a client that may not act holds
+no place while it sends one. Against forged requests from other sites:
 - an action is a POST, never a GET;
 - a POST whose `Origin` is not this dashboard's (`http://` or `https://` + the request's Host,
   itself one of the allowed hosts), or whose `Sec-Fetch-Site` says another site, is refused (403);
@@ -35,27 +40,34 @@ import logging
 import secrets
 import threading
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from email.message import Message
-from io import BufferedIOBase
 from typing import Any
 
-from reactor.errors import ConfigError, DatabaseError, InvalidJobError, RedisUnavailableError
+from reactor.errors import (
+    ConfigError,
+    DatabaseError,
+    InvalidJobError,
+    LockBusyError,
+    RedisUnavailableError,
+)
 from reactor.ops import admin
 from reactor.ops.auth import Credentials, User
 from reactor.ops.cancel import cancel_pending, cancel_photos
 from reactor.ops.pause import pause_types, resume_types
-from reactor.pg import db
+from reactor.pg import db, queries
 from reactor.pg.registry import routes_in_use
 from reactor.redact import redact
 from reactor.routes import Route
+from reactor.rq.redis_url import connect_redis
 from reactor.throttle import LogThrottle
 from reactor.validate import (
     MAX_PHOTO_ID_BYTES,
     check_job_type,
+    check_row_photo_id,
     unquoted_photo_id,
-    validate_job,
 )
 
 __all__ = ["ACTIONS", "Actions", "Reply"]
@@ -70,6 +82,12 @@ ACTIONS = ("requeue", "cancel", "pause", "resume")
 MAX_PHOTO_IDS = 10_000
 MAX_BODY_BYTES = 4 * 1024 * 1024
 COOKIE = "reactor_session"
+#: How long an action waits for a lock that another session holds.
+LOCK_TIMEOUT_SECONDS = 3.0
+#: Actions run at once (each on a connection of its own), and how long one waits for its turn.
+MAX_ACTING = 4
+ACTING_WAIT_SECONDS = 10.0
+_LOCKED = "409 conflict: a row this action needs is locked by another session: nothing was changed"
 
 
 @dataclass(frozen=True)
@@ -104,15 +122,26 @@ def _json_reply(status: int, data: Mapping[str, Any]) -> Reply:
     return Reply(status, (json.dumps(data) + "\n").encode(), "application/json")
 
 
-def read_body(rfile: BufferedIOBase, headers: Message) -> bytes | None:
-    """The request's body (None: no Content-Length, or a body too large)."""
+def body_length(headers: Message) -> int | None:
+    """The length of the request's body (None: no Content-Length, or a body too large)."""
     try:
         length = int(headers.get("Content-Length", ""))
     except ValueError:
         return None
-    if not 0 <= length <= MAX_BODY_BYTES:
-        return None
-    return rfile.read(length)
+    return length if 0 <= length <= MAX_BODY_BYTES else None
+
+
+@contextmanager
+def _waits_bounded(conn: db.Connection) -> Iterator[None]:
+    """One transaction whose lock waits end after `LOCK_TIMEOUT_SECONDS` (a 409: all of it
+    rolled back); the CLI's functions run in it, their transactions as its savepoints."""
+    timeout = {"timeout": f"{round(LOCK_TIMEOUT_SECONDS * 1000)}ms"}
+    try:
+        with db.translating("action failed", conn), conn.transaction():
+            conn.execute(queries.SET_LOCAL_LOCK_TIMEOUT, timeout)
+            yield
+    except LockBusyError:
+        raise _RefusedError(409, _LOCKED) from None
 
 
 class Actions:
@@ -130,7 +159,7 @@ class Actions:
         self._routes = routes
         self._credentials = credentials
         self._secret = secrets.token_bytes(32)  # CSRF tokens live as long as the process
-        self._acting = threading.Lock()
+        self._acting = threading.BoundedSemaphore(MAX_ACTING)
 
     # -- who ------------------------------------------------------------------------------
 
@@ -166,8 +195,13 @@ class Actions:
 
     # -- POST -----------------------------------------------------------------------------
 
-    def post(self, path: str, headers: Message, body: bytes | None) -> Reply:
-        """Answer one POST: the action's result, or why it was refused."""
+    def refuse_post(self, path: str, headers: Message) -> Reply | None:
+        """Why a POST is refused on its headers alone, or None: its body may be read."""
+        checked = self._checked(path, headers)
+        return checked if isinstance(checked, Reply) else None
+
+    def _checked(self, path: str, headers: Message) -> Reply | tuple[str, bool, User]:
+        """The action, whether through the API, and the user; or why the POST is refused."""
         path = path.split("?", 1)[0]
         api = path.startswith("/api/")
         action = path.removeprefix("/api/" if api else "/actions/")
@@ -180,10 +214,24 @@ class Actions:
             _check_origin(headers)
             if not user.can_act:
                 raise _RefusedError(403, f"403 forbidden: {user.name} may only look")
-            if body is None:
+            if body_length(headers) is None:
                 raise _RefusedError(400, "a body with a Content-Length (at most 4 MiB) is needed")
+            if api and headers.get_content_type() != "application/json":
+                raise _RefusedError(415, "the API takes application/json")
+        except _RefusedError as exc:
+            return _refusal(exc, api, user, path)
+        return action, api, user
+
+    def post(self, path: str, headers: Message, body: bytes) -> Reply:
+        """Answer one POST: the action's result, or why it was refused."""
+        path = path.split("?", 1)[0]
+        checked = self._checked(path, headers)
+        if isinstance(checked, Reply):
+            return checked
+        action, api, user = checked
+        try:
             if api:
-                request = _from_json(action, headers, body)
+                request = _from_json(action, body)
             else:
                 fields = urllib.parse.parse_qs(body.decode("utf-8", "replace"))
                 session = _cookie(headers)
@@ -206,8 +254,10 @@ class Actions:
 
     def _run(self, request: _Request, user: User) -> int:
         by = f"dashboard:{user.name}"
+        if not self._acting.acquire(timeout=ACTING_WAIT_SECONDS):
+            raise _RefusedError(503, f"{MAX_ACTING} actions are running: nothing was changed")
         try:
-            with self._acting, db.connect(self._database_url, purpose="dashboard") as conn:
+            with db.connect(self._database_url, purpose="dashboard") as conn:
                 db.check_schema(conn)
                 rows = _ACTS[request.action](self, conn, request, by)
         except (ConfigError, InvalidJobError) as exc:
@@ -216,6 +266,8 @@ class Actions:
             raise _RefusedError(
                 503, redact(str(exc).splitlines()[0] if str(exc) else "failed")
             ) from None
+        finally:
+            self._acting.release()
         logger.info(
             "dashboard_action user=%s action=%s type=%s photo_ids=%d bulk=%s rows=%d",
             user.name,
@@ -230,24 +282,36 @@ class Actions:
     def _requeue(self, conn: db.Connection, r: _Request, by: str) -> int:
         if r.bulk_state:
             return admin.requeue_failed(conn, r.job_type)
-        return admin.requeue_photos(conn, r.photo_ids, r.job_type)
+        with _waits_bounded(conn):
+            return admin.requeue_photos(conn, r.photo_ids, r.job_type)
 
     def _cancel(self, conn: db.Connection, r: _Request, by: str) -> int:
         if r.bulk_state:
             return cancel_pending(conn, r.job_type, by).cancelled
-        from reactor.rq.redis_url import connect_redis  # noqa: PLC0415 - only for this
-
         client = connect_redis(self._redis_url, socket_timeout=5, socket_connect_timeout=5)
         try:
-            return cancel_photos(conn, client, r.photo_ids, r.job_type, by).cancelled
+            # One batch: a row held past the timeout rolls all of it back (a 409).
+            return cancel_photos(
+                conn,
+                client,
+                r.photo_ids,
+                r.job_type,
+                by,
+                batch_size=MAX_PHOTO_IDS,
+                lock_timeout_ms=round(LOCK_TIMEOUT_SECONDS * 1000),
+            ).cancelled
+        except LockBusyError:
+            raise _RefusedError(409, _LOCKED) from None
         finally:
             client.close()
 
     def _pause(self, conn: db.Connection, r: _Request, by: str) -> int:
-        return len(pause_types(conn, [r.job_type], self._known_routes(conn), by).changed)
+        with _waits_bounded(conn):
+            return len(pause_types(conn, [r.job_type], self._known_routes(conn), by).changed)
 
     def _resume(self, conn: db.Connection, r: _Request, by: str) -> int:
-        return len(resume_types(conn, [r.job_type], self._known_routes(conn)).changed)
+        with _waits_bounded(conn):
+            return len(resume_types(conn, [r.job_type], self._known_routes(conn)).changed)
 
     def _known_routes(self, conn: db.Connection) -> Mapping[str, Route]:
         return self._routes or dict(routes_in_use(conn))
@@ -310,15 +374,13 @@ def _request(action: str, job_type: Any, photo_ids: Any, state: Any) -> _Request
         for photo_id in photo_ids:
             if not isinstance(photo_id, str):
                 raise _RefusedError(400, "photo ids are strings")
-            validate_job(photo_id, job_type)
+            check_row_photo_id(photo_id)  # a blank id names the row that has it
     except (ConfigError, InvalidJobError) as exc:
         raise _RefusedError(400, str(exc)) from None
     return _Request(action, job_type, tuple(dict.fromkeys(photo_ids)), None)
 
 
-def _from_json(action: str, headers: Message, body: bytes) -> _Request:
-    if headers.get_content_type() != "application/json":
-        raise _RefusedError(415, "the API takes application/json")
+def _from_json(action: str, body: bytes) -> _Request:
     try:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError):

@@ -72,11 +72,14 @@ def cancel_photos(
     by: str,
     *,
     batch_size: int = DEFAULT_CANCEL_BATCH,
+    lock_timeout_ms: int | None = None,
 ) -> CancelResult:
     """Cancel the pending/active rows of these photos (of `job_type`, if given); then, with a
-    Redis `client`, ask the workers running their jobs to stop.
+    Redis `client`, ask the workers running their jobs to stop. With `lock_timeout_ms`, a
+    batch waits at most that long for a row another session holds.
 
     Raises:
+        LockBusyError: a row was held past `lock_timeout_ms` (that batch was rolled back).
         DatabaseError: a batch failed (it was rolled back; the batches before it stay, and
             their started jobs are asked to stop if Redis answers).
         StopNotSentError: Redis failed; every row is cancelled (the error's `result`).
@@ -86,7 +89,9 @@ def cancel_photos(
     try:
         for start in range(0, len(ids), batch_size):
             params = {"photo_ids": ids[start : start + batch_size], "type": job_type}
-            refs += _cancel_batch(conn, queries.CANCEL_PHOTOS, params, by, len(refs))
+            refs += _cancel_batch(
+                conn, queries.CANCEL_PHOTOS, params, by, len(refs), lock_timeout_ms=lock_timeout_ms
+            )
     except ReactorError:
         if client is not None:
             with contextlib.suppress(StopNotSentError):  # the database's error is the one
@@ -124,8 +129,16 @@ def cancel_pending(
 
 
 def _cancel_batch(
-    conn: Connection, query: str, params: Mapping[str, object], by: str, done: int
+    conn: Connection,
+    query: str,
+    params: Mapping[str, object],
+    by: str,
+    done: int,
+    *,
+    lock_timeout_ms: int | None = None,
 ) -> list[JobRef]:
     with translating(f"cancel failed after {done} rows"), conn.transaction():
+        if lock_timeout_ms is not None:
+            conn.execute(queries.SET_LOCAL_LOCK_TIMEOUT, {"timeout": f"{lock_timeout_ms}ms"})
         rows = conn.execute(query, {**params, "reason": reason_for(by)}).fetchall()
     return [JobRef(job_type, photo_id, int(token)) for job_type, photo_id, token in rows]

@@ -18,10 +18,12 @@ What it guarantees on a shared host and a big table:
   result (or error) serves every request for `cache_seconds`, so any number of concurrent
   requests cost one backend and at most one read per interval.
 - At most `MAX_CLIENTS` connections are served at once, and a client that has not sent its
-  whole request within `client_timeout` seconds of connecting is dropped, however it trickles
-  (a header line every few seconds): idle or slow sockets cannot pile up threads. When every
-  slot is taken, a new connection closes the oldest one still sending its request
-  (`reactor.http_server`), so slow clients cannot shut new ones out.
+  whole request (a POST's body included) within `client_timeout` seconds of connecting is
+  dropped, however it trickles (a header line every few seconds): idle or slow sockets cannot
+  pile up threads. When every slot is taken, a new connection closes the oldest one still
+  sending its request (`reactor.http_server`), so slow clients cannot shut new ones out. A POST
+  that its headers settle (no credential, another Origin: `Actions.refuse_post`) is answered
+  before any of its body is read.
 """
 
 from __future__ import annotations
@@ -35,14 +37,14 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, TypeVar
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup
 
 from reactor.errors import ConfigError, DatabaseError, ReactorError, StatementError
 from reactor.http_server import BoundedHTTPServer
-from reactor.ops.actions import Actions, read_body
+from reactor.ops.actions import Actions, Reply, body_length
 from reactor.ops.charts import per_minute_chart
 from reactor.ops.hosts import allowed_hosts, host_of
 from reactor.ops.overview import Overview, read_overview
@@ -349,8 +351,10 @@ def serve_dashboard(
             self._send(_or_500(self.path, self._get))
 
         def do_POST(self) -> None:
-            server.request_read(self.request)
-            self._send(_or_500(self.path, self._post))
+            page = _or_500(self.path, self._post)
+            if page is not None:  # None: its body came too late, and the connection is cut
+                server.request_read(self.request)
+                self._send(page)
 
         def _get(self) -> Page:
             name = host_of(self.headers.get("Host", ""))
@@ -359,7 +363,7 @@ def serve_dashboard(
                 # A DNS-rebinding page sends its own name: never answer it with our data.
                 page = Page(421, _MISDIRECTED, "text/plain; charset=utf-8")
             elif actions is not None and (refused := actions.refuse_read(self.headers)):
-                page = Page(refused.status, refused.body, refused.content_type, refused.headers)
+                page = _page(refused)
             elif path == "/" and actions is not None:
                 controls, cookie = actions.controls(self.headers)
                 page = replace(dashboard.html_page(controls), headers=cookie)
@@ -371,16 +375,16 @@ def serve_dashboard(
                 page = Page(404, b"not found\n", "text/plain; charset=utf-8")
             return page
 
-        def _post(self) -> Page:
+        def _post(self) -> Page | None:
             name = host_of(self.headers.get("Host", ""))
             if name is None or name not in names:
-                page = Page(421, _MISDIRECTED, "text/plain; charset=utf-8")
-            elif actions is None:
-                page = Page(405, b"read-only (reactor dashboard --actions)\n", "text/plain")
-            else:
-                r = actions.post(self.path, self.headers, read_body(self.rfile, self.headers))
-                page = Page(r.status, r.body, r.content_type, r.headers)
-            return page
+                return Page(421, _MISDIRECTED, "text/plain; charset=utf-8")
+            if actions is None:
+                return Page(405, b"read-only (reactor dashboard --actions)\n", "text/plain")
+            if refused := actions.refuse_post(self.path, self.headers):
+                return _page(refused)  # settled by its headers: its body is never read
+            body = server.read_body(self.request, self.rfile, body_length(self.headers) or 0)
+            return None if body is None else _page(actions.post(self.path, self.headers, body))
 
         def _send(self, page: Page) -> None:
             self.send_response(page.status)
@@ -409,7 +413,14 @@ def serve_dashboard(
 _failed_log = LogThrottle(burst=5, interval_seconds=10.0)
 
 
-def _or_500(path: str, build: Callable[[], Page]) -> Page:
+def _page(r: Reply) -> Page:
+    return Page(r.status, r.body, r.content_type, r.headers)
+
+
+_P = TypeVar("_P", bound=Page | None)
+
+
+def _or_500(path: str, build: Callable[[], _P]) -> _P | Page:
     """The page `build` makes; if it raises, a 500 with one line saying why (logged), so the
     client gets an answer instead of a connection closed on it."""
     try:

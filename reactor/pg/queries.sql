@@ -873,6 +873,11 @@ SELECT type, photo_id, last_error
  ORDER BY updated_at DESC
  LIMIT %(limit)s
 
+-- name: SET_LOCAL_LOCK_TIMEOUT
+-- The lock timeout (`timeout`, e.g. '3000ms') of the rest of this transaction only: how long a
+-- dashboard action waits for a row another session holds before it fails, changing nothing.
+SELECT set_config('lock_timeout', %(timeout)s, true)
+
 -- name: REQUEUE_FAILED
 -- Move up to `limit` failed rows (of `type`, if not NULL) back to pending: a new life, at
 -- attempts 0, whose attempts of earlier lives are added to prior_attempts (the token goes on:
