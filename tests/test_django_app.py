@@ -121,6 +121,36 @@ def test_manage_migrate_then_the_admin(
         assert seen[action]["status"] == 200, seen[action]
         return list(seen[action]["messages"])
 
+    # Each row's link opens that row's page; its History link that row's history, which
+    # links back to the same page: IMG_1's rows of two types each have their own.
+    assert sorted(seen["rows"]) == sorted(seen["checkboxes"])
+    for name, row in [*seen["rows"].items(), *seen["lives"].items()]:
+        assert row["page"]["status"] == row["history"]["status"] == 200, (name, row)
+        assert row["page"]["row"] == row["history"]["row"] == name, (name, row)
+        assert row["back"], (name, row)
+    assert sorted(seen["lives"]) == [
+        "photo.process IMG_1",
+        "photo.process IMG_9",
+        "photo.thumb IMG_9",
+    ]
+    # A bare photo id: its row when it has one; refused in one line when it has several.
+    several = "photo id 'IMG_1' names several rows: open one from the list"
+    listed = {"status": 200, "led_to": "/admin/reactor/photojob/", "messages": [several]}
+    bare = seen["bare"]
+    assert bare["IMG_1 change"] == bare["IMG_1 history"] == bare["IMG_1 to_field"] == listed
+    assert bare["IMG_1 delete"] == {"status": 403}  # nobody deletes rows here
+    assert bare["IMG_2 change"]["row"] == "photo.process IMG_2"
+    for missing in ("no row", "nul"):
+        assert bare[missing]["led_to"] == "/admin/", bare[missing]
+        [gone] = bare[missing]["messages"]
+        assert gone.startswith("photo job with ID") and gone.endswith("Perhaps it was deleted?")
+    assert seen["bare_lives"]["IMG_9"] == {
+        "status": 200,
+        "led_to": "/admin/reactor/archivedphotojob/",
+        "messages": ["photo id 'IMG_9' names several rows: open one from the list"],
+    }
+    assert seen["bare_lives"]["IMG_1"]["row"] == "photo.process IMG_1"
+
     assert said("requeue_one") == ["1 failed row(s) requeued"]  # not IMG_1's thumb row
     # Each row's checkbox names that row alone: one photo's rows of two types differ.
     boxes = seen["checkboxes"]

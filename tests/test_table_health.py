@@ -2,7 +2,8 @@
 on another connection, named and growing; autovacuum turned off for the table; a role that
 cannot see other roles' sessions, told so in one line), and the finished rows' counts of
 `status`, the dashboard's page and `prune --dry-run` on a table of more rows than they read
-(the planner's estimate, said so; exact on request). The dashboard's figures are checked with its other
+(the planner's estimate, said so; exact on request), and `status` on a table of thousands of
+types (named up to a bound, the rest summed). The dashboard's figures are checked with its other
 figures, in tests/test_dashboard.py."""
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pytest
 from psycopg import sql
 
 from reactor.ops.dashboard import Dashboard
+from reactor.ops.status import MAX_OTHER_TYPES_NAMED, OTHER_TYPES, read_status
 from reactor.pg import estimates, queries
 from reactor.pg.estimates import EXACT_UP_TO, Count
 from reactor.pg.history import count_history
@@ -264,7 +266,9 @@ def test_a_count_the_planner_expects_large_reads_a_sample_and_stale_statistics_s
 
     def counts(age_days: int = 7, exact: bool = False) -> tuple[Any, ...]:
         with conn.transaction():
-            done = estimates.counts_by_type(conn, "done", ["photo.process"], exact=exact)
+            read = estimates.read_state_rows(conn, "done", exact=exact)
+            found = estimates.counts_by_type(conn, read, ["photo.process"])
+            done = (found.by_type, found.estimated)
             older = estimates.count_finished_older(conn, "done", age_days * 86400.0, exact=exact)
             history, _months = count_history(conn, exact=exact)
         return done, older, history
@@ -287,3 +291,79 @@ def test_a_count_the_planner_expects_large_reads_a_sample_and_stale_statistics_s
     nothing: tuple[Any, ...] = (({}, False), Count(0), Count(0))
     assert counts() == nothing
     assert counts(exact=True) == nothing
+
+
+def test_junk_types_are_summed_past_a_bound_and_routed_ones_always_named(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Thousands of types (an INSERT-only role can make them) cost `status` a bounded output
+    and a bounded number of statements: the routed and paused types and the
+    `MAX_OTHER_TYPES_NAMED` others with the most rows waiting are named, the rest summed in one
+    `(other types)` entry that says how many it sums; so too when finished rows are estimated
+    (one estimate per named or common type, not per type)."""
+    conn = env.connect()
+    junk = 3000
+    conn.execute(
+        "INSERT INTO photo_jobs (photo_id, type) SELECT 'p', 'junk.' || i"
+        " FROM generate_series(1, %s) AS i",
+        [junk],
+    )
+    # Unrouted types with more rows waiting than any junk type: named first.
+    conn.execute(
+        "INSERT INTO photo_jobs (photo_id, type) SELECT 'b' || i, 'busy.' || (i % 3)"
+        " FROM generate_series(1, 30) AS i"
+    )
+    # A routed type without a row and a paused one with one row: named whatever else is there.
+    conn.execute(
+        "INSERT INTO reactor_routes (type, handler, queue, lock_key, registered_by)"
+        " VALUES ('photo.routed', 'reactor.demo.process_photo', 'default', 1, 'x')"
+    )
+    conn.execute("INSERT INTO photo_jobs (photo_id, type) VALUES ('p', 'photo.paused')")
+    conn.execute("INSERT INTO reactor_paused_types (type, paused_by) VALUES ('photo.paused', 'x')")
+    named_junk = MAX_OTHER_TYPES_NAMED - 3  # after busy.0, busy.1, busy.2
+    folded = junk - named_junk
+
+    shown = run_cli(env, "status", "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert len(shown.stdout) < 20_000
+    status = json.loads(shown.stdout)
+    by_type = {t["type"]: t for t in status["types"]}
+    assert len(by_type) == 2 + MAX_OTHER_TYPES_NAMED + 1
+    assert by_type["photo.routed"]["routed"] and by_type["photo.paused"]["paused"]
+    assert {f"busy.{i}" for i in range(3)} < set(by_type)
+    assert status["types"][-1]["type"] == OTHER_TYPES
+    other = by_type[OTHER_TYPES]
+    assert other["counts"]["pending"] == folded and not other["routed"]
+    assert other["oldest_due_age_seconds"] is not None
+    assert (status["other_types"], status["other_unrouted_types"]) == (folded, folded)
+    assert len(status["unrouted_types"]) == MAX_OTHER_TYPES_NAMED + 1  # and photo.paused
+    assert sum(t["counts"]["pending"] for t in status["types"]) == junk + 30 + 1
+    text = run_cli(env, "status").stdout
+    assert len(text) < 6_000 and len(text.splitlines()) < MAX_OTHER_TYPES_NAMED + 12, text
+    assert f"{folded} types not named" in text and f"{folded} more in {OTHER_TYPES}" in text
+
+    # Finished rows of every type, more than a count reads: estimated, type by type only for
+    # the types named and those the statistics list as common.
+    conn.execute(
+        "INSERT INTO photo_jobs (photo_id, type, state, attempts)"
+        " SELECT 'd' || i, 'junk.' || (i %% %s + 1), 'done', 1 FROM generate_series(1, %s) AS i",
+        [junk, 2 * junk],
+    )
+    conn.execute("ANALYZE photo_jobs")
+    monkeypatch.setattr(estimates, "EXACT_UP_TO", 1_000)
+    asked: list[str] = []
+
+    def planner_rows(conn: Any, explain: str, params: Any) -> int:
+        asked.append(explain)
+        return counted(conn, explain, params)
+
+    counted = estimates.planner_rows
+    monkeypatch.setattr(estimates, "planner_rows", planner_rows)
+    with conn.transaction():
+        found = read_status(conn, 300)
+    assert len(found.types) == 2 + MAX_OTHER_TYPES_NAMED + 1
+    assert found.types[-1].type == OTHER_TYPES and found.types[-1].estimated == ["done"]
+    assert found.other_types == folded
+    done = sum(t.counts["done"] for t in found.types)
+    assert done == pytest.approx(2 * junk, rel=0.2), [(t.type, t.counts) for t in found.types]
+    assert 0 < len(asked) < 300, len(asked)  # 3,000 and more: one per type

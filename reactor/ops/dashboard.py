@@ -1,14 +1,13 @@
 """`reactor dashboard`: a read-only web page of the table, the reactors and RQ, and its JSON.
 
-`GET /` is an HTML page (Jinja2, autoescaped) that reloads itself every few seconds with a
-meta refresh; `GET /api/overview` is the same data as JSON (see `reactor.ops.overview`). The page
-carries everything it needs (inline CSS, server-side SVG charts: no script, no CDN), so it
-works offline, and it is served with a Content-Security-Policy that forbids every script:
-even a row whose `last_error` or photo id holds markup is shown as text. When Postgres cannot
-be read, both endpoints answer 503 with the reason (one line, no password, no URL); a request
-that fails in any other way gets a 500 with one such line (`dashboard_request_failed`). The
-dashboard writes nothing, anywhere, unless its actions are on (`reactor.ops.actions`: behind
-a credential, each on a connection of its own).
+`GET /` is an HTML page (Jinja2, autoescaped) that reloads itself every few seconds (meta
+refresh); `GET /api/overview` is the same data as JSON (`reactor.ops.overview`). The page
+carries everything it needs (inline CSS, server-side SVG charts: no script, no CDN) and is
+served with a Content-Security-Policy that forbids every script: even a row whose
+`last_error` or photo id holds markup is shown as text. When Postgres cannot be read, both
+endpoints answer 503 with the reason (one line, no password, no URL); any other failure gets
+a 500 with one such line (`dashboard_request_failed`). The dashboard writes nothing unless
+its actions are on (`reactor.ops.actions`: behind a credential).
 
 What it guarantees on a shared host and a big table:
 - Only requests whose `Host` names it are served (loopback names, the address it is bound to
@@ -17,12 +16,11 @@ What it guarantees on a shared host and a big table:
 - It holds one Postgres connection (reopened after a failure); one read runs at a time and its
   result (or error) serves every request for `cache_seconds`, so any number of concurrent
   requests cost one backend and at most one read per interval.
-- At most `MAX_CLIENTS` connections are served at once, and a client that has not sent its
-  whole request (a POST's body included) within `client_timeout` seconds of connecting is
-  dropped, however it trickles (a header line every few seconds): idle or slow sockets cannot
-  pile up threads. When every slot is taken, a new connection closes the oldest one still
-  sending its request (`reactor.http_server`), so slow clients cannot shut new ones out. A POST
-  that its headers settle (no credential, another Origin: `Actions.refuse_post`) is answered
+- At most `MAX_CLIENTS` connections are served at once; a client that has not sent its whole
+  request (a POST's body included) within `client_timeout` seconds of connecting is dropped,
+  however it trickles; when every slot is taken, a new connection closes the oldest one still
+  sending (`reactor.http_server`): slow clients cannot pile up threads or shut new ones out. A
+  POST its headers settle (no credential, another Origin: `Actions.refuse_post`) is answered
   before any of its body is read.
 """
 
@@ -48,7 +46,13 @@ from reactor.ops.actions import Actions, Reply, body_length
 from reactor.ops.charts import per_minute_chart
 from reactor.ops.hosts import allowed_hosts, host_of
 from reactor.ops.overview import Overview, read_overview
-from reactor.ops.status import STATES, FinishedCounts, read_finished_counts, shown_count
+from reactor.ops.status import (
+    OTHER_TYPES,
+    STATES,
+    FinishedCounts,
+    read_finished_counts,
+    shown_count,
+)
 from reactor.ops.terminal import visible
 from reactor.pg import db
 from reactor.redact import redact
@@ -152,9 +156,7 @@ class Dashboard:
         refresh_seconds: int = DEFAULT_REFRESH_SECONDS,
         cache_seconds: float = DEFAULT_CACHE_SECONDS,
     ) -> None:
-        """Raises:
-        ConfigError: a URL is malformed (checked here: the servers may be down).
-        """
+        """Raises ConfigError: a URL is malformed (checked here: the servers may be down)."""
         db.check_url(database_url)
         self._database_url = database_url
         self._redis = connect_redis(redis_url)
@@ -173,6 +175,7 @@ class Dashboard:
         self._templates.filters["when"] = shown_time
         self._templates.filters["rows"] = shown_count
         self._templates.filters["form_id"] = quoted_photo_id
+        self._templates.globals["OTHER_TYPES"] = OTHER_TYPES  # a sum of types: nothing to act on
 
     def _connection(self) -> tuple[db.Connection, bool]:
         """The dashboard's connection, and whether it was open already."""

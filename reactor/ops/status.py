@@ -14,10 +14,19 @@ planner's estimate, named in each type's `estimated` and shown as `≈ 5.0M` (`e
 counts every row: a scan). So a table of millions of done rows costs about what one of a
 hundred thousand does. The table for people shows texts from the database (who paused a type,
 a recorded route) with control characters escaped (`reactor.ops.terminal`).
+
+Types are named up to a bound, as the backlog metrics label them: every routed or paused type,
+and the `MAX_OTHER_TYPES_NAMED` others with the most rows waiting (then finished); the rest are
+summed in one last entry, `OTHER_TYPES`, with how many they are (`other_types`; of them with
+pending rows: `other_unrouted_types`, the unrouted types `unrouted_types` does not name). So
+thousands of types (an INSERT-only role can make them) cost a few statements and a few lines,
+never a statement or a line each.
 """
 
 from __future__ import annotations
 
+import heapq
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +39,7 @@ from reactor.ops.pause import PausedType, paused_types
 from reactor.ops.terminal import visible
 from reactor.pg import queries
 from reactor.pg.db import Connection, translating
-from reactor.pg.estimates import Count, counts_by_type
+from reactor.pg.estimates import Count, StateRows, counts_by_type, read_state_rows
 from reactor.pg.history import count_history
 from reactor.pg.registry import RecordedRoute, read_recorded_routes
 from reactor.pg.vacuum import VacuumHealth, read_vacuum_health
@@ -41,6 +50,8 @@ from reactor.settings import DEFAULT_GONE_AFTER_SECONDS
 
 __all__ = [
     "FINISHED_STATES",
+    "MAX_OTHER_TYPES_NAMED",
+    "OTHER_TYPES",
     "STATES",
     "FinishedCounts",
     "Status",
@@ -59,11 +70,17 @@ FINISHED_STATES = ("done", "failed", "cancelled")
 MAX_WORKER_CHECKS = 10_000
 #: Pending rows whose claim fails, named by `reactor status`.
 MAX_REFUSED_SHOWN = 10
+#: Types named besides the routed and paused ones (those with the most rows waiting, then
+#: finished); the others are summed in the entry `OTHER_TYPES`.
+MAX_OTHER_TYPES_NAMED = 20
+#: The `type` of that entry (no type can be called so: `reactor.validate.is_valid_type`).
+OTHER_TYPES = "(other types)"
 
 
 @dataclass(frozen=True)
 class TypeStatus:
-    """The figures of one job type."""
+    """The figures of one job type, or of the types not named together (`OTHER_TYPES`: its
+    oldest due row is that of any of them, its next retry the first of theirs)."""
 
     type: str
     counts: dict[str, int]
@@ -95,11 +112,17 @@ class Status:
     #: Rows archived into photo_jobs_history, and its monthly partitions.
     history: Count = field(default_factory=lambda: Count(0))
     history_months: int = 0
+    #: Types summed in the entry `OTHER_TYPES` of `types` (0: every type is named, no entry),
+    #: and how many of them have pending rows (unrouted types not in `unrouted_types`).
+    other_types: int = 0
+    other_unrouted_types: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "types": [vars(t) for t in self.types],
             "unrouted_types": self.unrouted_types,
+            "other_types": self.other_types,
+            "other_unrouted_types": self.other_unrouted_types,
             "routes": [
                 {
                     "type": r.route.type,
@@ -130,10 +153,9 @@ class Status:
 
 @dataclass(frozen=True)
 class FinishedCounts:
-    """Finished rows by type and state, and the states whose counts are estimates."""
+    """Rows of finished states by type, as far as read (`reactor.pg.estimates.StateRows`)."""
 
-    counts: dict[str, dict[str, int]] = field(default_factory=dict)
-    estimated: frozenset[str] = frozenset()
+    states: dict[str, StateRows] = field(default_factory=dict)
 
 
 def read_finished_counts(
@@ -144,27 +166,14 @@ def read_finished_counts(
     exact: bool = False,
 ) -> FinishedCounts:
     """Rows of `states` by type: exact up to `EXACT_UP_TO` of a state, beyond that the
-    planner's estimate (asked about `types` and the table's common types), unless `exact`.
+    planner's estimates (of `types`, such as the routed ones, which `read_status` always
+    names, and of the table's common types; other types as `read_status` asks), unless `exact`.
 
     Raises:
         DatabaseError: the query failed.
     """
     with translating("status query failed"), conn.transaction():
-        return _finished_counts(conn, states, types, exact)
-
-
-def _finished_counts(
-    conn: Connection, states: tuple[str, ...], types: tuple[str, ...], exact: bool
-) -> FinishedCounts:
-    counts: dict[str, dict[str, int]] = {}
-    estimated = set()
-    for state in states:
-        by_type, guessed = counts_by_type(conn, state, types, exact=exact)
-        if guessed:
-            estimated.add(state)
-        for job_type, rows in by_type.items():
-            counts.setdefault(job_type, {})[state] = rows
-    return FinishedCounts(counts, frozenset(estimated))
+        return FinishedCounts({s: read_state_rows(conn, s, types, exact=exact) for s in states})
 
 
 def read_status(
@@ -187,45 +196,53 @@ def read_status(
     """
     routes = read_recorded_routes(conn)
     routed = {r.route.type for r in routes}
+    stale_after = {"stale_after": stale_after_seconds}
     with translating("status query failed"), conn.transaction():
-        counts: dict[str, dict[str, int]] = {}
+        waiting: dict[str, dict[str, int]] = {}
         for job_type, state, count in conn.execute(queries.BACKLOG):  # exact: few, indexed
-            counts.setdefault(job_type, dict.fromkeys(STATES, 0))[state] = int(count)
-        pending_types = [row[0] for row in conn.execute(queries.PENDING_TYPES)]
+            waiting.setdefault(job_type, {})[state] = int(count)
         paused = paused_types(conn)
         paused_names = {p.type for p in paused}
-        known = tuple(sorted(set(counts) | set(routed) | paused_names))
+        pinned = routed | paused_names
         states = FINISHED_STATES if done_counts is None else ("failed", "cancelled")
-        finished = _finished_counts(conn, states, known, exact)
-        estimated = set(finished.estimated)
+        finished = {s: read_state_rows(conn, s, sorted(pinned), exact=exact) for s in states}
         if done_counts is not None:
-            estimated |= done_counts.estimated
-            for job_type, by_state in done_counts.counts.items():
-                finished.counts.setdefault(job_type, {}).update(by_state)
-        for job_type, by_state in finished.counts.items():
-            counts.setdefault(job_type, dict.fromkeys(STATES, 0)).update(by_state)
-        all_types = sorted(set(counts) | set(routed) | paused_names)
-        rows = conn.execute(
-            queries.STATUS_PER_TYPE, {"types": all_types, "stale_after": stale_after_seconds}
-        ).fetchall()
+            finished.update(done_counts.states)
+        named, folded = _named_types(pinned, waiting, finished.values())
+        counts = {t: dict.fromkeys(STATES, 0) for t in (*named, OTHER_TYPES)}
+        for job_type, by_state in waiting.items():
+            for state, rows_of in by_state.items():
+                counts[_entry(job_type, counts)][state] += rows_of
+        estimated = set()
+        for state, read in finished.items():
+            found = counts_by_type(conn, read, named)
+            for job_type, rows_of in found.by_type.items():
+                counts[job_type][state] = rows_of
+            counts[OTHER_TYPES][state] += found.other if folded else 0
+            if found.estimated:
+                estimated.add(state)
+        rows = conn.execute(queries.STATUS_PER_TYPE, {"types": named, **stale_after}).fetchall()
+        if folded:
+            [other] = conn.execute(queries.STATUS_OTHER_TYPES, {"types": named, **stale_after})
+            rows.append((OTHER_TYPES, *other))
         # The sweep's page of active rows, its oldest first: the quiet ones not yet stale are
         # those it re-dispatches when their worker is gone (stale ones are counted as such).
         quiet = [
             JobRef(t, p, int(token))
-            for t, p, token, _, stale, quiet in conn.execute(
+            for t, p, token, _, stale_row, quiet in conn.execute(
                 queries.LIST_ACTIVE,
                 {
-                    "types": all_types,
+                    "types": sorted(t for t, by in waiting.items() if by.get("active")),
                     "until": "infinity",
                     "after_at": "-infinity",
                     "after_type": "",
                     "after_id": "",
                     "limit": MAX_WORKER_CHECKS,
-                    "stale_after": stale_after_seconds,
                     "gone_after": min(gone_after_seconds, stale_after_seconds),
+                    **stale_after,
                 },
             )
-            if quiet and not stale
+            if quiet and not stale_row
         ]
         refused = [
             (str(t), str(p), str(e).removeprefix(CLAIM_REFUSED_PREFIX))
@@ -241,28 +258,67 @@ def read_status(
     if client is not None:
         try:
             with reading():
-                gone = _workers_gone(client, quiet)
+                gone = {}
+                for job_type, lost in _workers_gone(client, quiet).items():
+                    entry = _entry(job_type, counts)
+                    gone[entry] = gone.get(entry, 0) + lost
         except RedisUnavailableError as exc:
+            gone = None
             text = str(exc).strip()
             redis_error = redact(text.splitlines()[0] if text else repr(exc))
     types = [
         TypeStatus(
             type=job_type,
-            counts=counts.get(job_type, dict.fromkeys(STATES, 0)),
+            counts=counts[job_type],
             oldest_due_age_seconds=None if age is None else round(float(age), 3),
             next_retry_at=next_at,
-            stale_active=int(stale),
+            stale_active=int(stale_active),
             routed=job_type in routed,
             paused=job_type in paused_names,
             worker_gone=None if gone is None else gone.get(job_type, 0),
             estimated=[s for s in STATES if s in estimated],
         )
-        for job_type, age, next_at, stale in rows
+        for job_type, age, next_at, stale_active in rows
     ]
-    unrouted = sorted(t for t in pending_types if t not in routed)
+    unrouted = [t for t in named if t not in routed and waiting.get(t, {}).get("pending")]
+    other_unrouted = sum(1 for t in folded if waiting.get(t, {}).get("pending"))
     return Status(
-        types, unrouted, routes, paused, redis_error, refused, vacuum, history, history_months
+        types,
+        unrouted,
+        routes,
+        paused,
+        redis_error,
+        refused,
+        vacuum,
+        history,
+        history_months,
+        len(folded),
+        other_unrouted,
     )
+
+
+def _named_types(
+    pinned: set[str], waiting: dict[str, dict[str, int]], finished: Iterable[StateRows]
+) -> tuple[list[str], set[str]]:
+    """The types named (sorted): `pinned` and the `MAX_OTHER_TYPES_NAMED` others with the most
+    rows waiting, then finished (as read: a few rows of each, or the planner's estimate of the
+    common ones), then by name; and the other types found with rows, summed as `OTHER_TYPES`."""
+    finished_rows: dict[str, int] = {}
+    for read in finished:
+        for job_type, rows in read.by_type.items():
+            finished_rows[job_type] = finished_rows.get(job_type, 0) + rows
+    others = (set(waiting) | set(finished_rows)) - pinned
+    first = heapq.nsmallest(
+        MAX_OTHER_TYPES_NAMED,
+        others,
+        key=lambda t: (-sum(waiting.get(t, {}).values()), -finished_rows.get(t, 0), t),
+    )
+    return sorted(pinned.union(first)), others.difference(first)
+
+
+def _entry(job_type: str, counts: dict[str, dict[str, int]]) -> str:
+    """The entry of `types` that counts `job_type`: its own, or `OTHER_TYPES`."""
+    return job_type if job_type in counts else OTHER_TYPES
 
 
 def _workers_gone(client: redis.Redis, refs: list[JobRef]) -> dict[str, int]:
@@ -295,7 +351,7 @@ def format_status(status: Status) -> str:
     header = f"{'type':<24} " + " ".join(f"{s:>9}" for s in STATES) + "  details"
     lines = [header]
     for t in status.types:
-        details = []
+        details = [f"{status.other_types} types not named"] if t.type == OTHER_TYPES else []
         if t.oldest_due_age_seconds is not None:
             details.append(f"oldest due {t.oldest_due_age_seconds:.1f}s ago")
         if t.next_retry_at is not None:
@@ -326,10 +382,11 @@ def format_status(status: Status) -> str:
             else f"no running reactor (last recorded {r.registered_at:%Y-%m-%d %H:%M:%S %Z})"
         )
         lines.append(f"  {format_route(r.route)}  {used}")
-    if status.unrouted_types:
-        lines.append(
-            "unrouted types with pending rows (left alone): " + ", ".join(status.unrouted_types)
-        )
+    unrouted = list(status.unrouted_types)
+    if status.other_unrouted_types:
+        unrouted.append(f"{status.other_unrouted_types} more in {OTHER_TYPES}")
+    if unrouted:
+        lines.append("unrouted types with pending rows (left alone): " + ", ".join(unrouted))
     for p in status.paused_types:
         lines.append(f"paused: {p.type} since {p.paused_at.isoformat()} by {p.paused_by}")
     if status.redis_error is not None:

@@ -11,6 +11,11 @@ change (every failed row requeued, and no ANALYZE since) cannot hide that fewer 
 `SAMPLE_UP_TO` are left; `exact=True` counts every row (a scan) for whoever needs the figure to
 the row. Pending and active rows, the hot states, are always counted exactly elsewhere (they
 are few, and read through their partial indexes).
+
+Counts by type (`read_state_rows`, `counts_by_type`) ask the planner about a bounded number of
+types: those the table's statistics list as common and those the caller names; every other type
+is counted in one figure, so a table of thousands of types (an INSERT-only role can make them)
+costs a row each of a read, never a statement each.
 """
 
 from __future__ import annotations
@@ -28,10 +33,13 @@ __all__ = [
     "SAMPLE_UP_TO",
     "TRUST_ESTIMATE_FROM",
     "Count",
+    "StateRows",
+    "TypeCounts",
     "count_finished_older",
     "counts_by_type",
     "planner_rows",
     "read_limit",
+    "read_state_rows",
 ]
 
 #: A count reads at most this many rows; one that reaches it is the planner's estimate.
@@ -62,6 +70,11 @@ def planner_rows(conn: Connection, explain: str, params: Mapping[str, Any]) -> i
     return max(0, round(float(plan[0]["Plan"]["Plan Rows"])))
 
 
+def _bound(expected: int) -> int:
+    """The rows a count reads when the planner expects `expected` of them."""
+    return SAMPLE_UP_TO if expected >= TRUST_ESTIMATE_FROM else EXACT_UP_TO
+
+
 def read_limit(
     conn: Connection, explain: str, params: Mapping[str, Any], *, exact: bool
 ) -> int | None:
@@ -72,37 +85,92 @@ def read_limit(
     Raises:
         psycopg.Error: the statement failed (callers run it under `translating`).
     """
-    if exact:
-        return None
-    many = planner_rows(conn, explain, params) >= TRUST_ESTIMATE_FROM
-    return SAMPLE_UP_TO if many else EXACT_UP_TO
+    return None if exact else _bound(planner_rows(conn, explain, params))
 
 
-def counts_by_type(
-    conn: Connection, state: str, types: Iterable[str], *, exact: bool = False
-) -> tuple[dict[str, int], bool]:
-    """Rows of `state` by type, and whether they are estimates. The planner is asked about
-    `types` (the caller's known types) and the types the table's statistics list as common;
-    an estimate of a type is never below the rows of it already read.
+@dataclass(frozen=True)
+class StateRows:
+    """The rows of one state by type as `read_state_rows` found them: every row when
+    `complete`; else the planner's estimate of each type in `guessed` (the types the table's
+    statistics list as common and those the caller named; left out when the planner gave its
+    floor) and the rows read of each other type (fewer than it may have), with `expected`, the
+    planner's estimate of the state's rows."""
+
+    state: str
+    by_type: dict[str, int]
+    complete: bool = True
+    expected: int = 0
+    guessed: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class TypeCounts:
+    """Rows of one state of each type asked about (those with none left out) and of every
+    other type together, and whether they are the planner's estimates."""
+
+    by_type: dict[str, int]
+    other: int = 0
+    estimated: bool = False
+
+
+def read_state_rows(
+    conn: Connection, state: str, types: Iterable[str] = (), *, exact: bool = False
+) -> StateRows:
+    """The rows of `state` by type: one read of at most the bound (`exact`: every row) and,
+    when the bound is reached, one estimate for each of `types` (a few: the caller's own) and
+    each common type (as many as the statistics target lets ANALYZE keep, whatever number of
+    types the table holds).
 
     Raises:
         psycopg.Error: a statement failed (callers run it under `translating`).
     """
-    limit = read_limit(conn, queries.ESTIMATE_ROWS_OF_STATE, {"state": state}, exact=exact)
+    expected = 0 if exact else planner_rows(conn, queries.ESTIMATE_ROWS_OF_STATE, {"state": state})
+    limit = None if exact else _bound(expected)
     params = {"state": state, "limit": limit}
-    seen = {str(t): int(n) for t, n in conn.execute(queries.FINISHED_COUNTS_UP_TO, params)}
-    if limit is None or sum(seen.values()) < limit:
-        return seen, False
-    common = {str(row[0]) for row in conn.execute(queries.COMMON_TYPES)}
-    estimated = {}
-    for job_type in sorted(set(types) | common | set(seen)):
-        guess = planner_rows(
-            conn, queries.ESTIMATE_ROWS_OF_TYPE, {"state": state, "type": job_type}
-        )
-        if job_type not in seen and guess <= 1:
-            continue  # the planner's floor (it never says 0), for a type none was read of
-        estimated[job_type] = max(guess, seen.get(job_type, 0))
-    return estimated, True
+    read = {str(t): int(n) for t, n in conn.execute(queries.FINISHED_COUNTS_UP_TO, params)}
+    if limit is None or sum(read.values()) < limit:
+        return StateRows(state, read)
+    # The read stops at the first rows it meets (in table or index order): a type may have many
+    # rows it did not reach, which the statistics, sampled over the whole table, still list.
+    guessed = {str(row[0]) for row in conn.execute(queries.COMMON_TYPES)} | set(types)
+    for job_type in sorted(guessed):
+        guess = _type_rows(conn, state, job_type, read.get(job_type, 0))
+        if guess is not None:
+            read[job_type] = guess
+    return StateRows(state, read, False, expected, frozenset(guessed))
+
+
+def counts_by_type(conn: Connection, rows: StateRows, types: Iterable[str]) -> TypeCounts:
+    """Rows of `rows.state` of each of `types` (a few: one estimate each when the read was
+    not complete, never below the rows of it read) and of every other type together (then the
+    planner's estimate of the state less that of `types`, never below the rows of the others
+    read or estimated).
+
+    Raises:
+        psycopg.Error: a statement failed (callers run it under `translating`).
+    """
+    wanted = set(types)
+    by_type: dict[str, int] = {}
+    for job_type in sorted(wanted):
+        seen = rows.by_type.get(job_type)
+        if not rows.complete and job_type not in rows.guessed:
+            seen = _type_rows(conn, rows.state, job_type, seen or 0)
+        if seen:
+            by_type[job_type] = seen
+    others = sum(n for t, n in rows.by_type.items() if t not in wanted)
+    if rows.complete:
+        return TypeCounts(by_type, others)
+    return TypeCounts(by_type, max(others, rows.expected - sum(by_type.values())), True)
+
+
+def _type_rows(conn: Connection, state: str, job_type: str, seen: int) -> int | None:
+    """The planner's estimate of the rows of `job_type` in `state`, never below `seen` (the
+    rows of it read); None when none were read and the planner gives its floor (it never
+    says 0)."""
+    guess = planner_rows(conn, queries.ESTIMATE_ROWS_OF_TYPE, {"state": state, "type": job_type})
+    if not seen and guess <= 1:
+        return None
+    return max(guess, seen)
 
 
 def count_finished_older(conn: Connection, state: str, age: float, *, exact: bool = False) -> Count:

@@ -864,6 +864,26 @@ SELECT t.type,
                 OR a.heartbeat_at < now() - make_interval(secs => %(stale_after)s::float8)))
   FROM pg_catalog.unnest(%(types)s::text[]) AS t(type)
 
+-- name: STATUS_OTHER_TYPES
+-- `reactor status`: STATUS_PER_TYPE's figures of every type but the given ones, together (the
+-- types it does not name, however many): the age of the oldest due row of any of them, their
+-- next retry, their active rows with no write for `stale_after` seconds. One pass over the
+-- pending rows, as BACKLOG's, not a lookup per type.
+SELECT CASE WHEN min(p.due) FILTER (WHERE p.due <= now()) IS NULL THEN NULL
+            ELSE extract(epoch FROM now() - greatest(min(p.due) FILTER (WHERE p.due <= now()),
+                                                     '1970-01-01'::timestamptz))
+       END::float8,
+       (min(p.next_retry_at) FILTER (WHERE p.due > now()))::text,
+       (SELECT count(*)
+          FROM photo_jobs AS a
+         WHERE a.state = 'active' AND a.type <> ALL (%(types)s::text[])
+           AND a.updated_at < now() - make_interval(secs => %(stale_after)s::float8)
+           AND (a.heartbeat_at IS NULL
+                OR a.heartbeat_at < now() - make_interval(secs => %(stale_after)s::float8)))
+  FROM (SELECT coalesce(next_retry_at, created_at) AS due, next_retry_at
+          FROM photo_jobs
+         WHERE state = 'pending' AND type <> ALL (%(types)s::text[])) AS p
+
 -- name: CLAIM_REFUSED_ROWS
 -- `reactor status`: pending rows whose claim a reactor found failing (their last_error starts
 -- with `prefix`), the latest first.

@@ -14,18 +14,30 @@ every type; so each checkbox carries its row's `row_key` (the type, `:`, the pho
 percent-encoded: browsers rewrite line breaks in form values) and the list is narrowed to
 those rows before Django's own selection. "Select all" acts on every row the list shows
 (filtered), as Django's does.
+
+A row's page (read-only) and its history are at its key too: the list links each row to
+`.../<row_key>/change/` (an archived life's key adds `:` and its `finished_at`, since a photo
+may have several lives of one type), and the page's History link and the history's link back
+go by that key. A bare photo id, as Django writes its own links, opens the row only when one
+row has that id; when several do, the page is refused in one line and the list shown: never a
+500 for a photo with rows of two types.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from datetime import datetime
 from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
+from django.contrib.admin.utils import quote, unquote
+from django.contrib.admin.views.main import ChangeList
 from django.db import connections, transaction
 from django.db.models import Q
+from django.http import HttpResponseRedirect
+from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.translation import gettext
 
@@ -73,8 +85,83 @@ def parse_row_key(key: str) -> tuple[str, str] | None:
     return job_type, photo_id
 
 
+class _RowChangeList(ChangeList):
+    """The list, each row linked to its own page (by its key, not its photo id)."""
+
+    def url_for_result(self, result: Any) -> str:
+        return str(self.model_admin.row_url("change", result))
+
+
 class _ByRowAdmin(admin.ModelAdmin):
-    """Checkboxes and actions by (type, photo id), not by the one-column primary key."""
+    """Checkboxes, actions and pages by row, not by the one-column primary key."""
+
+    change_form_template = "admin/reactor/row_change_form.html"
+    object_history_template = "admin/reactor/row_history.html"
+
+    def object_key(self, obj: Any) -> str:
+        """A row's id in the admin's URLs: its `row_key`."""
+        return row_key(obj.type, obj.photo_id)
+
+    def rows_of_key(self, queryset: Any, key: str) -> Any:
+        """The rows of `queryset` that `key` (an `object_key`) names, or None: not a key."""
+        row = parse_row_key(key)
+        return None if row is None else queryset.filter(type=row[0], photo_id=row[1])
+
+    def row_url(self, view: str, obj: Any) -> str:
+        """The URL of `view` ("change", "history") of the row `obj`."""
+        name = f"admin:{self.opts.app_label}_{self.opts.model_name}_{view}"
+        args = (quote(self.object_key(obj)),)
+        return str(reverse(name, args=args, current_app=self.admin_site.name))
+
+    def get_changelist(self, request: Any, **kwargs: Any) -> Any:
+        return _RowChangeList
+
+    def get_object(self, request: Any, object_id: str, from_field: Any = None) -> Any:
+        # By the row's key whatever `_to_field` says: the only field Django lets it name here is
+        # the stand-in key, which a photo's rows of two types share.
+        queryset = self.get_queryset(request)
+        if "\x00" in object_id:
+            return None  # no row has it (and Postgres refuses it in a query)
+        rows = self.rows_of_key(queryset, object_id)
+        found = None if rows is None else rows.first()
+        if found is None:  # a bare photo id: its row, if it is the only one
+            bare = list(queryset.filter(photo_id=object_id)[:2])
+            found = bare[0] if len(bare) == 1 else None
+        return found
+
+    def _get_obj_does_not_exist_redirect(self, request: Any, opts: Any, object_id: str) -> Any:
+        # Django's hook for a page whose row get_object did not find: say so when a bare photo
+        # id named several rows, rather than that it names none.
+        photo_id = unquote(object_id)
+        rows = self.get_queryset(request).filter(photo_id=photo_id)
+        if "\x00" in photo_id or rows[:2].count() < 2:
+            return super()._get_obj_does_not_exist_redirect(request, opts, object_id)
+        message = f"photo id {photo_id!r} names several rows: open one from the list"
+        self.message_user(request, message, messages.WARNING)
+        changelist = f"admin:{opts.app_label}_{opts.model_name}_changelist"
+        return HttpResponseRedirect(reverse(changelist, current_app=self.admin_site.name))
+
+    def change_view(
+        self, request: Any, object_id: str, form_url: str = "", extra_context: Any = None
+    ) -> Any:
+        return super().change_view(
+            request, object_id, form_url, self._row_links(request, object_id, extra_context)
+        )
+
+    def history_view(self, request: Any, object_id: str, extra_context: Any = None) -> Any:
+        return super().history_view(
+            request, object_id, self._row_links(request, object_id, extra_context)
+        )
+
+    def _row_links(self, request: Any, object_id: str, extra_context: Any) -> dict[str, Any]:
+        """`extra_context` and the links of the row's pages that the templates show (the change
+        form's History, the history's way back), by the row's key."""
+        context = dict(extra_context or {})
+        obj = self.get_object(request, unquote(object_id))
+        if obj is not None:
+            context["row_change_url"] = self.row_url("change", obj)
+            context["row_history_url"] = self.row_url("history", obj)
+        return context
 
     def action_checkbox(self, obj: Any) -> Any:
         label = format_html(gettext("Select this object for an action - {}"), str(obj))
@@ -127,7 +214,6 @@ class PhotoJobAdmin(_ByRowAdmin):
     )
     list_filter = ("type", "state")
     search_fields = ("=photo_id",)
-    list_display_links = None
     actions = ("requeue_failed", "requeue_done")
 
     def has_add_permission(self, request: Any) -> bool:
@@ -161,8 +247,24 @@ class ArchivedPhotoJobAdmin(_ByRowAdmin):
     list_display = ("photo_id", "type", "state", "attempts", "finished_at", "last_error")
     list_filter = ("type", "state")
     search_fields = ("=photo_id",)
-    list_display_links = None
     actions = ("restore",)
+
+    def object_key(self, obj: Any) -> str:
+        """A life's id in the admin's URLs: its `row_key`, `:`, its `finished_at` (ISO 8601)."""
+        return f"{row_key(obj.type, obj.photo_id)}:{obj.finished_at.isoformat()}"
+
+    def rows_of_key(self, queryset: Any, key: str) -> Any:
+        job_type, _, rest = key.partition(":")
+        encoded, _, when = rest.partition(":")
+        row = parse_row_key(f"{job_type}:{encoded}")
+        try:
+            finished_at = datetime.fromisoformat(when)
+        except ValueError:
+            return None
+        if row is None or finished_at.isoformat() != when:
+            return None
+        # Two lives finished in the same microsecond are one page (the first).
+        return queryset.filter(type=row[0], photo_id=row[1], finished_at=finished_at)
 
     def has_add_permission(self, request: Any) -> bool:
         return False

@@ -4,8 +4,8 @@ Both unmanaged (the SQL migrations own the tables).
 The table's key is (photo_id, type); Django's admin takes only a one-column key, so
 `photo_id` stands in for it here: query with both (`PhotoJob.objects.filter(photo_id=...,
 type=...)`), since `.get(pk=...)` and `pk__in` find a photo's rows of every type; the admin's
-checkboxes and actions go by both, never by this key. Write rows through `reactor.submit()`
-and the admin's actions, never `save()`: those keep the fence.
+checkboxes, actions and row pages go by both, never by this key. Write rows through
+`reactor.submit()` and the admin's actions, never `save()`: those keep the fence.
 """
 
 from __future__ import annotations
