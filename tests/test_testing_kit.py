@@ -294,17 +294,9 @@ PLUGIN_TEST = textwrap.dedent(
 
 
 def test_pytest_plugin_fixture(database_url: str, tmp_path: Path) -> None:
-    (tmp_path / "test_app.py").write_text(PLUGIN_TEST)
-    out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_app.py"],
-        env=child_environ(DATABASE_URL=database_url),
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert "1 failed, 1 passed" in out.stdout, out.stdout + out.stderr
-    assert "no photo.process job for photo 'IMG_7'; submitted:" in out.stdout
+    out = run_pytest(tmp_path, database_url, PLUGIN_TEST)
+    assert "1 failed, 1 passed" in out, out
+    assert "no photo.process job for photo 'IMG_7'; submitted:" in out
     assert rows_seen_outside(database_url) == 0  # each test's transaction rolled back
 
 
