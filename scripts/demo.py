@@ -5,10 +5,13 @@ handler) and one `reactor worker`, submits sample photos through the `reactor su
 transaction), waits until every one is `done`, prints `reactor status`, and stops everything it
 started. Exit code 0 only if every photo is done.
 
-Servers: DATABASE_URL / REDIS_URL when given (the demo then writes there: the `photo_jobs` rows
-of its photos, the RQ queue `photo-process`); else throwaway servers it starts from the
-postgres and redis-server binaries and removes at the end. It never picks a local server on
-its own.
+Servers: throwaway ones it starts from the postgres and redis-server binaries and removes at the
+end; DEMO_DATABASE_URL / DEMO_REDIS_URL name servers of yours instead (the demo then writes
+there: the `photo_jobs` rows of its photos, the RQ queue `photo-process`, its route). It never
+uses DATABASE_URL / REDIS_URL (an application's, exported for `reactor` a line later in the
+quickstart) nor any `REACTOR_` setting of the shell: its reactor and worker would join that
+application's queue with the demo's route. A reactor or worker of the demo that exits early
+ends the demo at once, saying so (exit 1).
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ sys.path.insert(0, str(ROOT))
 from reactor.routes import DEMO_ROUTE  # noqa: E402
 from tests.support.servers import PostgresServer, RedisServer  # noqa: E402
 
+#: What each started process is, in the order they start.
+_NAMES = ("reactor run", "reactor worker")
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
@@ -37,20 +43,21 @@ def main() -> int:
     started: list[PostgresServer | RedisServer] = []
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        database_url = os.environ.get("DATABASE_URL", "")
+        database_url = os.environ.get("DEMO_DATABASE_URL", "")
         if not database_url:
             pg = PostgresServer()
             started.append(pg)
             database_url = pg.url
             print(f"demo: started a throwaway PostgreSQL on port {pg.port}")
-        redis_url = os.environ.get("REDIS_URL", "")
+        redis_url = os.environ.get("DEMO_REDIS_URL", "")
         if not redis_url:
             rs = RedisServer()
             started.append(rs)
             redis_url = rs.url
             print(f"demo: started a throwaway Redis on port {rs.port}")
 
-        env = {**os.environ, "DATABASE_URL": database_url, "REDIS_URL": redis_url}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("REACTOR_")}
+        env.update(DATABASE_URL=database_url, REDIS_URL=redis_url)
         reactor = [sys.executable, "-m", "reactor"]
         subprocess.run([*reactor, "migrate"], env=env, check=True)
         procs.append(subprocess.Popen([*reactor, "run", "--route", DEMO_ROUTE], env=env))
@@ -70,6 +77,12 @@ def main() -> int:
                 done = int(row[0]) if row else 0
                 if done == len(photos):
                     break
+                if ended := [p for p in procs if p.poll() is not None]:
+                    names = ", ".join(
+                        f"{_NAMES[procs.index(p)]} (exit {p.returncode})" for p in ended
+                    )
+                    print(f"demo: stopped early: {names}; {done} of {len(photos)} photos done")
+                    return 1
                 time.sleep(0.2)
         print(f"demo: {done} of {len(photos)} photos done")
         subprocess.run([*reactor, "status"], env=env, check=True)

@@ -2,16 +2,20 @@
 not marked slow, on three processes); a test path, node id, `-m` or `-k` selects instead.
 
 Sub-runs of the real script; they only collect tests, or run one pure test, so no server starts.
+And `scripts/demo` as a new user runs it, with an application's settings exported.
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import redis
 
+from tests.support.env import Env
 from tests.support.paths import ROOT
 
 UNIT_TEST = "tests/test_units.py::test_route_parsing"
@@ -56,3 +60,30 @@ def test_pytest_options_alone_keep_the_three_processes(tmp_path: Path) -> None:
     out = scripts_test("--lf", "-o", f"cache_dir={tmp_path}")
     assert "3 workers [1 item]" in out, out
     assert "1 passed" in out, out
+
+
+def test_the_demo_leaves_an_applications_servers_and_settings_alone(env: Env) -> None:
+    """`scripts/demo` with an application's DATABASE_URL, REDIS_URL and REACTOR_ settings
+    exported (the quickstart exports them): it runs on servers of its own, with its own route,
+    and writes nothing to the application's."""
+    before = set(redis.Redis.from_url(env.redis_url).keys())  # the suite's own marker
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("DEMO_")}
+    environ.update(
+        DATABASE_URL=env.database_url,
+        REDIS_URL=env.redis_url,
+        REACTOR_HANDLER_PREFIXES="myapp",  # would refuse the demo's handler
+        REACTOR_ROUTES="photo.process=myapp.photos.process",
+    )
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "demo.py"), "--photos", "3"],
+        env=environ,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "demo: 3 of 3 photos done" in result.stdout
+    conn = env.connect()
+    assert conn.execute("SELECT count(*) FROM photo_jobs").fetchone() == (0,)
+    assert set(redis.Redis.from_url(env.redis_url).keys()) == before
