@@ -51,6 +51,7 @@ def burst_worker(
     *,
     route: str | None = None,
     prefixes: str | None = None,
+    exit_code: int = 0,
     **extra_env: str,
 ) -> Process:
     """A burst worker of `kind` with `route` as its own (by flag for `reactor worker`, else in
@@ -68,7 +69,7 @@ def burst_worker(
             extra_env["REACTOR_HANDLER_PREFIXES"] = prefixes
         worker_class = ("--worker-class", WORKER_CLASSES[kind]) if kind in WORKER_CLASSES else ()
         worker = start_worker(spawn, env, burst=True, extra_args=worker_class, **extra_env)
-    assert worker.exit_code(timeout=60) == 0, worker.output()
+    assert worker.exit_code(timeout=60) == exit_code, worker.output()
     return worker
 
 
@@ -112,18 +113,17 @@ def test_a_job_naming_a_tampered_route_is_refused_and_nothing_is_imported(
     assert "photo_id='p1' token=1" in refusals[0]
 
 
-@pytest.mark.parametrize("kind", ["rq", "cli"])
 def test_a_handler_outside_the_allowed_prefixes_is_refused_whatever_the_routes_say(
     env: Env,
     conn: psycopg.Connection[Any],
     spawn: Callable[..., Process],
     tmp_path: Path,
-    kind: str,
 ) -> None:
-    # The worker follows the recorded routes, which now name the planted handler.
+    # A plain `rq worker` follows the recorded routes, which now name the planted handler:
+    # the job is refused in the work horse, a failed attempt.
     tamper_and_dispatch(env, conn, PLANTED)
     worker = burst_worker(
-        spawn, env, kind, prefixes="tests.handlers", PLANTED_TRACE_DIR=str(tmp_path)
+        spawn, env, "rq", prefixes="tests.handlers", PLANTED_TRACE_DIR=str(tmp_path)
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == [], worker.output()
     assert row(conn) == (
@@ -132,10 +132,37 @@ def test_a_handler_outside_the_allowed_prefixes_is_refused_whatever_the_routes_s
         "HandlerRefusedError: handler 'tests.planted.run' refused for type 'photo.process': "
         "outside the allowed handler prefixes (tests.handlers)",
     )
-    # `reactor worker` also refuses the route at start, rather than import its handler then.
-    expected = 2 if kind == "cli" else 1
     refusals = [line for line in worker.lines if "handler_refused" in line]
-    assert len(refusals) == expected, worker.output()
+    assert len(refusals) == 1, worker.output()
+
+
+@pytest.mark.parametrize(("kind", "route"), [("cli", None), ("cli", OK), ("fork", OK)])
+def test_a_worker_class_serving_a_handler_outside_its_prefixes_does_not_start(
+    env: Env,
+    conn: psycopg.Connection[Any],
+    spawn: Callable[..., Process],
+    tmp_path: Path,
+    kind: str,
+    route: str | None,
+) -> None:
+    """A tampered recorded route, or the worker's own route under a mistyped prefix: the worker
+    exits 2 in one line before it takes a job, which stays queued with no attempt spent."""
+    tamper_and_dispatch(env, conn, PLANTED if route is None else OK.partition("=")[2])
+    prefixes = "tests.handlers" if route is None else "tests.handler"  # a typo: matches none
+    worker = burst_worker(
+        spawn,
+        env,
+        kind,
+        route=route,
+        prefixes=prefixes,
+        exit_code=2,
+        PLANTED_TRACE_DIR=str(tmp_path),
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], worker.output()
+    errors = [line for line in worker.lines if "outside the allowed handler prefixes" in line]
+    assert errors and "no attempt spent" in errors[-1], worker.output()
+    assert row(conn) == ("active", 1, None)  # as the sweep left it: its job still queued
+    assert env.redis().llen("rq:queue:photo-process") == 1
 
 
 def test_a_malformed_recorded_route_is_refused_in_one_line_and_no_row_is_lost(

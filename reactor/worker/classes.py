@@ -44,8 +44,8 @@ At start (`check_startup`, also run by `bootstrap`) the worker connects, checks 
 its routes (exit 2 with one line otherwise) and imports the handlers of the routes it serves.
 A handler that cannot be imported stops the start (exit 2, one line naming it and the import
 error): its jobs stay queued and no attempt is spent, where serving on would fail every one of
-them (a forgotten PYTHONPATH failed rows within a minute). A handler outside the allow-list is
-reported in one line, and its jobs are refused. A worker that finds no route for its queues
+them (a forgotten PYTHONPATH failed rows within a minute); so does a served handler outside the
+allow-list (a mistyped prefix). A worker that finds no route for its queues
 (started beside its reactor, before the reactor recorded them) waits for them, saying so; one
 started with no queue name (RQ's CLI then listens on `default`) serves its routes' queues.
 """

@@ -3,13 +3,12 @@ schema and its routes, import the handlers it serves, and mask passwords in ever
 
 `check_startup` (also run by `bootstrap`, so `rq worker -w` gets it too) fails with one line
 and exit 2 on what a restart cannot fix: bad settings, an unreachable or unmigrated database,
-an invalid recorded route, or a served handler that cannot be imported (its jobs stay queued
-and no attempt is spent). A session lost after the server answered (a terminated backend) is
-reopened and the check retried, as every statement of the worker is. A handler outside the
-allow-list is reported in one line and its jobs are refused. A worker that finds no route for
-its queues (started beside its reactor, before the reactor recorded them) waits for them,
-saying so once a minute; one started with no queue name (RQ's CLI then listens on `default`)
-serves its routes' queues too.
+an invalid recorded route, or a served handler that is outside the allow-list or cannot be
+imported (its jobs stay queued and no attempt is spent). A session lost after the server
+answered (a terminated backend) is reopened and the check retried, as every statement of the
+worker is. A worker that finds no route for its queues (started beside its reactor, before the
+reactor recorded them) waits for them, saying so once a minute; one started with no queue name
+(RQ's CLI then listens on `default`) serves its routes' queues too.
 """
 
 from __future__ import annotations
@@ -90,12 +89,12 @@ class StartupChecks(BaseWorker):
     def check_startup(self) -> None:
         """Connect, check the schema, import the served routes' handlers (once).
 
-        A handler outside the allow-list is logged in one line (`handler_refused`) and its jobs
-        are refused; one that cannot be imported stops the start (`bootstrap` exits 2).
+        A served handler outside the allow-list (also logged as `handler_refused`) or that
+        cannot be imported stops the start (`bootstrap` exits 2).
 
         Raises:
             ConfigError: bad settings, Postgres unreachable, the database not migrated, an
-                invalid recorded route, or a served handler that cannot be imported.
+                invalid recorded route, or a served handler refused or not importable.
         """
         if self._checked:
             return
@@ -115,6 +114,10 @@ class StartupChecks(BaseWorker):
                 load_handler(route.handler)
             except HandlerRefusedError as exc:
                 logger.error("handler_refused %s", exc)
+                raise ConfigError(
+                    f"type {route.type}: {exc} (its jobs stay queued, no attempt spent: fix "
+                    "the route or the allow-list, then start the worker again)"
+                ) from None
             except HandlerImportError as exc:
                 raise ConfigError(
                     f"type {route.type}: {exc} (its jobs stay queued, no attempt spent: fix "
