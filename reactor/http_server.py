@@ -4,12 +4,19 @@ dashboard`: a thread per connection, at most `MAX_CLIENTS` connections at once.
 - A connection counts as *sending* from its arrival until its handler calls `request_read`
   (its request line and headers are in, and the body it takes, read with `read_body`). Given
   `request_seconds`, a connection still sending that long after it arrived is closed, however
-  it trickles (a header line, or a byte of body, every few seconds); checked at every turn of
-  the accept loop (`service_actions`), and by `read_body` itself.
+  it trickles (a header line every few seconds); checked at every turn of the accept loop
+  (`service_actions`). A body (`read_body`, for a request its headers allow to send one) has
+  that time plus a second per `BODY_BYTES_PER_SECOND` bytes it declares, and no silence longer
+  than the handler's socket timeout; `read_body` keeps that deadline itself and answers 408
+  (one line) when it runs out.
 - A new connection beyond the limit closes the oldest one still sending (idle and slow clients
   are those), so a crowd of them can take neither every thread nor every file descriptor, and
   a fresh request (a health probe, a person reloading the page) is still served. Only when all
-  are being answered is the new one closed at once.
+  are being answered is the new one closed at once. A body read to its end on a connection
+  closed meanwhile is never handed over: no one could be told what came of it.
+- A request answered without its body being read (refused on its headers) is closed with
+  `linger`: closing a socket that holds unread bytes makes Linux reset the connection, which
+  can destroy the answer before the client reads it. It still counts as sending meanwhile.
 - Each server's handler sets its socket timeout, which bounds how long a silent client holds
   its place.
 """
@@ -20,14 +27,33 @@ import contextlib
 import socket
 import threading
 import time
+from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from io import BufferedIOBase
 from typing import Any
 
-__all__ = ["MAX_CLIENTS", "BoundedHTTPServer"]
+__all__ = [
+    "BODY_BYTES_PER_SECOND",
+    "LINGER_SECONDS",
+    "MAX_BODY_BYTES",
+    "MAX_CLIENTS",
+    "BoundedHTTPServer",
+    "body_length",
+]
 
 #: Connections held at once; a new one beyond this closes the oldest still sending its request.
 MAX_CLIENTS = 32
+#: The largest body a handler reads, and the most unread bytes `linger` drops before closing.
+MAX_BODY_BYTES = 4 * 1024 * 1024
+#: The slowest upload `read_body` waits for: a second more per this many bytes of the body.
+BODY_BYTES_PER_SECOND = 64 * 1024
+#: The least time `linger` gives a client to stop sending after its answer.
+LINGER_SECONDS = 1.0
+_LATE = b"408 request timeout: the body did not arrive in time\n"
+_LATE_REPLY = (
+    b"HTTP/1.0 408 Request Timeout\r\nContent-Type: text/plain; charset=utf-8\r\n"
+    b"Content-Length: %d\r\nX-Content-Type-Options: nosniff\r\nConnection: close\r\n\r\n%s"
+) % (len(_LATE), _LATE)
 
 
 class BoundedHTTPServer(ThreadingHTTPServer):
@@ -48,6 +74,8 @@ class BoundedHTTPServer(ThreadingHTTPServer):
         self._open = 0
         # Connections still sending their request, in arrival order, with their deadline.
         self._sending: dict[socket.socket, float] = {}
+        # Of those, the ones whose body `read_body` reads: it keeps their deadline itself.
+        self._reading: set[socket.socket] = set()
         super().__init__(address, handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
@@ -68,47 +96,87 @@ class BoundedHTTPServer(ThreadingHTTPServer):
             self._closed(request)
             raise
 
-    def request_read(self, request: socket.socket) -> None:
-        """`request` has sent its request line and headers: it is being answered."""
+    def request_read(self, request: socket.socket) -> bool:
+        """`request` has sent its request line and headers (and body): it is being answered.
+        False when it was closed already (late, or to make room): there is no one to answer."""
         with self._lock:
-            self._sending.pop(request, None)
+            return self._sending.pop(request, None) is not None
 
     def read_body(self, request: socket.socket, rfile: BufferedIOBase, length: int) -> bytes | None:
-        """`length` bytes of `request`'s body, read by its deadline: the request is read then
-        (`request_read`). None when they have not all come by then: the connection is closed,
-        unanswered, as one whose headers are late. Until then it may be closed to make room."""
+        """`length` bytes of `request`'s body, for a request its headers allow to send one:
+        they must come by its deadline plus a second per `BODY_BYTES_PER_SECOND`, with no
+        silence longer than its socket timeout; the request is read then (`request_read`).
+        None when they do not, or when the connection was closed meanwhile to make room: the
+        client has been answered 408 if it still could be, and the connection ends."""
         with self._lock:
             deadline = self._sending.get(request)
+            if deadline is not None:
+                deadline += length / BODY_BYTES_PER_SECOND
+                self._sending[request] = deadline
+                self._reading.add(request)
         parts: list[bytes] = []
         got = 0
-        previous = request.gettimeout()
+        silence = request.gettimeout()
         try:
             while deadline is not None and got < length:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
                 # The whole body by the deadline: a byte every few seconds does not reset it.
-                request.settimeout(None if left == float("inf") else left)
+                request.settimeout(_shorter(left, silence))
                 part = rfile.read1(min(length - got, 65536))
                 if not part:
                     break
                 parts.append(part)
                 got += len(part)
-        except OSError:  # timed out, or closed by `service_actions` or a new connection
+        except OSError:  # timed out, or closed by a new connection
             pass
         finally:
             with contextlib.suppress(OSError):
-                request.settimeout(previous)
-        if got < length:
-            _cut(request)
+                request.settimeout(silence)
+            with self._lock:
+                self._reading.discard(request)
+                late = got < length and request in self._sending
+                if late:  # a moment to be told so, not closed by the accept loop meanwhile
+                    self._sending[request] = time.monotonic() + LINGER_SECONDS
+        if late:
+            with contextlib.suppress(OSError):
+                request.sendall(_LATE_REPLY)
+            self.linger(request)
+        if got < length or not self.request_read(request):
             return None
-        self.request_read(request)
         return b"".join(parts)
+
+    def linger(self, request: socket.socket) -> None:
+        """`request` has been answered with its body unread: stop writing, then read and drop
+        what the client still sends (at most `MAX_BODY_BYTES`) until its deadline, and at least
+        `LINGER_SECONDS`, so that the answer is not destroyed by a reset. Until it ends, it
+        counts as sending (a new connection may close it to make room)."""
+        with self._lock:
+            deadline = self._sending.get(request)
+            if deadline is None:
+                return
+            until = max(deadline, time.monotonic() + LINGER_SECONDS)
+            self._sending[request] = until
+        silence = request.gettimeout()
+        dropped = 0
+        with contextlib.suppress(OSError):  # timed out, reset, or closed to make room
+            request.shutdown(socket.SHUT_WR)
+            while dropped < MAX_BODY_BYTES and (left := until - time.monotonic()) > 0:
+                request.settimeout(_shorter(left, silence))
+                part = request.recv(65536)
+                if not part:
+                    break
+                dropped += len(part)
 
     def service_actions(self) -> None:
         now = time.monotonic()
         with self._lock:
-            late = [sock for sock, deadline in self._sending.items() if deadline <= now]
+            late = [
+                sock
+                for sock, deadline in self._sending.items()
+                if deadline <= now and sock not in self._reading
+            ]
             for sock in late:
                 del self._sending[sock]
                 _cut(sock)
@@ -123,6 +191,22 @@ class BoundedHTTPServer(ThreadingHTTPServer):
         with self._lock:
             self._open -= 1
             self._sending.pop(request, None)
+
+
+def body_length(headers: Message) -> int | None:
+    """The length of a request's body (None: no Content-Length, or more than `MAX_BODY_BYTES`)."""
+    try:
+        length = int(headers.get("Content-Length", ""))
+    except ValueError:
+        return None
+    return length if 0 <= length <= MAX_BODY_BYTES else None
+
+
+def _shorter(left: float, silence: float | None) -> float | None:
+    """A socket timeout: `left` seconds (inf: none), at most `silence` (None: none)."""
+    if left == float("inf"):
+        return silence
+    return left if silence is None else min(left, silence)
 
 
 def _cut(sock: socket.socket) -> None:

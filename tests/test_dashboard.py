@@ -33,6 +33,7 @@ from rq import Worker
 
 from reactor.http_server import MAX_CLIENTS
 from reactor.ops.dashboard import DATABASE_CONNECTIONS
+from reactor.ops.status import MAX_OTHER_TYPES_NAMED, OTHER_TYPES
 from reactor.pg.migrate import migrate
 from tests.support.cli import run_cli
 from tests.support.doorbell import armed_by
@@ -473,6 +474,26 @@ def test_redis_down_leaves_the_rest_of_the_page(env: Env, spawn: Callable[..., P
     assert data["queues"] == [] and "refused" in data["redis_error"].lower()
     assert "hunter2" not in body
     assert sum(t["counts"]["done"] for t in data["types"]) == 150
+
+
+def test_unrouted_types_past_the_bound_are_counted_on_the_page(
+    env: Env, spawn: Callable[..., Process]
+) -> None:
+    """Pending rows of more unrouted types than are named: the page names the busiest and says
+    how many more are summed in `(other types)`, as `reactor status` does."""
+    conn = env.connect()
+    conn.execute(
+        "INSERT INTO photo_jobs (photo_id, type) SELECT 'p', 'junk.' || i"
+        " FROM generate_series(1, %s) AS i",
+        [MAX_OTHER_TYPES_NAMED + 10],
+    )
+    _, base = start_dashboard(spawn)
+    status, html, _ = get(base + "/")
+    assert status == 200, html
+    shown = Page(html).one("unrouted")
+    assert shown.endswith(f", 10 more in {OTHER_TYPES}"), shown
+    assert len(shown.split(", ")) == MAX_OTHER_TYPES_NAMED + 1
+    assert json.loads(get(base + "/api/overview")[1])["other_unrouted_types"] == 10
 
 
 def test_bad_rq_keys_are_named_and_leave_the_page_whole(

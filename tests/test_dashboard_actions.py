@@ -23,7 +23,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from reactor.http_server import MAX_CLIENTS
+from reactor.http_server import BODY_BYTES_PER_SECOND, MAX_BODY_BYTES, MAX_CLIENTS
 from reactor.ops.actions import LOCK_TIMEOUT_SECONDS
 from reactor.ops.auth import hash_password
 from tests.handlers import SCHEMA
@@ -454,12 +454,16 @@ def test_in_a_browser_each_rows_form_acts_on_that_row_alone(
 # -- slow bodies and held locks ------------------------------------------------------------------
 
 
-def slow_posts(port: int, headers: str) -> list[socket.socket]:
-    """`MAX_CLIENTS` connections that each send the head of a POST announcing a 4 MB body."""
-    head = (
-        "POST /api/cancel HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-        f"Content-Length: 4000000\r\n{headers}\r\n"
+def post_head(path: str, length: int, headers: str = "") -> bytes:
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {length}\r\n{headers}\r\n"
     ).encode()
+
+
+def slow_posts(port: int, headers: str, length: int = 4_000_000) -> list[socket.socket]:
+    """`MAX_CLIENTS` connections that each send the head of a POST announcing a `length` body."""
+    head = post_head("/api/cancel", length, headers)
     slow = [socket.create_connection(("127.0.0.1", port)) for _ in range(MAX_CLIENTS)]
     for sock in slow:
         sock.sendall(head)
@@ -533,25 +537,28 @@ def test_slow_bodies_without_a_credential_are_answered_from_their_headers(
             sock.close()
 
 
-def test_slow_bodies_with_a_credential_are_cut_at_the_client_timeout(
+def test_slow_bodies_with_a_credential_get_408_at_their_deadline(
     env: Env, spawn: Callable[..., Process]
 ) -> None:
-    """An authenticated POST's body must arrive within the client timeout of connecting, however
-    it trickles; meanwhile those bodies still count as being sent, so an authenticated GET
-    closes the oldest of them and is answered."""
-    timeout = 5.0
+    """An authenticated POST's body must arrive within the client timeout of connecting plus a
+    second per 64 KiB, however it trickles, else it is answered 408; meanwhile those bodies
+    still count as being sent, so an authenticated GET closes the oldest of them (unanswered)
+    and is answered."""
+    deadline = 5.0 + 65536 / BODY_BYTES_PER_SECOND
     _, base = start_actions_dashboard(spawn, REACTOR_DASHBOARD_TOKEN=TOKEN)
     stop = threading.Event()
-    slow = slow_posts(int(base.rsplit(":", 1)[1]), f"Authorization: Bearer {TOKEN}\r\n")
+    slow = slow_posts(int(base.rsplit(":", 1)[1]), f"Authorization: Bearer {TOKEN}\r\n", 65536)
     started = time.monotonic()
     thread = trickling(slow, stop)
     try:
         for _ in range(10):  # while every slow body is still within its time
             assert authorized_get(base) == 200
         found = Answers(slow)
-        wait_for(found.all_closed, timeout=timeout + 10, what="the slow bodies cut")
-        assert time.monotonic() - started < timeout + 10
-        assert set(found.received) == {b""}, found.received  # unanswered, as late headers are
+        wait_for(found.all_closed, timeout=deadline + 10, what="the slow bodies cut")
+        assert time.monotonic() - started < deadline + 10
+        late = [r for r in found.received if r.startswith(b"HTTP/1.0 408 Request Timeout\r\n")]
+        assert late and all(r == b"" for r in found.received if r not in late), found.received
+        assert late[0].endswith(b"\r\n\r\n408 request timeout: the body did not arrive in time\n")
     finally:
         stop.set()
         thread.join(timeout=10)
@@ -611,3 +618,113 @@ def test_an_action_blocked_on_a_held_row_answers_409_and_blocks_no_other(
     code, _, body = post(requeue, {"type": "photo.process", "photo_ids": ["A"]}, bearer(TOKEN))
     assert (code, json.loads(body)["rows"]) == (200, 1), body
     assert state_of(conn, "A") == "pending"
+
+
+def test_a_refused_post_gets_its_answer_whatever_its_body(
+    env: Env, spawn: Callable[..., Process]
+) -> None:
+    """A POST refused on its headers gets its 401 or 403 whole, its 4 MB body unread: the body
+    is drained before the connection closes (closed on unread bytes, the connection is reset,
+    and the reset can destroy the answer before the client reads it)."""
+    _, base = start_actions_dashboard(
+        spawn, REACTOR_DASHBOARD_TOKEN=TOKEN, REACTOR_DASHBOARD_READ_TOKEN=READ_TOKEN
+    )
+    big = json.dumps({"type": "photo.process", "photo_ids": ["x" * 95] * 40_000}).encode()
+    assert 3_900_000 < len(big) <= MAX_BODY_BYTES
+    json_body = {"Content-Type": "application/json"}
+    for _ in range(5):
+        for headers, code in (({}, 401), (bearer(READ_TOKEN), 403)):
+            got, _, body = post(base + "/api/cancel", big, {**json_body, **headers})
+            assert (got, body.startswith(("401 unauthorized", '{"error": "403'))) == (code, True)
+
+
+def steady_upload(port: int, head: bytes, body: bytes, every: float, pieces: int) -> bytes:
+    """Send `head`, then `pieces` 16 KB pieces of `body`, one every `every` seconds (then
+    nothing more); the answer, read until the server closes the connection."""
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(head)
+        began = time.monotonic()
+        for i in range(pieces):
+            pause = began + i * every - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)  # the client's pace: the point of the test, not a wait
+            sock.sendall(body[i * 16384 : (i + 1) * 16384])
+        sock.settimeout(30)
+        answer = b""
+        with contextlib.suppress(ConnectionResetError):
+            while part := sock.recv(65536):
+                answer += part
+        return answer
+
+
+def test_a_slow_steady_body_with_a_credential_is_read_and_a_stalled_one_gets_408(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
+) -> None:
+    """A credentialed body may take the client timeout plus a second per 64 KiB: 180 KB sent
+    over 3 s with a 2 s timeout is read and acted on; one that stops halfway is answered
+    408 once silent for the timeout, and nothing changes."""
+    timeout = 2.0
+    failed_rows(conn, "photo-00000001")
+    _, base = start_actions_dashboard(
+        spawn, REACTOR_DASHBOARD_TOKEN=TOKEN, REACTOR_DASHBOARD_CLIENT_TIMEOUT=str(timeout)
+    )
+    port = int(base.rsplit(":", 1)[1])
+    ids = [f"photo-{i:08d}" for i in range(10_000)]
+    body = json.dumps({"type": "photo.process", "photo_ids": ids}).encode()
+    pieces = -(-len(body) // 16384)
+    assert len(body) > 170_000 and pieces == 11
+    deadline = timeout + len(body) / BODY_BYTES_PER_SECOND
+    head = post_head("/api/requeue", len(body), f"Authorization: Bearer {TOKEN}\r\n")
+
+    began = time.monotonic()
+    answer = steady_upload(port, head, body, 0.3, pieces)  # the last piece at 3 s
+    assert time.monotonic() - began > timeout
+    assert answer.startswith(b"HTTP/1.0 200 OK\r\n"), answer
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["rows"] == 1
+    assert state_of(conn, "photo-00000001") == "pending"
+
+    conn.execute("UPDATE photo_jobs SET state = 'failed'")
+    began = time.monotonic()
+    answer = steady_upload(port, head, body, 0.3, pieces // 2)
+    assert timeout <= time.monotonic() - began < deadline + 1, answer
+    assert answer.startswith(b"HTTP/1.0 408 Request Timeout\r\n"), answer
+    assert state_of(conn, "photo-00000001") == "failed"
+
+
+def test_a_cancel_that_cannot_reach_redis_is_done_logged_and_warned(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
+) -> None:
+    """Redis down after the rows are cancelled: the running jobs are not asked to stop, but the
+    cancel is done, so it answers 200 with the rows and a warning (API and form alike), and is
+    logged as every action is."""
+    conn.execute(
+        "INSERT INTO photo_jobs (photo_id, type) VALUES ('c1', 'photo.process'),"
+        " ('c2', 'photo.process')"
+    )
+    dashboard, base = start_actions_dashboard(
+        spawn, **USERS, REDIS_URL=f"redis://127.0.0.1:{free_port()}/0"
+    )
+    code, _, body = post(
+        base + "/api/cancel", {"type": "photo.process", "photo_ids": ["c1"]}, ALICE
+    )
+    assert code == 200, body
+    answer = json.loads(body)
+    assert answer["rows"] == 1 and "not asked to stop" in answer["warning"], answer
+    assert state_of(conn, "c1") == "cancelled"
+
+    request = urllib.request.Request(base + "/", headers=ALICE)
+    with urllib.request.urlopen(request, timeout=30) as response:
+        cookie = response.headers["Set-Cookie"].split(";")[0]
+        csrf = dict(next(iter(Forms(response.read().decode()).forms.values())))["csrf"]
+    fields = [("csrf", csrf), ("type", "photo.process"), ("photo_id", "c2")]
+    code, text = form_post(base, "cancel", fields, cookie)
+    assert code == 200 and "cancel photo.process: 1 row changed" in text, text
+    assert "warning:" in text and "not asked to stop" in text, text
+    assert state_of(conn, "c2") == "cancelled"
+    logged = (
+        "dashboard_action user=alice action=cancel type=photo.process photo_ids=1 bulk=- rows=1"
+    )
+    wait_for(
+        lambda: sum(f"{logged} warning=" in line for line in dashboard.lines) == 2,
+        what="both cancels logged",
+    )

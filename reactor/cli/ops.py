@@ -352,7 +352,8 @@ def submit_command(
     default=5.0,
     show_default=True,
     show_envvar=True,
-    help="Seconds a client may stay silent before the dashboard drops it.",
+    help="Seconds a client may take to send its request, from connecting, and may stay silent; "
+    "the body of a POST that may act gets a second more per 64 KiB (then 408).",
 )
 @click.option(
     "--actions",

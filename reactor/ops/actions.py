@@ -5,7 +5,8 @@ Each action runs the CLI's own function (`reactor.ops.admin` requeue, `reactor.o
 `reactor.ops.pause`) on a connection of its own, opened for the action and closed after it, at
 most `MAX_ACTING` at once (a bound on the dashboard's Postgres connections); so the role needs
 what those commands need, and the read-only connection of the page is never written on. Every
-action is logged (`dashboard_action`) with who, what and how many rows.
+action is logged (`dashboard_action`) with who, what and how many rows; a cancel whose rows are
+cancelled but whose running jobs Redis could not be asked to stop answers 200 with a `warning`.
 
 An action on photo ids, a pause, a resume is one transaction whose lock waits end after
 `LOCK_TIMEOUT_SECONDS` (`SET LOCAL`): a row held elsewhere (`SELECT ... FOR UPDATE`) gets a 409,
@@ -53,9 +54,10 @@ from reactor.errors import (
     LockBusyError,
     RedisUnavailableError,
 )
+from reactor.http_server import body_length
 from reactor.ops import admin
 from reactor.ops.auth import Credentials, User
-from reactor.ops.cancel import cancel_pending, cancel_photos
+from reactor.ops.cancel import StopNotSentError, cancel_pending, cancel_photos
 from reactor.ops.pause import pause_types, resume_types
 from reactor.pg import db, queries
 from reactor.pg.registry import routes_in_use
@@ -78,9 +80,8 @@ logger = logging.getLogger(__name__)
 _refused_log = LogThrottle(burst=20, interval_seconds=10.0)
 
 ACTIONS = ("requeue", "cancel", "pause", "resume")
-#: The most photo ids one action takes, and the largest body read.
+#: The most photo ids one action takes (the largest body: `reactor.http_server.MAX_BODY_BYTES`).
 MAX_PHOTO_IDS = 10_000
-MAX_BODY_BYTES = 4 * 1024 * 1024
 COOKIE = "reactor_session"
 #: How long an action waits for a lock that another session holds.
 LOCK_TIMEOUT_SECONDS = 3.0
@@ -120,15 +121,6 @@ def _text(status: int, message: str, headers: tuple[tuple[str, str], ...] = ()) 
 
 def _json_reply(status: int, data: Mapping[str, Any]) -> Reply:
     return Reply(status, (json.dumps(data) + "\n").encode(), "application/json")
-
-
-def body_length(headers: Message) -> int | None:
-    """The length of the request's body (None: no Content-Length, or a body too large)."""
-    try:
-        length = int(headers.get("Content-Length", ""))
-    except ValueError:
-        return None
-    return length if 0 <= length <= MAX_BODY_BYTES else None
 
 
 @contextmanager
@@ -245,21 +237,25 @@ class Actions:
                 request = _from_form(action, fields)
                 if request.bulk_state and fields.get("confirm", [""])[0] != "yes":
                     return _confirmation(request, given)
-            rows = self._run(request, user)
+            rows, warning = self._run(request, user)
         except _RefusedError as exc:
             return _refusal(exc, api, user, path)
         if api:
-            return _json_reply(200, {"action": action, "type": request.job_type, "rows": rows})
-        return _result(request, rows)
+            done = {"action": action, "type": request.job_type, "rows": rows}
+            return _json_reply(200, done if warning is None else {**done, "warning": warning})
+        return _result(request, rows, warning)
 
-    def _run(self, request: _Request, user: User) -> int:
-        by = f"dashboard:{user.name}"
+    def _run(self, request: _Request, user: User) -> tuple[int, str | None]:
+        """Rows changed, and what went wrong after they were (None: nothing)."""
+        by, warning = f"dashboard:{user.name}", None
         if not self._acting.acquire(timeout=ACTING_WAIT_SECONDS):
             raise _RefusedError(503, f"{MAX_ACTING} actions are running: nothing was changed")
         try:
             with db.connect(self._database_url, purpose="dashboard") as conn:
                 db.check_schema(conn)
                 rows = _ACTS[request.action](self, conn, request, by)
+        except StopNotSentError as exc:  # every row is cancelled: an action done, and logged
+            rows, warning = exc.result.cancelled, redact(str(exc).splitlines()[0])
         except (ConfigError, InvalidJobError) as exc:
             raise _RefusedError(400, str(exc)) from None
         except (DatabaseError, RedisUnavailableError) as exc:
@@ -268,16 +264,18 @@ class Actions:
             ) from None
         finally:
             self._acting.release()
-        logger.info(
-            "dashboard_action user=%s action=%s type=%s photo_ids=%d bulk=%s rows=%d",
+        logger.log(
+            logging.INFO if warning is None else logging.WARNING,
+            "dashboard_action user=%s action=%s type=%s photo_ids=%d bulk=%s rows=%d%s",
             user.name,
             request.action,
             request.job_type,
             len(request.photo_ids),
             request.bulk_state or "-",
             rows,
+            "" if warning is None else f" warning={warning}",
         )
-        return rows
+        return rows, warning
 
     def _requeue(self, conn: db.Connection, r: _Request, by: str) -> int:
         if r.bulk_state:
@@ -444,7 +442,9 @@ def _confirmation(r: _Request, csrf: str) -> Reply:
     return Reply(200, _PAGE.format(body).encode(), "text/html; charset=utf-8")
 
 
-def _result(r: _Request, rows: int) -> Reply:
+def _result(r: _Request, rows: int, warning: str | None) -> Reply:
     text = f"{r.action} {r.job_type}: {rows} row{'' if rows == 1 else 's'} changed"
     body = f'<p id="result">{html.escape(text)}</p><p><a id="back" href="/">back</a></p>'
+    if warning is not None:
+        body = f'<p id="warning">warning: {html.escape(warning)}</p>{body}'
     return Reply(200, _PAGE.format(body).encode(), "text/html; charset=utf-8")

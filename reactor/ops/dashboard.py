@@ -16,12 +16,12 @@ What it guarantees on a shared host and a big table:
 - It holds one Postgres connection (reopened after a failure); one read runs at a time and its
   result (or error) serves every request for `cache_seconds`, so any number of concurrent
   requests cost one backend and at most one read per interval.
-- At most `MAX_CLIENTS` connections are served at once; a client that has not sent its whole
-  request (a POST's body included) within `client_timeout` seconds of connecting is dropped,
-  however it trickles; when every slot is taken, a new connection closes the oldest one still
-  sending (`reactor.http_server`): slow clients cannot pile up threads or shut new ones out. A
-  POST its headers settle (no credential, another Origin: `Actions.refuse_post`) is answered
-  before any of its body is read.
+- At most `MAX_CLIENTS` connections are served at once; a client that has not sent its request
+  within `client_timeout` seconds of connecting is dropped, however it trickles (the body of a
+  POST that may act: plus a second per 64 KiB, then a 408); when every slot is taken, a new
+  connection closes the oldest one still sending (`reactor.http_server`): slow clients cannot
+  pile up threads or shut new ones out. A POST its headers settle (no credential, another
+  Origin: `Actions.refuse_post`) is answered before its body is read, then drained (`linger`).
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup
 
 from reactor.errors import ConfigError, DatabaseError, ReactorError, StatementError
-from reactor.http_server import BoundedHTTPServer
-from reactor.ops.actions import Actions, Reply, body_length
+from reactor.http_server import BoundedHTTPServer, body_length
+from reactor.ops.actions import Actions, Reply
 from reactor.ops.charts import per_minute_chart
 from reactor.ops.hosts import allowed_hosts, host_of
 from reactor.ops.overview import Overview, read_overview
@@ -77,14 +77,13 @@ DEFAULT_REFRESH_SECONDS = 5
 DEFAULT_CACHE_SECONDS = 2.0
 #: How often the count of `done` rows (the most rows of all) is read again.
 DONE_COUNTS_SECONDS = 30.0
-#: A client that has not sent its whole request this long after connecting (or is silent
-#: this long) is dropped.
+#: A client that has not sent its request this long after connecting (an allowed POST's body:
+#: longer, `reactor.http_server.BODY_BYTES_PER_SECOND`), or is silent this long, is dropped.
 DEFAULT_CLIENT_TIMEOUT_SECONDS = 5.0
 #: Postgres connections the dashboard holds, however many requests come.
 DATABASE_CONNECTIONS = 1
 #: How long a request waits for the read in progress before it answers 503.
 READ_WAIT_SECONDS = 30.0
-#: Host names every dashboard answers to, besides its bound address and `--allowed-host`.
 #: No script of any origin, no request to anywhere: the page is markup, inline CSS and SVG.
 _CSP = (
     "default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
@@ -348,21 +347,22 @@ def serve_dashboard(
     class Handler(BaseHTTPRequestHandler):
         # The socket's timeout: a client that sends nothing (or reads nothing) is dropped.
         timeout = client_timeout
+        body_read = False  # whether `_post` has read (or tried to read) the body
 
         def do_GET(self) -> None:
-            server.request_read(self.request)
-            self._send(_or_500(self.path, self._get))
+            if server.request_read(self.request):  # else closed already: no one to answer
+                self._send(_or_500(self.path, self._get))
 
         def do_POST(self) -> None:
             page = _or_500(self.path, self._post)
-            if page is not None:  # None: its body came too late, and the connection is cut
-                server.request_read(self.request)
+            if page is not None:  # None: its body did not come, answered 408 or cut
                 self._send(page)
+                if not self.body_read:  # answered on its headers
+                    server.linger(self.request)
 
         def _get(self) -> Page:
-            name = host_of(self.headers.get("Host", ""))
             path = self.path.split("?", 1)[0]
-            if name is None or name not in names:
+            if host_of(self.headers.get("Host", "")) not in names:  # None: malformed
                 # A DNS-rebinding page sends its own name: never answer it with our data.
                 page = Page(421, _MISDIRECTED, "text/plain; charset=utf-8")
             elif actions is not None and (refused := actions.refuse_read(self.headers)):
@@ -379,13 +379,13 @@ def serve_dashboard(
             return page
 
         def _post(self) -> Page | None:
-            name = host_of(self.headers.get("Host", ""))
-            if name is None or name not in names:
+            if host_of(self.headers.get("Host", "")) not in names:
                 return Page(421, _MISDIRECTED, "text/plain; charset=utf-8")
             if actions is None:
                 return Page(405, b"read-only (reactor dashboard --actions)\n", "text/plain")
             if refused := actions.refuse_post(self.path, self.headers):
                 return _page(refused)  # settled by its headers: its body is never read
+            self.body_read = True
             body = server.read_body(self.request, self.rfile, body_length(self.headers) or 0)
             return None if body is None else _page(actions.post(self.path, self.headers, body))
 
