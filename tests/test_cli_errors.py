@@ -403,3 +403,18 @@ def test_blank_ids_of_rows_can_be_requeued_and_cancelled(env: Env) -> None:
     assert "must not be blank" in error_line(run_cli(env, "submit", " "), 2)
     too_long = error_line(run_cli(env, "requeue", " " * 256), 2)
     assert "256 bytes long, the limit is 255" in too_long, too_long
+
+
+def test_submit_warns_of_a_type_no_reactor_routes_and_keeps_the_rows(env: Env) -> None:
+    conn = env.connect()
+    assert run_cli(env, "sweep", "--route", "photo.process=tests.handlers.noop").returncode == 0
+    typo = run_cli(env, "submit", "IMG_1", "--type", "photo.proces")
+    assert typo.returncode == 0, typo.stderr
+    assert json.loads(typo.stdout) == {"submitted": 1, "unchanged": 0}
+    assert typo.stderr.strip() == (
+        "reactor: warning: no reactor has recorded a route for type 'photo.proces' (routed: "
+        "photo.process): its rows stay pending until one does"
+    )
+    routed = run_cli(env, "submit", "IMG_1", "--type", "photo.process")
+    assert routed.returncode == 0 and routed.stderr == "", routed.stderr
+    assert states(conn) == {"pending": 2}

@@ -8,11 +8,11 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import click
 
+from reactor.cli.ids import report_missing, with_stdin
 from reactor.cli.options import (
     connect_migrated,
     database_option,
@@ -21,16 +21,15 @@ from reactor.cli.options import (
     routes_option,
     stale_option,
 )
-from reactor.errors import ConfigError
+from reactor.errors import ConfigError, ReactorError
 from reactor.ops import admin
 from reactor.ops.cancel import StopNotSentError, cancel_pending, cancel_photos
 from reactor.ops.failures import format_failures, read_failures
 from reactor.ops.hosts import parse_allowed_host
 from reactor.ops.pause import check_types, pause_types, resume_types, who
 from reactor.ops.status import format_status, read_status
-from reactor.ops.terminal import visible
 from reactor.pg import db
-from reactor.pg.registry import routes_in_use
+from reactor.pg.registry import read_recorded_routes, routes_in_use
 from reactor.producer import DEFAULT_JOB_TYPE, submit_many
 from reactor.routes import Route, given_routes
 from reactor.settings import DEFAULT_DASHBOARD_PORT
@@ -39,7 +38,6 @@ from reactor.validate import (
     MAX_ATTEMPTS,
     check_job_type,
     check_row_photo_id,
-    is_blank,
     validate_job,
 )
 
@@ -153,7 +151,7 @@ def requeue(
         raise click.UsageError("give PHOTO_IDs or --failed (one of them)")
     if job_type is not None:
         check_job_type(job_type)
-    photo_ids = tuple(dict.fromkeys(_with_stdin(photo_ids)))
+    photo_ids = tuple(dict.fromkeys(with_stdin(photo_ids)))
     for photo_id in photo_ids:
         check_row_photo_id(photo_id)
     missing: list[str] = []
@@ -167,7 +165,7 @@ def requeue(
             moved = admin.requeue_photos(conn, photo_ids, job_type)
     click.echo(json.dumps({"requeued": moved, "not_found": missing}))
     if missing:
-        _report_missing(missing, job_type)
+        report_missing(missing, job_type)
         ctx.exit(1)
 
 
@@ -226,7 +224,7 @@ def cancel(
         json.dumps({"cancelled": result.cancelled, "stopped": result.stopped, "not_found": missing})
     )
     if missing:
-        _report_missing(missing, job_type)
+        report_missing(missing, job_type)
     if not_stopped is not None:
         click.echo(f"reactor: error: {not_stopped}", err=True)
     if missing or not_stopped is not None:
@@ -246,33 +244,6 @@ def _check_type_known(conn: db.Connection, job_type: str, done: str) -> None:
         ) from None
 
 
-def _report_missing(missing: list[str], job_type: str | None) -> None:
-    """One error line naming the ids with no row, each escaped (a blank one quoted)."""
-    kind = "" if job_type is None else f" of type {job_type}"
-    shown = ", ".join(_shown(photo_id) for photo_id in missing)
-    click.echo(f"reactor: error: no row{kind} for: {shown}", err=True)
-
-
-def _shown(photo_id: str) -> str:
-    if is_blank(photo_id):
-        return repr(photo_id)
-    return visible(photo_id)
-
-
-def _with_stdin(photo_ids: tuple[str, ...]) -> Iterator[str]:
-    """The ids, with `-` replaced by the lines of standard input (read once): a line ends at a
-    line feed alone, one CR before it is dropped (CRLF files), empty lines are skipped. Every
-    other line break Python knows (CR alone, U+2028, U+0085, VT, FS...) may be inside an id."""
-    for photo_id in photo_ids:
-        if photo_id != "-":
-            yield photo_id
-            continue
-        # UTF-8 whatever the locale, as the table holds ids; undecodable bytes are refused
-        # by the id check (as lone surrogates).
-        text = sys.stdin.buffer.read().decode("utf-8", "surrogateescape")
-        yield from filter(None, (line.removesuffix("\r") for line in text.split("\n")))
-
-
 @click.command("submit")
 @database_option
 @click.argument("photo_ids", nargs=-1, required=True)
@@ -289,12 +260,30 @@ def submit_command(
     """Submit photos (one transaction): new rows, or done/failed/cancelled rows re-armed. `-`
     reads photo ids from standard input, one a line (lines end at a line feed, a CR before it
     is dropped; empty lines are skipped)."""
-    photo_ids = tuple(dict.fromkeys(_with_stdin(photo_ids)))
+    photo_ids = tuple(dict.fromkeys(with_stdin(photo_ids)))
     for photo_id in photo_ids:
         validate_job(photo_id, job_type)
-    with connect_migrated(database_url, "submit") as conn, conn.transaction():
-        submitted = submit_many(conn, photo_ids, job_type, max_attempts=max_attempts)
-    click.echo(json.dumps({"submitted": submitted, "unchanged": len(photo_ids) - submitted}))
+    with connect_migrated(database_url, "submit") as conn:
+        with conn.transaction():
+            submitted = submit_many(conn, photo_ids, job_type, max_attempts=max_attempts)
+        click.echo(json.dumps({"submitted": submitted, "unchanged": len(photo_ids) - submitted}))
+        _warn_if_never_routed(conn, job_type)
+
+
+def _warn_if_never_routed(conn: db.Connection, job_type: str) -> None:
+    """A type no reactor ever recorded a route for is most often a typo: say so (the rows stay,
+    pending until a reactor routes the type). Nothing is said to a role that may not read
+    the routes."""
+    try:
+        recorded = {r.route.type for r in read_recorded_routes(conn)}
+    except ReactorError:
+        return
+    if recorded and job_type not in recorded:
+        click.echo(
+            f"reactor: warning: no reactor has recorded a route for type {job_type!r} (routed: "
+            f"{', '.join(sorted(recorded))}): its rows stay pending until one does",
+            err=True,
+        )
 
 
 @click.command()
