@@ -537,6 +537,7 @@ def test_slow_bodies_without_a_credential_are_answered_from_their_headers(
             sock.close()
 
 
+@pytest.mark.slow  # waits out deadlines of seconds
 def test_slow_bodies_with_a_credential_get_408_at_their_deadline(
     env: Env, spawn: Callable[..., Process]
 ) -> None:
@@ -657,6 +658,7 @@ def steady_upload(port: int, head: bytes, body: bytes, every: float, pieces: int
         return answer
 
 
+@pytest.mark.slow  # waits out deadlines of seconds
 def test_a_slow_steady_body_with_a_credential_is_read_and_a_stalled_one_gets_408(
     env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
 ) -> None:

@@ -62,6 +62,7 @@ def test_pytest_options_alone_keep_the_three_processes(tmp_path: Path) -> None:
     assert "1 passed" in out, out
 
 
+@pytest.mark.slow  # servers of its own, a reactor and a worker
 def test_the_demo_leaves_an_applications_servers_and_settings_alone(env: Env) -> None:
     """`scripts/demo` with an application's DATABASE_URL, REDIS_URL and REACTOR_ settings
     exported (the quickstart exports them): it runs on servers of its own, with its own route,
