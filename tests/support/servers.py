@@ -16,6 +16,7 @@ from __future__ import annotations
 import glob
 import os
 import pwd
+import random
 import shutil
 import signal
 import socket
@@ -37,10 +38,31 @@ __all__ = [
 ]
 
 
+#: Ports handed out start here, below the kernel's ephemeral range (`_ephemeral_low`).
+_FIRST_PORT = 20000
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port nothing listens on now, below the ephemeral range: a port of that range may be
+    taken meanwhile as the source port of any outgoing connection, and `wait_port`'s own
+    connect to it can then connect to itself (a standby on such a port never became ready)."""
+    low = _ephemeral_low()
+    for _ in range(500):
+        port = random.randrange(_FIRST_PORT, low) if low > _FIRST_PORT + 1000 else 0
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return int(sock.getsockname()[1])
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 def wait_port(port: int, timeout: float = 30.0) -> None:
