@@ -27,6 +27,15 @@ _BATCH = (
     "provider = TracerProvider()\nprovider.add_span_processor("
     "BatchSpanProcessor(ConsoleSpanExporter(out=open(os.devnull, 'w'))))"
 )
+# The set-up `opentelemetry-instrument` makes with the tracing benchmark's settings: spans to
+# the console (here /dev/null), no metrics or logs exported; the SDK still makes all three
+# providers.
+_INSTRUMENT = (
+    "import os\nos.environ.update(OTEL_TRACES_EXPORTER='console', OTEL_METRICS_EXPORTER='none',"
+    " OTEL_LOGS_EXPORTER='none')\nimport sys\nsys.stdout = open(os.devnull, 'w')\n"
+    "from opentelemetry.instrumentation.auto_instrumentation import initialize\ninitialize()\n"
+    "sys.stdout = sys.__stdout__"
+)
 
 #: Name → (the set-up each interpreter runs before it forks, what each child does before it
 #: exits).
@@ -45,6 +54,16 @@ CONFIGURATIONS: dict[str, tuple[str, str]] = {
         _BATCH,
         "with provider.get_tracer('bench').start_as_current_span('process photo.process'):\n"
         "    pass\nprovider.force_flush()",
+    ),
+    "as `opentelemetry-instrument` sets it up (tracer, meter and logger providers)": (
+        _INSTRUMENT,
+        "",
+    ),
+    "the same, their at-fork hooks not registered": (
+        "import os\nregister, os.register_at_fork = os.register_at_fork, lambda **_: None\n"
+        + _INSTRUMENT
+        + "\nos.register_at_fork = register",
+        "",
     ),
 }
 
