@@ -10,6 +10,7 @@ import configparser
 import json
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -24,8 +25,10 @@ from rq.queue import Queue
 from reactor.cli.main import cli
 from reactor.dispatcher.metrics import DEFAULT_HOST
 from reactor.settings import DEFAULT_HEARTBEAT_SECONDS
+from tests.support.cli import run_cli
 from tests.support.env import Env
 from tests.support.metrics import scrape
+from tests.support.notify_socket import NotifySocket
 from tests.support.paths import ROOT
 from tests.support.processes import Process, start_reactor
 from tests.support.rows import insert_rows, states
@@ -271,6 +274,47 @@ def test_the_worker_unit_lets_the_running_job_finish() -> None:
     assert job_timeout_default() < int(service["TimeoutStopSec"]) <= job_timeout_default() + 60
     assert service["ExecStart"].split()[1] == "worker"
     assert unit("reactor.service")["Service"]["ExecStart"].split()[1] == "run"
+
+
+def test_the_worker_unit_starts_again_after_its_worker_was_killed(
+    env: Env, spawn: Callable[..., Process], tmp_path: Path
+) -> None:
+    """systemd restarts a killed worker 5 s later with the same command line: it must start,
+    where a fixed `--name` met the dead worker's RQ key (minutes of TTL while idle) and exited."""
+    command = unit("reactor-worker@.service")["Service"]["ExecStart"].split()[1:]
+    args = [a.replace("%H", socket.gethostname()).replace("%i", "1") for a in command]
+    environment = {"REACTOR_ROUTES": "photo.process=tests.handlers.ok"}
+
+    def start() -> tuple[Process, NotifySocket]:
+        listener = NotifySocket(str(tmp_path / f"notify-{len(started)}"))
+        env.cleanups.append(listener.close)
+        extra = {**environment, "NOTIFY_SOCKET": listener.sock.getsockname()}
+        started.append(spawn("-m", "reactor", *args, name="worker", extra_env=extra))
+        return started[-1], listener
+
+    started: list[Process] = []
+    first, listener = start()
+    listener.wait("READY=1\nSTATUS=running")
+    first.kill()  # idle, as after a watchdog abort or the OOM killer
+    second, listener = start()
+
+    def ready() -> bool:
+        assert second.proc.poll() is None, f"the restarted worker exited:\n{second.output()}"
+        return bool(listener.times("READY=1\nSTATUS=running"))
+
+    wait_for(ready, timeout=30, what="the restarted worker ready")
+
+    # A worker given a name of its own meets that dead key: one line says why and what to do.
+    named = [*args, "--name", "photo-worker-1"]
+    first = spawn("-m", "reactor", *named, name="named", extra_env=environment)
+    first.wait_for_line("worker_ready")
+    first.kill()
+    again = run_cli(env, *named, extra_env=environment, timeout=60)
+    assert again.returncode == 2, again.stderr
+    assert (
+        again.stderr.count("\n") == 1
+        and "'photo-worker-1' is registered in Redis already (a live" in again.stderr
+    )
 
 
 @pytest.mark.parametrize("name", UNITS)

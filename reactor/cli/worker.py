@@ -108,6 +108,8 @@ def worker_command(**options: Any) -> None:
         routes=given or None,
         settings=settings,
     )
+    if options["name"]:
+        _check_name_free(instance)
     instance.check_startup()
     # RQ sets its loggers to INFO unless told a level: its lines follow --log-level too.
     level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
@@ -142,6 +144,18 @@ def worker_command(**options: Any) -> None:
         # the retries, a blocked read cut by a failover): a long-running worker starts it again.
         logger.warning("worker_restarting in=%.0fs (RQ's work loop quit)", WORKER_RESTART_SECONDS)
         time.sleep(WORKER_RESTART_SECONDS)
+
+
+def _check_name_free(instance: Any) -> None:
+    """RQ refuses a name whose worker key is in Redis with no death recorded: say why, and
+    what to do, instead of its ValueError (a killed idle worker's key lives for minutes)."""
+    key = instance.key
+    if instance.connection.exists(key) and not instance.connection.hexists(key, "death"):
+        ttl = instance.connection.ttl(key)
+        raise ConfigError(
+            f"a worker named {instance.name!r} is registered in Redis already (a live one, or "
+            f"one that was killed: its key expires in {ttl} s): give another --name, or none"
+        )
 
 
 def _check_watchdog(notifier: Notifier, heartbeat_seconds: float) -> None:
