@@ -722,6 +722,35 @@ def test_rows_parked_at_infinity_break_nothing(env: Env, spawn: Callable[..., Pr
     assert "connection_lost" not in reactor.output()
 
 
+def test_the_oldest_due_row_of_a_type_no_route_covers_has_an_age_an_alert_can_see(
+    env: Env, spawn: Callable[..., Process]
+) -> None:
+    """A typo'd type is never dispatched: its wait shows under `type="(unrouted)"`."""
+    conn = env.connect()
+    with conn.transaction():
+        conn.execute("SET LOCAL session_replication_role = replica")  # keep created_at as given
+        conn.execute(
+            "INSERT INTO photo_jobs (photo_id, type, created_at, next_retry_at) VALUES"
+            " ('typo', 'photo.proces', now() - interval '10 minutes', NULL),"
+            " ('later', 'photo.thumb', now() - interval '1 hour', now() + interval '1 hour')"
+        )
+    port = free_port()
+    start_reactor(spawn, "--metrics-port", str(port), "--sweep-interval", "0.5")
+
+    def age(job_type: str) -> float | None:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+        name = re.escape(f'reactor_oldest_due_age_seconds{{type="{job_type}"}}')
+        found = re.search(rf"^{name} ([0-9.e+]+)$", text, re.M)
+        return float(found.group(1)) if found else None
+
+    wait_for(lambda: age("(unrouted)") is not None, what="the unrouted types' age")
+    assert 600 <= (age("(unrouted)") or 0) < 700  # the typo's; the row not yet due is not
+    assert age("photo.process") == 0
+    conn.execute("DELETE FROM photo_jobs WHERE photo_id = 'typo'")
+    wait_for(lambda: age("(unrouted)") == 0, what="no unrouted row due")
+
+
 def test_a_job_left_in_rqs_intermediate_list_is_an_orphan_at_the_second_look(
     env: Env, spawn: Callable[..., Process]
 ) -> None:

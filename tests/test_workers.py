@@ -866,6 +866,8 @@ def test_a_worker_started_before_its_reactor_waits_for_the_routes_then_serves_th
     assert worker.proc.poll() is None
     start_reactor(spawn, "--route", route("ok"))
     worker.wait_for_line("worker_ready")
+    # Given no queue, `reactor worker` serves the routed ones only, not RQ's `default`.
+    assert "queues=photo-process " in next(x for x in worker.lines if "worker_ready" in x)
     submit(conn, "p1")
     wait_for(lambda: row_of(conn, "p1")[0] == "done", timeout=30, what="served")
 

@@ -108,6 +108,8 @@ def worker_command(**options: Any) -> None:
         routes=given or None,
         settings=settings,
     )
+    # `default` named by us, not by the user: once routes are recorded, their queues alone.
+    instance.default_queue_serves = "default" if options["queues"] else "routed"
     if options["name"]:
         _check_name_free(instance)
     instance.check_startup()

@@ -43,6 +43,7 @@ def refresh_backlog_metrics(
     with translating("backlog query failed", conn), conn.transaction():
         backlog = conn.execute(queries.BACKLOG).fetchall()
         ages = conn.execute(queries.OLDEST_DUE_AGE, {"types": types}).fetchall()
+        others = conn.execute(queries.OLDEST_DUE_AGE_OTHERS, {"types": types}).fetchone()
         cancelled_rows = conn.execute(queries.CANCELLED_COUNTS).fetchall()
         failed_rows = conn.execute(
             queries.RECENTLY_FAILED, {"seconds": RECENTLY_FAILED_SECONDS}
@@ -57,6 +58,8 @@ def refresh_backlog_metrics(
         metrics.backlog.labels(label, state).set(count)
     for job_type, age in ages:
         metrics.oldest_due_age.labels(job_type).set(age)
+    # A type no reactor routes (a typo) waits forever: its age is what an alert can see.
+    metrics.oldest_due_age.labels(OTHER_TYPES_LABEL).set(others[0] if others else 0)
     _set_by_type(metrics.cancelled_rows, cancelled_rows, routes)
     _set_by_type(metrics.recently_failed, failed_rows, routes)
 

@@ -24,6 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client.exposition import generate_latest
 
 from reactor.http_server import BoundedHTTPServer
+from reactor.pg.prune import PRUNED_STATES
 from reactor.pg.vacuum import HOLDER_KINDS, VacuumHealth
 from reactor.sdnotify import Notifier
 from reactor.throttle import LogThrottle
@@ -97,6 +98,9 @@ class Metrics:
             ["state"],
             registry=r,
         )
+        for state in PRUNED_STATES:  # at 0 from the start, so a rate() sees the first rows
+            self.pruned.labels(state)
+            self.archived.labels(state)
         self.history_months_dropped = Counter(
             "reactor_history_months_dropped",
             "Monthly partitions of photo_jobs_history dropped (run --drop-history-after).",

@@ -216,6 +216,18 @@ SELECT t.type,
          ORDER BY coalesce(p.next_retry_at, p.created_at)
          LIMIT 1) AS d ON true
 
+-- name: OLDEST_DUE_AGE_OTHERS
+-- Seconds since the oldest due pending row of any type not given became due (0 if none): one
+-- read of the pending rows, as the backlog's count.
+SELECT CASE WHEN min(d.due) IS NULL THEN 0
+            ELSE extract(epoch FROM now() - greatest(min(d.due), '1970-01-01'::timestamptz))
+       END::float8
+  FROM (SELECT coalesce(p.next_retry_at, p.created_at) AS due
+          FROM photo_jobs AS p
+         WHERE p.state = 'pending'
+           AND p.type <> ALL (%(types)s::text[])
+           AND coalesce(p.next_retry_at, p.created_at) <= now()) AS d
+
 -- name: LOCK_ROUTES
 -- Serialises route registrations: two reactors starting at once cannot both see no conflict.
 LOCK TABLE reactor_routes IN SHARE ROW EXCLUSIVE MODE

@@ -17,7 +17,7 @@ import gc
 import logging
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from rq.worker.base import BaseWorker
 
@@ -82,6 +82,10 @@ class StartupChecks(BaseWorker):
     _own: OwnRoutes
     _inflight: InFlight
     _heartbeat: lifecycle.Heartbeater
+    #: What a worker given `default` alone serves once routes are known: `default` and the
+    #: routes' queues (RQ's CLI names `default` when given no queue, so either may be meant);
+    #: `reactor worker` knows: the routes' queues when it was given none, else `default`.
+    default_queue_serves: Literal["default+routed", "routed", "default"] = "default+routed"
 
     def _attempt_params(self, ref: Any) -> dict[str, Any]:
         raise NotImplementedError
@@ -168,11 +172,13 @@ class StartupChecks(BaseWorker):
     def _serve_routed_queues(self, routes: Mapping[str, Route]) -> None:
         """Listen on the routes' queues too when the worker was given `default` alone (what
         RQ's CLI gives when no queue is named; one named on purpose is still served), before
-        the worker registers itself with its queues."""
-        if self.queue_names() != [RQ_DEFAULT_QUEUE]:
+        the worker registers itself with its queues (`default_queue_serves`)."""
+        if self.queue_names() != [RQ_DEFAULT_QUEUE] or self.default_queue_serves == "default":
             return
-        names = [RQ_DEFAULT_QUEUE, *sorted({r.queue for r in routes.values()} - {RQ_DEFAULT_QUEUE})]
-        if len(names) == 1:
+        routed = sorted({r.queue for r in routes.values()})
+        names = routed if self.default_queue_serves == "routed" else [RQ_DEFAULT_QUEUE, *routed]
+        names = list(dict.fromkeys(names))
+        if not routed or names == [RQ_DEFAULT_QUEUE]:
             return
         self.queues = [
             self.queue_class(
