@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import mmap
 import re
+import struct
 import sys
 import threading
 import time
@@ -73,6 +75,9 @@ MAX_TRACESTATE_CHARS = 512
 #: and how long a fork waits, in all, for exports in progress to end: a slow collector costs
 #: spans, not jobs.
 EXPORT_WAIT_SECONDS = 1.0
+#: Once a wait reached its bound, for this long forks do not wait and horses drop their spans
+#: without trying (a collector down or hung would otherwise cost every job both waits).
+EXPORT_STALL_SECONDS = 30.0
 _SYSTEM = "photo-reactor"
 #: The walk for exporters' HTTP sessions: levels below the providers, objects at most.
 _WALK_DEPTH, _WALK_LIMIT = 12, 5000
@@ -82,20 +87,30 @@ _INHERITED_POOLS: list[Any] = []
 #: The providers' ids, and the HTTP sessions their exporters hold (`_sessions`).
 _SESSIONS: tuple[tuple[int, ...], list[Any]] | None = None
 _TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
-_TRACESTATE = re.compile(r"[\x20-\x7e]*")
+# A W3C tracestate list member, `key=value` (the Trace Context grammar).
+_MEMBER = re.compile(
+    r"(?:[a-z][_0-9a-z*/-]{0,255}|[a-z0-9][_0-9a-z*/-]{0,240}@[a-z][_0-9a-z*/-]{0,13})"
+    r"=[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]"
+)
 _NO_CONTEXT: dict[str, str | None] = {"traceparent": None, "tracestate": None}
+#: Until when (CLOCK_MONOTONIC, the same in every process) exports are taken as stalled: in
+#: memory shared with the horses forked after it is made, so a horse's finding reaches them.
+_STALLED_UNTIL = mmap.mmap(-1, 8)
 
 
 def stored_context(traceparent: object, tracestate: object) -> tuple[str | None, str | None]:
     """The (traceparent, tracestate) of a row or a job as carried on: both None unless the
-    traceparent has the W3C form; the tracestate None unless it is printable and bounded."""
+    traceparent has the W3C form; the tracestate None unless it is bounded and has the W3C
+    form too (which the API would otherwise refuse with a warning, once a job)."""
     if not isinstance(traceparent, str) or not _TRACEPARENT.fullmatch(traceparent):
         return None, None
-    if (
-        not isinstance(tracestate, str)
-        or len(tracestate) > MAX_TRACESTATE_CHARS
-        or not _TRACESTATE.fullmatch(tracestate)
-    ):
+    if not isinstance(tracestate, str) or len(tracestate) > MAX_TRACESTATE_CHARS:
+        return traceparent, None
+    members = [m.strip(" \t") for m in tracestate.split(",") if m.strip(" \t")]
+    keys = {m.partition("=")[0] for m in members}
+    if len(members) > 32 or len(keys) < len(members):
+        return traceparent, None
+    if not all(_MEMBER.fullmatch(member) for member in members):
         return traceparent, None
     return traceparent, tracestate
 
@@ -169,9 +184,10 @@ def publishing(refs: Sequence[JobRef]) -> Iterator[None]:
     links = []
     seen: set[str] = set()
     for ref in refs:
-        if ref.traceparent is None or ref.traceparent in seen:
+        # One link per context (trace and span ids), whatever flags or tracestate rows add.
+        if ref.traceparent is None or ref.traceparent[3:52] in seen:
             continue
-        seen.add(ref.traceparent)
+        seen.add(ref.traceparent[3:52])
         found = _span_context(ref.traceparent, ref.tracestate)
         if found is not None:
             links.append(Link(found))
@@ -277,7 +293,7 @@ def flush() -> None:
     if not ENABLED:
         return
     force_flush = getattr(trace.get_tracer_provider(), "force_flush", None)
-    if force_flush is None:  # the API's no-op provider: nothing to export
+    if force_flush is None or _stalled():  # the API's no-op provider, or exports stalled
         return
     flushed = threading.Event()
 
@@ -289,7 +305,22 @@ def flush() -> None:
 
     threading.Thread(target=run, name="reactor-span-flush", daemon=True).start()
     if not flushed.wait(EXPORT_WAIT_SECONDS):
-        logger.warning("spans_not_flushed within=%gs: its spans are dropped", EXPORT_WAIT_SECONDS)
+        _stall(f"spans_not_flushed within={EXPORT_WAIT_SECONDS:g}s: its spans are dropped")
+
+
+def _stalled() -> bool:
+    return bool(time.monotonic() < struct.unpack_from("d", _STALLED_UNTIL)[0])
+
+
+def _stall(what: str) -> None:
+    """A wait for an export reached its bound: log it, and stop waiting for a while."""
+    struct.pack_into("d", _STALLED_UNTIL, 0, time.monotonic() + EXPORT_STALL_SECONDS)
+    logger.warning(
+        "%s (the collector is slow or down: for %gs forks do not wait for exports and work "
+        "horses drop their spans)",
+        what,
+        EXPORT_STALL_SECONDS,
+    )
 
 
 def own_connections() -> None:
@@ -335,11 +366,13 @@ def exports_held() -> Iterator[None]:
     that `own_connections` in the horse does not look for them again.
     """
     _sessions()
-    deadline = time.monotonic() + EXPORT_WAIT_SECONDS
+    deadline = time.monotonic() + (0.0 if _stalled() else EXPORT_WAIT_SECONDS)
     with contextlib.ExitStack() as held:
         for lock in _export_locks():
             if lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
                 held.callback(lock.release)
+            elif not _stalled():
+                _stall(f"span_export_in_progress at a fork for {EXPORT_WAIT_SECONDS:g}s")
         yield
 
 

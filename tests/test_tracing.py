@@ -296,6 +296,8 @@ def test_a_batch_span_links_each_distinct_context_once_up_to_the_cap(
     contexts = [f"00-{n + 1:032x}-{n + 1:016x}-01" for n in range(tracing.MAX_BATCH_LINKS + 50)]
     refs = [JobRef("photo.process", f"p{n}", 1, tp, None) for n, tp in enumerate(contexts)]
     refs += [JobRef("photo.process", "same", 1, contexts[0], None)]  # a context seen already
+    flags = contexts[1][:-2] + "00"  # the same context unsampled: still that context
+    refs += [JobRef("photo.process", "flags", 1, flags, "k=v")]
     refs += [JobRef("photo.process", "bad", 1, "00-zz", None)]  # never stored so: ignored
     with tracing.publishing(refs):
         pass
@@ -303,6 +305,37 @@ def test_a_batch_span_links_each_distinct_context_once_up_to_the_cap(
     assert span["attributes"]["messaging.batch.message_count"] == len(refs)
     links = [f"00-{t}-{s}-01" for t, s in _links(span)]
     assert links == contexts[: tracing.MAX_BATCH_LINKS]
+
+
+@pytest.mark.parametrize(
+    ("tracestate", "kept"),
+    [
+        ("vendor=abc,other@tenant=x y", True),
+        (" a=1 ,, b=2\t", True),
+        ("BAD MEMBER INJECTED", False),  # no `=`
+        ("a=1,a=2", False),  # a key twice
+        (",".join(f"k{n}=v" for n in range(33)), False),  # 33 members
+        ("a=trailing ", True),  # optional whitespace around a member
+        ("a=x=y", False),
+        ("Upper=1", False),
+    ],
+)
+def test_a_stored_tracestate_is_kept_only_in_the_w3c_form(
+    tracestate: str, kept: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One the API would refuse (with a warning, at every job) is dropped quietly instead."""
+    from reactor import tracing
+
+    traceparent = f"00-{1:032x}-{1:016x}-01"
+    assert tracing.stored_context(traceparent, tracestate) == (
+        traceparent,
+        tracestate if kept else None,
+    )
+    # As the claim hands rows on (`stored_context`), then to a batch span.
+    ref = JobRef("photo.process", "p", 1, *tracing.stored_context(traceparent, tracestate))
+    with caplog.at_level("WARNING"), tracing.publishing([ref]):
+        pass
+    assert not caplog.records, caplog.text
 
 
 def test_an_unknown_trace_relationship_stops_the_worker_with_one_line(env: Env) -> None:

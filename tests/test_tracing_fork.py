@@ -25,6 +25,7 @@ from reactor import submit, tracing
 from tests.support.env import Env
 from tests.support.otlp_sink import OtlpSink
 from tests.support.paths import ROOT
+from tests.support.servers import free_port
 from tests.support.spans import INSTRUMENT
 
 ROUTE = "photo.process=tests.handlers.traced"
@@ -140,6 +141,44 @@ def test_horses_exporting_over_otlp_http_send_every_span_once(env: Env) -> None:
     horses = {port for name, _, port in received.spans if name == "handler work"}
     worker = {port for name, _, port in received.spans if name == "process photo.process"}
     assert horses & worker == set(), "a horse exported on the worker's connection"
+
+
+def test_a_collector_that_is_down_costs_horses_their_spans_not_each_job_a_wait(
+    env: Env,
+) -> None:
+    """With nothing listening where spans go, the first horse's export gives up after its
+    bound; the horses after it drop their spans without trying (and forks do not wait for the
+    worker's own failing exports), so the warning comes once, not once a job."""
+    conn = env.connect()
+    photos = [f"p{i}" for i in range(12)]
+    conn.execute(
+        "INSERT INTO photo_jobs (photo_id, type) SELECT unnest(%s::text[]), 'photo.process'",
+        [photos],
+    )
+    env.cli_json("sweep", "--route", ROUTE)
+    done = subprocess.run(
+        [INSTRUMENT, sys.executable, "-m", "reactor", "worker", "--burst"],
+        cwd=ROOT,
+        env=env.process_env(
+            REACTOR_ROUTES=ROUTE,
+            OTEL_TRACES_EXPORTER="otlp",
+            OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
+            OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{free_port()}",
+            OTEL_EXPORTER_OTLP_TIMEOUT="3",
+            OTEL_METRICS_EXPORTER="none",
+            OTEL_LOGS_EXPORTER="none",
+            OTEL_BSP_SCHEDULE_DELAY="20",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    states = conn.execute("SELECT state, count(*) FROM photo_jobs GROUP BY state").fetchall()
+    assert states == [("done", len(photos))], (states, done.stderr[-3000:])
+    waits = ("spans_not_flushed", "span_export_in_progress")
+    stalls = [line for line in done.stderr.splitlines() if any(wait in line for wait in waits)]
+    assert len(stalls) == 1, done.stderr[-5000:]
 
 
 class _Wrapping(SpanExporter):
