@@ -1,8 +1,9 @@
 """The Django app, `reactor.contrib.django`, in a real Django project run in subprocesses
 (tests/django_project): `manage.py migrate` builds the schema `reactor migrate` builds (and
-each recognises what the other applied), the admin lists, filters, searches and requeues
-through the fenced statement, and `manage.py reactor` runs the CLI on the project's
-database."""
+each recognises what the other applied) and Django's state has the models (their permissions
+exist, `makemigrations` finds nothing to write), the admin lists, filters, searches and
+requeues through the fenced statement, as its users' permissions allow, and logs each action,
+and `manage.py reactor` (and `call_command`) runs the CLI on the project's database."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
+import pytest
 
 from reactor.pg.db import LATEST_SCHEMA_VERSION
 from tests.support.cli import run_cli
@@ -24,6 +26,7 @@ from tests.support.processes import child_environ
 PROJECT = ROOT / "tests" / "django_project"
 #: A photo id whose checkbox must survive a browser's form encoding (admin_check.py names it).
 ODD_ID = "odd\r\n100%:IMG_2"
+LIST = "/admin/reactor/photojob/"
 
 
 def manage(url: str, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
@@ -82,15 +85,24 @@ def test_manage_migrate_then_the_admin(
     assert again.stdout.strip() == expected
 
     with psycopg.connect(url, autocommit=True) as conn:
+        # The failed rows updated at three times (the list of failed rows is newest first);
+        # a type only routed, one only paused, one only pending (the type filter's sources).
         conn.execute(
-            "INSERT INTO photo_jobs (photo_id, type, state, attempts, last_error) VALUES"
-            " ('IMG_1', 'photo.process', 'failed', 2, 'boom IMG_1'),"
-            " ('IMG_2', 'photo.process', 'done', 1, NULL),"
-            " ('IMG_3', 'photo.process', 'active', 1, NULL),"
-            " ('IMG_4', 'photo.thumb', 'failed', 5, 'boom IMG_4'),"
-            " ('IMG_1', 'photo.thumb', 'failed', 1, 'boom thumb'),"
-            " (%s, 'photo.thumb', 'done', 1, NULL)",
+            "INSERT INTO photo_jobs (photo_id, type, state, attempts, last_error, updated_at)"
+            " VALUES"
+            " ('IMG_1', 'photo.process', 'failed', 2, 'boom IMG_1', now() - interval '2 hours'),"
+            " ('IMG_2', 'photo.process', 'done', 1, NULL, now()),"
+            " ('IMG_3', 'photo.process', 'active', 1, NULL, now()),"
+            " ('IMG_4', 'photo.thumb', 'failed', 5, 'boom IMG_4', now() - interval '1 hour'),"
+            " ('IMG_1', 'photo.thumb', 'failed', 1, 'boom thumb', now() - interval '3 hours'),"
+            " ('IMG_5', 'photo.pend', 'pending', 0, NULL, now()),"
+            " (%s, 'photo.thumb', 'done', 1, NULL, now())",
             [ODD_ID],
+        )
+        conn.execute(
+            "INSERT INTO reactor_routes (type, handler, queue, lock_key, registered_by)"
+            " VALUES ('photo.routed', 'photos.handlers.process', 'photo-routed', 1, 'test');"
+            " INSERT INTO reactor_paused_types (type) VALUES ('photo.paused')"
         )
         # Archived lives: of a photo that has a row (it stays), and of one that has none, in
         # two types.
@@ -110,12 +122,18 @@ def test_manage_migrate_then_the_admin(
     seen = json.loads(checked.stdout)
     assert seen["all"] == {
         "status": 200,
-        "photos": sorted(["IMG_1", "IMG_1", "IMG_2", "IMG_3", "IMG_4", ODD_ID]),
+        "photos": sorted(["IMG_1", "IMG_1", "IMG_2", "IMG_3", "IMG_4", "IMG_5", ODD_ID]),
         "html_has_error": True,  # last_error is listed
     }
     assert seen["failed"]["photos"] == ["IMG_1", "IMG_1", "IMG_4"]
     assert seen["thumb"]["photos"] == sorted(["IMG_1", "IMG_4", ODD_ID])
+    # The search is by exact photo id (case counts), any of the terms, quoted or not.
     assert seen["search"]["photos"] == ["IMG_2"]
+    assert seen["search_lower"]["photos"] == []
+    assert seen["search_two"]["photos"] == seen["search_quoted"]["photos"] == ["IMG_2", "IMG_4"]
+    assert seen["search_nul"]["status"] == 200  # Django's form refuses the term: every row
+    check_list_reads(seen)
+    check_refused(seen["refused"])
 
     def said(action: str) -> list[str]:
         assert seen[action]["status"] == 200, seen[action]
@@ -154,7 +172,7 @@ def test_manage_migrate_then_the_admin(
     assert said("requeue_one") == ["1 failed row(s) requeued"]  # not IMG_1's thumb row
     # Each row's checkbox names that row alone: one photo's rows of two types differ.
     boxes = seen["checkboxes"]
-    assert len(set(boxes.values())) == len(boxes) == 6
+    assert len(set(boxes.values())) == len(boxes) == 7
     assert said("requeue_done") == ["1 done row(s) requeued"]  # the filter's type only
     assert said("requeue_odd") == ["1 done row(s) requeued"]
     [refused] = said("requeue_bare")
@@ -170,10 +188,122 @@ def test_manage_migrate_then_the_admin(
         ("IMG_1", "photo.thumb"): ("pending", 0, 1),
         (ODD_ID, "photo.thumb"): ("pending", 0, 1),
         ("IMG_9", "photo.process"): ("pending", 0, 5),  # back from the history, its type only
+        ("IMG_5", "photo.pend"): ("pending", 0, 0),
+    }
+    # Each action run is logged, and in Django's admin log: who, what, how many.
+    runs = [
+        ("photojob", "requeue_failed", "1", 1),
+        ("photojob", "requeue_done", "7", 1),  # every row ticked; the filter's done row moved
+        ("photojob", "requeue_done", "1", 1),
+        ("photojob", "requeue_failed", "all", 2),
+        ("archivedphotojob", "restore", "2", 1),
+    ]
+    assert seen["audit"] == {
+        "log": [
+            f"admin_action user=admin action={a} model={m} selected={n} rows={r}"
+            for m, a, n, r in runs
+        ],
+        "entries": [
+            ["admin", m, f"{r} row(s)", f"{a}: {r} row(s) moved, {n} selected"]
+            for m, a, n, r in runs
+        ],
     }
 
     drop_djangos_tables(url)
     assert schema_dump(url) == schema_dump(database_url)  # what `reactor migrate` built
+
+
+def check_list_reads(seen: dict[str, Any]) -> None:
+    """The list's reads are bounded: no `SELECT DISTINCT type` of the whole table, one count,
+    an order an index keeps (by key; newest first under one finished state), no UPPER()."""
+    assert seen["queries"] == {
+        "all": {"distinct": 0, "counts": 1},
+        "failed": {"distinct": 0, "counts": 1},  # not the whole table's count as well
+        "search_upper": 0,
+    }
+    assert seen["order"] == {
+        "all": [
+            "photo.process IMG_1",
+            "photo.thumb IMG_1",
+            "photo.process IMG_2",
+            "photo.process IMG_3",
+            "photo.thumb IMG_4",
+            "photo.pend IMG_5",
+            f"photo.thumb {ODD_ID}",
+        ],
+        "failed": ["photo.thumb IMG_4", "photo.process IMG_1", "photo.thumb IMG_1"],
+    }
+    every = ["photo.paused", "photo.pend", "photo.process", "photo.routed", "photo.thumb"]
+    bounded = ["photo.paused", "photo.pend", "photo.routed"]  # no row read for its type
+    assert seen["type_choices"] == {
+        "all": {"types": every, "selected": []},  # a small table: all its types
+        "bounded": {"types": bounded, "selected": []},
+        "selected": {"types": sorted([*bounded, "photo.thumb"]), "selected": ["photo.thumb"]},
+        "history": {"types": every, "selected": []},
+    }
+
+
+def check_refused(refused: dict[str, Any]) -> None:
+    """A NUL or a bad regex in a lookup: the list at ?e=1, as Django answers a bad lookup; in a
+    row's key: no such row; in a checkbox: refused in one line, nothing done. Never a 500."""
+    for name in ("state_nul", "type_nul", "type_filter_nul", "regex", "history_regex"):
+        path = "/admin/reactor/archivedphotojob/" if name.startswith("history") else LIST
+        assert refused[name] == {"status": 302, "location": f"{path}?e=1", "messages": []}, name
+    for name in ("key_nul", "life_key_nul"):
+        assert refused[name]["location"] == "/admin/", refused[name]
+        [gone] = refused[name]["messages"]
+        assert gone.endswith("Perhaps it was deleted?"), gone
+    assert refused["action_nul"] == {
+        "status": 302,
+        "location": LIST,
+        "messages": ["the selection is not this list's rows (reload the page): nothing done"],
+    }
+
+
+def test_admin_access_follows_permissions(database_url: str) -> None:
+    """Django's state has the models: `makemigrations` finds nothing to write, `migrate` makes
+    their permissions, and a staff user who is not a superuser sees the list with the view
+    permission (no actions), requeues with the change permission, and without either is
+    refused."""
+    migrated = manage(database_url, "manage.py", "migrate", "--noinput")
+    assert migrated.returncode == 0, migrated.stderr
+    check = manage(database_url, "manage.py", "makemigrations", "--check", "--dry-run")
+    assert (check.returncode, check.stdout) == (0, "No changes detected\n"), check.stdout
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO photo_jobs (photo_id, type, state, attempts) VALUES"
+            " ('IMG_P', 'photo.process', 'failed', 1)"
+        )
+    out = manage(database_url, "admin_access.py")
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout)
+    assert seen["permissions"] == sorted(
+        f"{verb}_{model}"
+        for verb in ("add", "change", "delete", "view")
+        for model in ("photojob", "archivedphotojob")
+    )
+    assert seen["none"] == {"index": False, "list": 403, "history": 403, "requeue": 403}
+    assert seen["viewer"] == {
+        "index": True,
+        "list": 200,
+        "photos": ["IMG_P"],
+        "actions": [],
+        "history": 200,
+        "history_actions": [],
+        "requeue": 200,
+        "state_after": "failed",  # the action is not offered, nor run
+    }
+    assert seen["operator"] == {
+        "index": True,
+        "list": 200,
+        "photos": ["IMG_P"],
+        "actions": ["requeue_failed", "requeue_done"],
+        "history": 200,
+        "history_actions": ["restore"],
+        "requeue": 200,
+        "messages": ["1 failed row(s) requeued"],
+        "state_after": "pending",
+    }
 
 
 def test_manage_migrate_on_a_database_reactor_migrated(env: Env) -> None:
@@ -196,11 +326,48 @@ def test_manage_migrate_on_a_database_reactor_migrated(env: Env) -> None:
     assert bad.stderr == (
         "reactor: error: No such option '--nope' (see `manage.py reactor status --help`)\n"
     )
+    # call_command: returns on success, its output on the command's stdout; a failure raises
+    # CommandError with reactor's exit code; DATABASE_URL and the logging set-up come back.
+    called = manage(env.database_url, "call_reactor.py", **redis)
+    assert called.returncode == 0, called.stderr
+    assert json.loads(called.stdout) == {
+        "returned": None,
+        "pending": 1,
+        "stderr": "",
+        "bad": {
+            "error": "reactor exited 2",
+            "returncode": 2,
+            "stderr": "reactor: error: No such option '--nope' "
+            "(see `manage.py reactor status --help`)\n",
+        },
+        "restored": {"database_url": None, "handlers": True, "level": "WARNING"},
+    }
 
 
 def test_one_django_migration_per_sql_file() -> None:
+    """One per SQL file, and the one that puts the models in Django's state."""
+    from reactor.contrib.django.sql_migrations import MODELS_STATE
+
     migrations = sorted(p.stem for p in (ROOT / "reactor/contrib/django/migrations").glob("0*.py"))
-    assert migrations == sorted(p.stem for p in (ROOT / "sql").glob("[0-9][0-9][0-9][0-9]_*.sql"))
+    sql = sorted(p.stem for p in (ROOT / "sql").glob("[0-9][0-9][0-9][0-9]_*.sql"))
+    assert migrations == sorted([*sql, MODELS_STATE])
+
+
+def test_a_later_sql_migration_follows_the_models_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The migrations keep one leaf: the next SQL file's migration depends on its predecessor
+    and on the models' state, which depends on 0021."""
+    from reactor.contrib.django import sql_migrations
+    from reactor.pg.migrate import Migration, load_migrations
+
+    files = load_migrations()
+    later = Migration(len(files) + 1, "add_something", "SELECT 1;")
+    monkeypatch.setattr(sql_migrations, "load_migrations", lambda: [*files, later])
+    migration = sql_migrations.sql_migration(f"m.migrations.{later.version:04d}_add_something")
+    last = f"{files[-1].version:04d}_{files[-1].name}"
+    assert migration.dependencies == [
+        ("reactor", last),
+        ("reactor", sql_migrations.MODELS_STATE),
+    ]
 
 
 def test_the_projects_own_tests_use_the_kit(make_empty_database: Callable[[], str]) -> None:

@@ -21,10 +21,22 @@ may have several lives of one type), and the page's History link and the history
 go by that key. A bare photo id, as Django writes its own links, opens the row only when one
 row has that id; when several do, the page is refused in one line and the list shown: never a
 500 for a photo with rows of two types.
+
+The search is by exact photo id (`photo_id = term`, which the key's index serves): the box's
+text splits into terms as Django splits it (a quoted term keeps its spaces) and a row matches
+any term. A lookup value the database refuses (a NUL, a bad `__regex`) is answered as Django
+answers an unknown lookup: the list again, at `?e=1`. The list counts only its filtered rows
+and, unless filtered to one state an index keeps by `updated_at`, is ordered by the key (the
+index of `(photo_id, type)`): the unfiltered list reads its page and its count, not the table.
+
+Each action run is logged (`admin_action user=... action=... model=... selected=... rows=...`,
+logger `reactor.contrib.django.admin`) and written to Django's admin log (one entry per run, not
+per row: "select all" may take every row of a big table).
 """
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from datetime import datetime
 from typing import Any
@@ -32,19 +44,32 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.utils import quote, unquote
 from django.contrib.admin.views.main import ChangeList
-from django.db import connections, transaction
+from django.contrib.contenttypes.models import ContentType
+from django.db import DataError, connections, transaction
 from django.db.models import Q
 from django.http import HttpResponseRedirect
 from django.urls import reverse
 from django.utils.html import format_html
+from django.utils.text import smart_split, unescape_string_literal
 from django.utils.translation import gettext
 
+from reactor.contrib.django.filters import TypeListFilter
 from reactor.contrib.django.models import ArchivedPhotoJob, PhotoJob
+from reactor.errors import InvalidJobError
 from reactor.pg import queries
 from reactor.producer import sync_executor
-from reactor.validate import is_valid_type, quoted_photo_id, unquoted_photo_id
+from reactor.validate import (
+    check_row_photo_id,
+    is_valid_type,
+    quoted_photo_id,
+    unquoted_photo_id,
+)
+
+logger = logging.getLogger(__name__)
 
 #: Photo ids per requeue statement, as `reactor requeue` batches them.
 REQUEUE_BATCH = 5000
@@ -76,11 +101,21 @@ def row_key(job_type: str, photo_id: str) -> str:
     return f"{job_type}:{quoted_photo_id(photo_id)}"
 
 
+def names_a_row(photo_id: str) -> bool:
+    """Whether the table could hold a row of `photo_id` (no NUL, at most 255 bytes): any other
+    id names no row, and Postgres refuses a NUL in a query."""
+    try:
+        check_row_photo_id(photo_id)
+    except InvalidJobError:
+        return False
+    return True
+
+
 def parse_row_key(key: str) -> tuple[str, str] | None:
-    """(type, photo id) of a `row_key`, or None: not one `row_key` writes."""
+    """(type, photo id) of a `row_key`, or None: not one `row_key` writes, or no row's."""
     job_type, _, encoded = key.partition(":")
     photo_id = unquoted_photo_id(encoded)
-    if not is_valid_type(job_type) or photo_id is None:
+    if not is_valid_type(job_type) or photo_id is None or not names_a_row(photo_id):
         return None
     return job_type, photo_id
 
@@ -91,12 +126,56 @@ class _RowChangeList(ChangeList):
     def url_for_result(self, result: Any) -> str:
         return str(self.model_admin.row_url("change", result))
 
+    def get_results(self, request: Any) -> None:
+        # A value Postgres refuses (a NUL, a bad regex) fails the count: answered as Django
+        # answers a bad lookup. In a savepoint, so the request's transaction goes on.
+        try:
+            with transaction.atomic(using=self.queryset.db):
+                super().get_results(request)
+        except DataError as exc:
+            raise IncorrectLookupParameters(exc) from exc
+
 
 class _ByRowAdmin(admin.ModelAdmin):
     """Checkboxes, actions and pages by row, not by the one-column primary key."""
 
     change_form_template = "admin/reactor/row_change_form.html"
     object_history_template = "admin/reactor/row_history.html"
+    list_filter: tuple[Any, ...] = (("type", TypeListFilter), "state")
+    search_fields = ("=photo_id",)  # the box shows; get_search_results does the search
+    show_full_result_count = False  # a second COUNT(*), of the whole table, on every page
+
+    def get_search_results(self, request: Any, queryset: Any, search_term: str) -> Any:
+        # Exact, as documented: Django's "=photo_id" is UPPER(photo_id) = UPPER(term), which
+        # matches other ids and no index serves.
+        terms = [
+            unescape_string_literal(t) if t.startswith(('"', "'")) and t[0] == t[-1] else t
+            for t in smart_split(search_term)  # as Django splits and unquotes its terms
+        ]
+        if not terms:
+            return queryset, False
+        return queryset.filter(photo_id__in=sorted({t for t in terms if names_a_row(t)})), False
+
+    def audit(self, request: Any, action: str, moved: int) -> None:
+        """Log an action run, and write it to Django's admin log: who, what, how many (one
+        entry per run; per row would be unbounded under "select all")."""
+        selected = getattr(request, "reactor_selected", "all")
+        user = request.user
+        logger.info(
+            "admin_action user=%s action=%s model=%s selected=%s rows=%d",
+            user.get_username(),
+            action,
+            self.opts.model_name,
+            selected,
+            moved,
+        )
+        LogEntry.objects.create(
+            user_id=user.pk,
+            content_type_id=ContentType.objects.get_for_model(self.model).pk,
+            object_repr=f"{moved} row(s)",
+            action_flag=CHANGE,
+            change_message=f"{action}: {moved} row(s) moved, {selected} selected",
+        )
 
     def object_key(self, obj: Any) -> str:
         """A row's id in the admin's URLs: its `row_key`."""
@@ -177,6 +256,7 @@ class _ByRowAdmin(admin.ModelAdmin):
             request.POST.get("select_across")
         )
         keys = request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)
+        request.reactor_selected = "all" if across else str(len(set(keys)))  # for audit()
         if across or not keys:
             return super().response_action(request, queryset)
         by_type: dict[str, set[str]] = defaultdict(set)
@@ -212,8 +292,6 @@ class PhotoJobAdmin(_ByRowAdmin):
         "updated_at",
         "last_error",
     )
-    list_filter = ("type", "state")
-    search_fields = ("=photo_id",)
     actions = ("requeue_failed", "requeue_done")
 
     def has_add_permission(self, request: Any) -> bool:
@@ -225,12 +303,20 @@ class PhotoJobAdmin(_ByRowAdmin):
     def has_delete_permission(self, request: Any, obj: Any = None) -> bool:
         return False
 
+    def get_ordering(self, request: Any) -> tuple[str, ...]:
+        # Newest first where an index keeps that order (one state of those with an index on
+        # updated_at); else the key's order, which the primary key's index keeps.
+        if request.GET.getlist("state__exact") in (["active"], ["cancelled"], ["done"], ["failed"]):
+            return ("-updated_at",)
+        return ("photo_id", "type")
+
     def has_requeue_permission(self, request: Any) -> bool:
         opts = self.opts
         return bool(request.user.has_perm(f"{opts.app_label}.change_{opts.model_name}"))
 
     def _requeue(self, request: Any, queryset: Any, state: str) -> None:
         moved = requeue(queryset, state)
+        self.audit(request, f"requeue_{state}", moved)
         self.message_user(request, f"{moved} {state} row(s) requeued", messages.SUCCESS)
 
     @admin.action(description="Requeue selected failed rows", permissions=["requeue"])
@@ -245,8 +331,6 @@ class PhotoJobAdmin(_ByRowAdmin):
 @admin.register(ArchivedPhotoJob)
 class ArchivedPhotoJobAdmin(_ByRowAdmin):
     list_display = ("photo_id", "type", "state", "attempts", "finished_at", "last_error")
-    list_filter = ("type", "state")
-    search_fields = ("=photo_id",)
     actions = ("restore",)
 
     def object_key(self, obj: Any) -> str:
@@ -281,4 +365,5 @@ class ArchivedPhotoJobAdmin(_ByRowAdmin):
     @admin.action(description="Requeue selected archived photos", permissions=["restore"])
     def restore(self, request: Any, queryset: Any) -> None:
         moved = requeue(queryset, None, queries.RESTORE_ARCHIVED)
+        self.audit(request, "restore", moved)
         self.message_user(request, f"{moved} archived photo(s) requeued", messages.SUCCESS)

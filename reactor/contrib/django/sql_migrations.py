@@ -19,7 +19,12 @@ from reactor.pg import queries
 from reactor.pg.migrate import SEARCH_PATH, load_migrations
 from reactor.producer import sync_executor
 
-__all__ = ["sql_migration"]
+__all__ = ["MODELS_STATE", "sql_migration"]
+
+#: The migration that puts the app's models in Django's state (no SQL), and the SQL version it
+#: follows: later SQL migrations depend on it too, so the app's migrations keep a single leaf.
+MODELS_STATE = "0022_photo_job_models"
+_MODELS_STATE_AFTER = 21
 
 
 def _module_name(version: int) -> str:
@@ -58,6 +63,8 @@ def sql_migration(module: str) -> type[migrations.Migration]:
         execute(queries.SET_LOCAL_SEARCH_PATH, {"search_path": saved})
 
     dependencies = [("reactor", _module_name(version - 1))] if version > 1 else []
+    if version > _MODELS_STATE_AFTER:
+        dependencies.append(("reactor", MODELS_STATE))
     attributes = {
         "dependencies": dependencies,
         "operations": [migrations.RunPython(apply)],
