@@ -126,7 +126,7 @@ def test_a_heartbeat_keeps_a_row_from_counting_as_stale(env: Env) -> None:
             "gone_after": 30.0,
         },
     ).fetchall()
-    assert {r[1]: (r[4], r[5]) for r in page} == {
+    assert {r[1]: (r[5], r[6]) for r in page} == {
         "beating": (False, False),
         "silent": (True, True),
     }

@@ -751,6 +751,26 @@ def test_the_oldest_due_row_of_a_type_no_route_covers_has_an_age_an_alert_can_se
     wait_for(lambda: age("(unrouted)") == 0, what="no unrouted row due")
 
 
+def test_the_rescue_pass_pages_in_time_order_where_clocks_go_back(env: Env) -> None:
+    """In a zone whose clocks go back, the text of a later time can sort first: the pass
+    pages by time, so the rows between two text-ordered pages are not skipped."""
+    conn = env.connect()
+    conn.execute(f"ALTER DATABASE {env.database_name} SET timezone = 'America/New_York'")
+    for prefix, at, count in (("late", "06:10", 10), ("early", "05:30", 3)):
+        # 01:10-05 and 01:30-04 on the night the clocks went back: text and time disagree.
+        conn.execute(
+            "INSERT INTO photo_jobs (photo_id, type, state, attempts, updated_at)"
+            " SELECT %s || i, 'photo.process', 'active', 1, %s::timestamptz"
+            " FROM generate_series(1, %s) AS i",
+            [prefix, f"2025-11-02 {at}Z", count],
+        )
+    result = env.cli_json("sweep", "--batch-size", "10")  # no job in Redis: every row is lost
+    assert result["lost"] == 13, result
+    assert states(conn) == {"active": 13}
+    tokens = conn.execute("SELECT DISTINCT prior_attempts + attempts FROM photo_jobs")
+    assert tokens.fetchall() == [(2,)]
+
+
 def test_a_job_left_in_rqs_intermediate_list_is_an_orphan_at_the_second_look(
     env: Env, spawn: Callable[..., Process]
 ) -> None:

@@ -248,6 +248,8 @@ class Sweeper:
                     ).fetchall()
                 if not page:
                     break
+                last, read = page[-1], len(page)
+                page = [row for row in page if not row[4]]  # a paused type's rows wait
                 refs = [JobRef(t, p, a) for t, p, a, *_ in page]
                 statuses = self._rq.job_statuses(refs)
                 gone: list[JobRef] = []
@@ -306,9 +308,8 @@ class Sweeper:
                     _WORKER_GONE,
                     stale_after_seconds=self._gone_after,
                 )
-                last = page[-1]
                 after = (last[3], last[0], last[1])
-                if len(page) < self._batch_size:
+                if read < self._batch_size:
                     break
             # A long wait in the queue is normal; a job queued in no queue is an orphan. Checked
             # once for the whole pass: each check reads the queues whole.

@@ -229,7 +229,7 @@ def read_status(
         # those it re-dispatches when their worker is gone (stale ones are counted as such).
         quiet = [
             JobRef(t, p, int(token))
-            for t, p, token, _, stale_row, quiet in conn.execute(
+            for t, p, token, _, paused, stale_row, quiet in conn.execute(
                 queries.LIST_ACTIVE,
                 {
                     "types": sorted(t for t, by in waiting.items() if by.get("active")),
@@ -242,7 +242,7 @@ def read_status(
                     **stale_after,
                 },
             )
-            if quiet and not stale_row
+            if quiet and not stale_row and not paused
         ]
         refused = [
             (str(t), str(p), str(e).removeprefix(CLAIM_REFUSED_PREFIX))

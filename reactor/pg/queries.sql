@@ -129,27 +129,33 @@ SELECT extract(epoch FROM least(min(d.due), now() + interval '1 day') - now())::
 -- name: LIST_ACTIVE
 -- One page of active rows of the given types, for the rescue pass, with whether each is
 -- stale (no write for `stale_after` seconds: neither its claim's `updated_at` nor a later
--- `heartbeat_at`) and quiet (none for `gone_after`). Keyset-paged in (updated_at, type,
--- photo_id) order up to `until` (the sweep's start): rows claimed during the sweep (their
--- updated_at moves to now) are left to the next one, and a rescue moves only heartbeat_at,
--- so a re-dispatched row stays behind the page key and is not visited twice.
--- Rows of paused types are left active: rescuing them would dispatch the type. The page key's
--- updated_at comes back as text and goes back as `after_at`: exact, and whatever a row written
--- before sql/0012 holds ('-infinity', a year Python's datetime cannot hold) it cannot fail the
--- pass.
-SELECT type, photo_id, prior_attempts + attempts, updated_at::text,
-       greatest(updated_at, heartbeat_at)
-           < now() - make_interval(secs => %(stale_after)s::float8) AS stale,
-       greatest(updated_at, heartbeat_at)
-           < now() - make_interval(secs => %(gone_after)s::float8) AS quiet
-  FROM photo_jobs
- WHERE state = 'active'
-   AND type = ANY (%(types)s::text[])
-   AND NOT EXISTS (SELECT FROM reactor_paused_types AS x WHERE x.type = photo_jobs.type)
-   AND updated_at <= %(until)s
-   AND (updated_at, type, photo_id) > (%(after_at)s::timestamptz, %(after_type)s, %(after_id)s)
- ORDER BY updated_at, type, photo_id
- LIMIT %(limit)s
+-- `heartbeat_at`) and quiet (none for `gone_after`), and whether its type is paused (left
+-- active: rescuing it would dispatch the type). Keyset-paged in (updated_at, type, photo_id)
+-- order up to `until` (the sweep's start): rows claimed during the sweep (their updated_at
+-- moves to now) are left to the next one, and a rescue moves only heartbeat_at, so a
+-- re-dispatched row stays behind the page key and is not visited twice. The page is read in
+-- the active rows' index order (a page costs its own rows, not all those after the key), and
+-- paused types are told, not filtered, so that no anti-join hides that order from the planner.
+-- The page key's updated_at comes back as text and goes back as `after_at`: exact, and
+-- whatever a row written before sql/0012 holds ('-infinity', a year Python's datetime cannot
+-- hold) it cannot fail the pass.
+SELECT p.type, p.photo_id, p.attempts, p.updated_at::text,
+       EXISTS (SELECT FROM reactor_paused_types AS x WHERE x.type = p.type) AS paused,
+       p.stale, p.quiet
+  FROM (SELECT type, photo_id, prior_attempts + attempts AS attempts, updated_at,
+               greatest(updated_at, heartbeat_at)
+                   < now() - make_interval(secs => %(stale_after)s::float8) AS stale,
+               greatest(updated_at, heartbeat_at)
+                   < now() - make_interval(secs => %(gone_after)s::float8) AS quiet
+          FROM photo_jobs
+         WHERE state = 'active'
+           AND type = ANY (%(types)s::text[])
+           AND updated_at <= %(until)s
+           AND (updated_at, type, photo_id)
+               > (%(after_at)s::timestamptz, %(after_type)s, %(after_id)s)
+         ORDER BY photo_jobs.updated_at, photo_jobs.type, photo_jobs.photo_id
+         LIMIT %(limit)s) AS p
+ ORDER BY p.updated_at, p.type, p.photo_id
 
 -- name: REDISPATCH
 -- Re-dispatch the listed active rows as a new attempt (or fail them when their attempts are
