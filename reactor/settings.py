@@ -31,7 +31,7 @@ __all__ = [
     "DEFAULT_STALE_AFTER_SECONDS",
     "DEFAULT_SWEEP_INTERVAL_SECONDS",
     "FAILED_JOB_TTL_SECONDS",
-    "MIN_ARCHIVE_AGE_SECONDS",
+    "MIN_RETENTION_AGE_SECONDS",
     "RESULT_TTL_SECONDS",
     "TRACE_RELATIONSHIPS",
     "ReactorSettings",
@@ -65,10 +65,10 @@ BUSY_KEY_TTL_HEARTBEATS = 4
 DEFAULT_GONE_AFTER_SECONDS = 30.0
 #: Rows the retention pruner deletes per transaction.
 DEFAULT_PRUNE_BATCH_SIZE = 500
-#: The youngest finished rows archived: a photo submitted again once its row is in the history
-#: gets a new row, whose tokens start again at 1, so no attempt of the archived life may still
-#: be running (well beyond RQ's job timeout).
-MIN_ARCHIVE_AGE_SECONDS = 3600.0
+#: The youngest finished rows archived or pruned: a photo submitted again once its row is gone
+#: gets a new row, whose tokens start again at 1, so no attempt of the old life may still be
+#: running (well beyond RQ's job timeout): its job id would be the new row's.
+MIN_RETENTION_AGE_SECONDS = 3600.0
 #: How long RQ keeps a failed job in its failed registry (the database row is the truth).
 FAILED_JOB_TTL_SECONDS = 7 * 24 * 3600
 #: How long RQ keeps a finished job (RQ's default), set on every job so that a worker's
@@ -119,12 +119,12 @@ class ReactorSettings:
         if self.prune_failed_after_seconds is not None and self.prune_done_after_seconds is None:
             raise ConfigError("--prune-failed-after needs --prune-done-after")
         for age in (self.prune_done_after_seconds, self.prune_failed_after_seconds):
-            if age is not None and age <= 0:
-                raise ConfigError("prune ages must be positive")
+            if age is not None and age < MIN_RETENTION_AGE_SECONDS:
+                raise ConfigError("prune ages must be at least 1h")
         if self.archive_after_seconds is not None:
             if self.prune_done_after_seconds is not None:
                 raise ConfigError("give --prune-done-after or --archive-after, not both")
-            if self.archive_after_seconds < MIN_ARCHIVE_AGE_SECONDS:
+            if self.archive_after_seconds < MIN_RETENTION_AGE_SECONDS:
                 raise ConfigError("--archive-after must be at least 1h")
         if self.drop_history_after_seconds is not None and self.drop_history_after_seconds <= 0:
             raise ConfigError("--drop-history-after must be positive")

@@ -166,18 +166,26 @@ def test_submit_refuses_blank_ids_and_reads_standard_input_for_a_dash(env: Env) 
 
 def test_prune_failed_rows_alone_and_neither_is_a_usage_error(env: Env) -> None:
     conn = env.connect()
-    conn.execute(
-        "INSERT INTO photo_jobs (photo_id, type, state) VALUES "
-        "('d1', 'a.b', 'done'), ('f1', 'a.b', 'failed'), ('p1', 'a.b', 'pending')"
-    )
-    result = run_cli(env, "prune", "--failed-older-than", "0s")
+    with conn.transaction():
+        conn.execute("SET LOCAL session_replication_role = replica")  # keep updated_at as given
+        conn.execute(
+            "INSERT INTO photo_jobs (photo_id, type, state, updated_at) VALUES "
+            "('d1', 'a.b', 'done', now() - interval '2 hours'),"
+            " ('f1', 'a.b', 'failed', now() - interval '2 hours'),"
+            " ('f2', 'a.b', 'failed', now()), ('p1', 'a.b', 'pending', now())"
+        )
+    # Younger than an hour: a job of that row's life may still run, and a photo submitted
+    # again would get a new row whose tokens (so job ids) start again at 1.
+    young = run_cli(env, "prune", "--failed-older-than", "59m")
+    assert young.returncode == 2 and "at least 1h" in young.stderr, young.stderr
+    result = run_cli(env, "prune", "--failed-older-than", "1h")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == {
         "deleted_done": 0,
         "deleted_failed": 1,
         "deleted_cancelled": 0,
     }
-    assert states(conn) == {"done": 1, "pending": 1}
+    assert states(conn) == {"done": 1, "failed": 1, "pending": 1}
     neither = run_cli(env, "prune")
     assert neither.returncode == 2
     assert (

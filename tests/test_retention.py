@@ -213,7 +213,8 @@ def test_retention_is_off_by_default_and_checks_its_durations(
     assert count(conn, "old-done-") == 10
     for args, needle in (
         (["--prune-done-after", "soon"], "bad duration 'soon'"),
-        (["--prune-done-after", "0s"], "prune ages must be positive"),
+        (["--prune-done-after", "0s"], "prune ages must be at least 1h"),
+        (["--prune-done-after", "7d", "--prune-failed-after", "30m"], "at least 1h"),
         (["--prune-done-after", "7"], "give a number and a unit"),
         (["--prune-failed-after", "30d"], "--prune-failed-after needs --prune-done-after"),
     ):

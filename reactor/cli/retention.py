@@ -11,7 +11,7 @@ import click
 
 from reactor.cli.options import connect_migrated, database_option, duration
 from reactor.ops import admin
-from reactor.settings import MIN_ARCHIVE_AGE_SECONDS
+from reactor.settings import MIN_RETENTION_AGE_SECONDS
 
 __all__ = ["RETENTION_COMMANDS"]
 
@@ -43,6 +43,13 @@ def prune(
         raise click.UsageError(
             "give --done-older-than, --failed-older-than and/or --cancelled-older-than"
         )
+    for hint, age in (
+        ("--done-older-than", done_older_than),
+        ("--failed-older-than", failed_older_than),
+        ("--cancelled-older-than", cancelled_older_than),
+    ):
+        if age is not None and age < MIN_RETENTION_AGE_SECONDS:
+            raise click.BadParameter("at least 1h", param_hint=hint)
     with connect_migrated(database_url, "prune", read_write=not dry_run) as conn:
         result = admin.prune(
             conn,
@@ -92,7 +99,7 @@ def archive(
     months of it (give at least one option). Needs the ownership of photo_jobs_history."""
     if older_than is None and drop_history_after is None:
         raise click.UsageError("give --older-than and/or --drop-history-after")
-    if older_than is not None and older_than < MIN_ARCHIVE_AGE_SECONDS:
+    if older_than is not None and older_than < MIN_RETENTION_AGE_SECONDS:
         raise click.BadParameter("at least 1h", param_hint="--older-than")
     with connect_migrated(database_url, "archive", read_write=not dry_run) as conn:
         result = admin.archive(
