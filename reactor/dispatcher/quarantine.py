@@ -45,8 +45,8 @@ class Quarantines(dict[str, Quarantine]):
         self[job_type] = Quarantine(failures, time.monotonic() + pause, error)
         if previous is None:
             logger.error(
-                "type_quarantined type=%s error=%s (other types go on; retried with backoff up "
-                "to %gs)",
+                "type_quarantined type=%s error=%s (left out of drains, not the other types "
+                "for it; retried with backoff up to %gs)",
                 job_type,
                 error,
                 QUARANTINE_MAX_SECONDS,
