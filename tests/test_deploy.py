@@ -307,7 +307,8 @@ def test_the_worker_unit_starts_again_after_its_worker_was_killed(
     # A worker given a name of its own meets that dead key: one line says why and what to do.
     named = [*args, "--name", "photo-worker-1"]
     first = spawn("-m", "reactor", *named, name="named", extra_env=environment)
-    first.wait_for_line("worker_ready")
+    registered = env.redis()
+    wait_for(lambda: registered.exists("rq:worker:photo-worker-1"), what="the worker registered")
     first.kill()
     again = run_cli(env, *named, extra_env=environment, timeout=60)
     assert again.returncode == 2, again.stderr
