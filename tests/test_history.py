@@ -245,6 +245,66 @@ def test_rows_of_any_age_cost_a_partition_each_and_a_year_bc_stays(env: Env) -> 
     assert live(conn, "bc") == 0
 
 
+def plant_months(conn: psycopg.Connection[Any], prefix: str, months: int) -> None:
+    """`months` done rows, one a month (UTC) from January 1900 on (an INSERT-only role can)."""
+    conn.execute(
+        "INSERT INTO photo_jobs (photo_id, type, state, created_at, updated_at)"
+        " SELECT %s || i, %s, 'done', at, at FROM generate_series(0, %s - 1) AS i,"
+        " LATERAL (SELECT timestamptz '1900-01-15 00:00Z' + make_interval(months => i)) AS m(at)",
+        [prefix, TYPE, months],
+    )
+
+
+def test_rows_over_more_months_than_a_round_makes_are_archived_round_by_round(
+    env: Env,
+) -> None:
+    """Rows in 300 months (more than the 120 a round makes partitions for) went nowhere: every
+    batch of the oldest rows met a month without its partition, each run failed having moved 0
+    rows, and the recent rows stayed behind them for good. Each run now moves the rows of the
+    next 120 months and says how many are left; the third moves the rest, recent rows too."""
+    conn = env.connect()
+    plant_months(conn, "month-", 300)
+    plant(conn, "recent-", "done", 50, "2 days")
+
+    outcomes = [run_cli(env, "archive", "--older-than", "1h") for _ in range(3)]
+
+    # The first two runs stop at the round's 120 months, saying so; the history grows by
+    # at most that (and the months of the cutoff, of now and of the next) a run.
+    for result, left in zip(outcomes[:2], (230, 110), strict=True):
+        assert result.returncode == 1, result
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1, result.stderr
+        assert "archive stopped after 120 rows" in lines[0], lines[0]
+        assert f"{left} rows left" in lines[0], lines[0]
+    assert outcomes[2].returncode == 0, outcomes[2].stderr
+    assert json.loads(outcomes[2].stdout)["moved_done"] == 110, outcomes[2].stdout
+    assert live(conn, "month-") == 0 and archived(conn, "month-") == 300
+    assert live(conn, "recent-") == 0 and archived(conn, "recent-") == 50
+    names = partitions(conn)
+    assert names[0] == "photo_jobs_history_1900_01" and "photo_jobs_history_1924_12" in names
+    assert len(names) <= 300 + 3, len(names)
+    misplaced = conn.execute(
+        "SELECT count(*) FROM photo_jobs_history"
+        " WHERE tableoid::regclass::text <> 'photo_jobs_history_'"
+        " || to_char(finished_at AT TIME ZONE 'UTC', 'YYYY_MM')"
+    ).fetchone()
+    assert misplaced == (0,)
+
+
+def test_the_reactor_says_how_many_rows_a_round_left(
+    env: Env, spawn: Callable[..., Process]
+) -> None:
+    conn = env.connect()
+    plant_months(conn, "month-", 300)
+    plant(conn, "recent-", "done", 50, "2 days")
+    port = free_port()
+    reactor = start_reactor(spawn, "--archive-after", "1h", "--metrics-port", str(port))
+    reactor.wait_for_line("archive_deferred rows_left=230 ")
+    reactor.wait_for_line("rows_archived done=120 ")
+    assert archived(conn, "month-") == 120
+    assert metric(scrape(port), 'reactor_archived_total{state="done"}') == 120
+
+
 def test_a_state_that_cannot_be_archived_holds_back_no_other(env: Env) -> None:
     conn = env.connect()
     plant(conn, "done-", "done", 30, "3 days")
@@ -271,7 +331,7 @@ def test_a_state_that_cannot_be_archived_holds_back_no_other(env: Env) -> None:
     assert result.returncode == 1, result
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "no failed rows here" in lines[0], result.stderr
-    assert "(50 rows archived)" in lines[0], result.stderr
+    assert "(50 rows archived, 10 rows left)" in lines[0], result.stderr
     assert archived(conn, "done-") == 30 and archived(conn, "cancelled-") == 20
     assert live(conn, "failed-") == 10 and archived(conn, "failed-") == 0
     # The drop ran all the same.

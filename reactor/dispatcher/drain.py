@@ -48,7 +48,7 @@ from reactor.jobs import JobRef, warm_up_ref
 from reactor.pg import db, queries
 from reactor.pg.db import Connection
 from reactor.routes import Route
-from reactor.rq.enqueue import Enqueuer
+from reactor.rq.enqueue import BadKeysError, Enqueuer
 
 __all__ = ["BatchResult", "Dispatcher", "DrainResult"]
 
@@ -398,11 +398,12 @@ def _left_out(
     rotation: deque[str],
     sent: ClaimAhead | None,
 ) -> None:
-    """A batch of `job_type` was refused for a key of the wrong kind (and rolled back). The
-    claim `sent` ahead is rolled back first (its rows may be the one the note below writes) and
-    its type put back at the front of `rotation`. Then the row whose job key it is is left out
-    of its type's claims for a while, and the type claimed again; a key of the type's queue
-    quarantines the type, and it leaves `rotation`.
+    """A batch of `job_type` was refused for keys of the wrong kind (and rolled back). The
+    claim `sent` ahead is rolled back first (its rows may be those the notes below write) and
+    its type put back at the front of `rotation`. Then every row whose job key is one is left
+    out of its type's claims for a while (all at once: one failed batch per bad key would let
+    a few thousand planted keys hold up the type), and the type claimed again; a key of the
+    type's queue quarantines the type, and it leaves `rotation`.
 
     Raises:
         DatabaseError: the connection failed.
@@ -411,8 +412,12 @@ def _left_out(
         sent.abandon()
         rotation.appendleft(sent.job_type)
     dispatcher.bounds.forget(job_type)  # the batch's rows are due again, however old
+    if isinstance(exc, BadKeysError):
+        rows = [(ref.photo_id, why) for ref, why in exc.rows if ref.type == job_type]
+    else:
+        rows = [] if exc.photo_id is None else [(exc.photo_id, str(exc))]
+    dispatcher.refused.refuse(conn, job_type, rows)
     if exc.photo_id is not None:
-        dispatcher.refused.refuse(conn, job_type, exc.photo_id, str(exc))
         if job_type not in rotation:
             rotation.append(job_type)  # its other rows go on
         return

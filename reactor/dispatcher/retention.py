@@ -18,10 +18,15 @@ import threading
 import time
 
 from reactor.dispatcher.metrics import Metrics
-from reactor.errors import ReactorError, StatementError
+from reactor.errors import ReactorError
 from reactor.pg import db
 from reactor.pg.db import Connection
-from reactor.pg.history import ARCHIVED_STATES, archive_finished, drop_history
+from reactor.pg.history import (
+    ARCHIVED_STATES,
+    ArchiveIncompleteError,
+    archive_finished,
+    drop_history,
+)
 from reactor.pg.prune import PruneResult, prune_finished
 from reactor.settings import DEFAULT_PRUNE_BATCH_SIZE
 
@@ -138,8 +143,9 @@ class Pruner:
         return result
 
     def _archive(self) -> None:
-        # A state that cannot be archived (its partitions, a user's trigger) is reported each
-        # round; the other states were archived, and the history's drop still runs.
+        # A state that cannot be archived (its partitions, a user's trigger), or whose rows
+        # span more months than a round makes, is reported each round with the rows left; the
+        # other states were archived, and the history's drop still runs.
         assert self._conn is not None
         started = time.monotonic()
         try:
@@ -151,11 +157,16 @@ class Pruner:
                 stop=self._stop,
                 on_batch=self._archived,
             )
-        except StatementError as exc:
+        except ArchiveIncompleteError as exc:
+            moved = exc.moved
+            left = exc.left
             logger.warning(
-                "archive_failed error=%s (next round in %gs)", exc, PRUNE_INTERVAL_SECONDS
+                "%s rows_left=%s error=%s (next round in %gs)",
+                "archive_deferred" if exc.deferred else "archive_failed",
+                "unknown" if left is None else f"{'~' if left.estimated else ''}{left.rows}",
+                exc,
+                PRUNE_INTERVAL_SECONDS,
             )
-            return
         if moved.done or moved.failed or moved.cancelled:
             logger.info(
                 "rows_archived done=%d failed=%d cancelled=%d batches=%d seconds=%.1f",

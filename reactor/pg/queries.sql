@@ -438,10 +438,11 @@ SELECT FROM photo_jobs
 
 -- name: ARCHIVE_FINISHED
 -- Move up to `limit` rows in `state` (done, failed or cancelled) last updated more than `age`
--- seconds ago, oldest first, from photo_jobs to photo_jobs_history in one statement: the rows
--- PRUNE_FINISHED would delete, inserted as they were (`updated_at` as `finished_at`), except
--- rows of a year BC, which no partition's name can hold (prune deletes them). Rows locked by
--- others are skipped; a failure (a month without its partition) moves none.
+-- seconds ago and before `before` (a UTC month's start, 'YYYY-MM-DD': from there on a month
+-- may lack its partition, see HISTORY_BATCH_MONTHS), oldest first, from photo_jobs to
+-- photo_jobs_history in one statement: the rows PRUNE_FINISHED would delete, inserted as they
+-- were (`updated_at` as `finished_at`), except rows of a year BC, which no partition's name can
+-- hold (prune deletes them). Rows locked by others are skipped; a failure moves none.
 WITH moved AS (
      DELETE FROM photo_jobs
       WHERE ctid = ANY (ARRAY(
@@ -449,6 +450,7 @@ WITH moved AS (
                WHERE state = %(state)s
                  AND updated_at >= '0001-01-01 00:00:00+00'
                  AND updated_at < now() - make_interval(secs => %(age)s::float8)
+                 AND updated_at < (%(before)s::timestamp AT TIME ZONE 'UTC')
                ORDER BY updated_at
                LIMIT %(limit)s
                  FOR UPDATE SKIP LOCKED))
@@ -461,38 +463,39 @@ SELECT photo_id, type, state, attempts, max_attempts, prior_attempts, last_error
        created_at, updated_at, traceparent, tracestate
   FROM moved
 
+-- name: HISTORY_BATCH_MONTHS
+-- Before each ARCHIVE_FINISHED batch of `state`: the UTC months of the `limit` rows it would
+-- move next (the oldest, read without locks: one range of the finished-rows index), oldest
+-- first: the month's start and the next month's ('YYYY-MM-DD'), its rows, whether its
+-- partition exists. At most `limit` months, however many months the table spans.
+SELECT to_char(m.month, 'YYYY-MM-DD'),
+       to_char(m.month + interval '1 month', 'YYYY-MM-DD'),
+       m.rows,
+       to_regclass('public.photo_jobs_history_' || to_char(m.month, 'YYYY_MM')) IS NOT NULL
+  FROM (SELECT date_trunc('month', n.updated_at AT TIME ZONE 'UTC') AS month,
+               count(*) AS rows
+          FROM (SELECT updated_at FROM photo_jobs
+                 WHERE state = %(state)s
+                   AND updated_at >= '0001-01-01 00:00:00+00'
+                   AND updated_at < now() - make_interval(secs => %(age)s::float8)
+                 ORDER BY updated_at
+                 LIMIT %(limit)s) AS n
+         GROUP BY 1) AS m
+ ORDER BY m.month
+
 -- name: ADD_HISTORY_MONTHS
--- Before an archive of `state`: the history partitions for each month that holds a row
--- ARCHIVE_FINISHED would move, oldest first, at most `months` of them, and for the months of
--- the cutoff, of now and the next (rows that pass the cutoff meanwhile); those missing are
--- created (how many). One index probe a month holding rows, so a row of 1900 costs one partition, not one
--- per month since. Nothing is created when there is no such row.
-WITH RECURSIVE held(month) AS (
-     SELECT date_trunc('month', min(updated_at) AT TIME ZONE 'UTC')
-       FROM photo_jobs
-      WHERE state = %(state)s
-        AND updated_at >= '0001-01-01 00:00:00+00'
-        AND updated_at < now() - make_interval(secs => %(age)s::float8)
-  UNION ALL
-     SELECT (SELECT date_trunc('month', min(p.updated_at) AT TIME ZONE 'UTC')
-               FROM photo_jobs p
-              WHERE p.state = %(state)s
-                AND p.updated_at >= (held.month + interval '1 month') AT TIME ZONE 'UTC'
-                AND p.updated_at < now() - make_interval(secs => %(age)s::float8))
-       FROM held
-      WHERE held.month IS NOT NULL),
-months(month) AS (
-     (SELECT month FROM held WHERE month IS NOT NULL LIMIT %(months)s)
-  UNION
-     SELECT date_trunc('month', at)
-       FROM pg_catalog.unnest(ARRAY[now() AT TIME ZONE 'UTC'
-                                        - make_interval(secs => %(age)s::float8),
-                                    now() AT TIME ZONE 'UTC',
-                                    now() AT TIME ZONE 'UTC' + interval '1 month']) AS at
-      WHERE EXISTS (SELECT FROM held WHERE month IS NOT NULL))
-SELECT coalesce(sum(photo_jobs_history_add_months(month AT TIME ZONE 'UTC',
-                                                  month AT TIME ZONE 'UTC')), 0)
-  FROM months
+-- Create the missing history partitions of `months` (UTC months' starts, 'YYYY-MM-DD') and,
+-- with `ahead`, of the months of the cutoff (`age` seconds ago), of now and of the next (rows
+-- that pass the cutoff later find theirs made): how many were created.
+SELECT coalesce(sum(photo_jobs_history_add_months(m, m)), 0)
+  FROM (SELECT given AT TIME ZONE 'UTC'
+          FROM pg_catalog.unnest(%(months)s::timestamp[]) AS given
+         UNION
+        SELECT at
+          FROM pg_catalog.unnest(ARRAY[now() - make_interval(secs => %(age)s::float8), now(),
+                                       (now() AT TIME ZONE 'UTC' + interval '1 month')
+                                           AT TIME ZONE 'UTC']) AS at
+         WHERE %(ahead)s) AS months(m)
 
 -- name: DROP_HISTORY_BEFORE
 -- Drop the history months whose every row finished more than `age` seconds ago: their names.

@@ -5,8 +5,9 @@ stays the author of its job format), and one Lua script runs them, in one round 
 the batch's size. Redis does not undo what a script wrote before an error inside it, so the
 script first checks everything that could fail: every key a command writes must hold the kind
 of value that command writes, or nothing (`rq:queue:photo-process` set to a string makes the
-script refuse the batch, writing nothing: a `RedisDataError` naming the key, and the claim
-rolls back). Only then does it write. A script runs atomically, and the claim is still open, so a
+script refuse the batch, writing nothing: a `BadKeysError` naming every such key of the batch,
+and the claim rolls back; naming them all lets one failed batch leave out all its bad rows).
+Only then does it write. A script runs atomically, and the claim is still open, so a
 job is never written half.
 
 Guarantee: an attempt's job is enqueued at most once. A job that is already *enqueued* — in
@@ -28,7 +29,6 @@ the Redis client comes from `reactor.rq.redis_url.connect_redis`.
 
 from __future__ import annotations
 
-import re
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -50,17 +50,19 @@ from reactor.routes import Route
 from reactor.rq.redis_url import describe_master_not_found
 from reactor.settings import FAILED_JOB_TTL_SECONDS, RESULT_TTL_SECONDS
 
-__all__ = ["EnqueueResult", "Enqueuer"]
+__all__ = ["BadKeysError", "EnqueueResult", "Enqueuer"]
 
 #: ARGV: the number of jobs n and of queues m; for each queue the keys of its list, RQ's
 #: intermediate list and its finished and failed registries (an ended job replaced leaves
 #: them); for each job its key, id and queue (0 to m - 1); then the commands, each as (owner,
 #: argument count, arguments...): owner 0 is shared by the batch (RQ's set of queues), owner i
 #: belongs to job i. Returns the indexes (from 1) of the jobs already enqueued, whose commands
-#: it did not run. Each key's type is read once (a batch's jobs share their queue's keys).
+#: it did not run; or, writing nothing, `wrong-kind` then (key, kind held, kind wanted) for each
+#: key of the batch that holds another kind of value. Each key's type is read once (a batch's
+#: jobs share their queue's keys).
 _ENQUEUE = """
 local kinds = {HSET = 'hash', HMSET = 'hash', RPUSH = 'list', LPUSH = 'list', SADD = 'set'}
-local held = {}
+local held, wrong, named = {}, {'wrong-kind'}, {}
 local function kind_of(key)
   local kind = held[key]
   if kind == nil then
@@ -71,8 +73,11 @@ local function kind_of(key)
 end
 local function check(key, kind)
   local found = kind_of(key)
-  if found ~= 'none' and found ~= kind then
-    error('WRONGTYPE ' .. key .. ' holds a ' .. found .. ', not a ' .. kind .. ': nothing written')
+  if found ~= 'none' and found ~= kind and not named[key] then
+    named[key] = true
+    wrong[#wrong + 1] = key
+    wrong[#wrong + 1] = found
+    wrong[#wrong + 1] = kind
   end
 end
 local n, m = tonumber(ARGV[1]), tonumber(ARGV[2])
@@ -93,12 +98,13 @@ while i <= #ARGV do
   check(ARGV[i + 3], kind)
   i = i + 2 + argc
 end
+for at = jobs, first - 1, 3 do check(ARGV[at], 'hash') end
+if #wrong > 1 then return wrong end
 local skip, enqueued, ended = {}, {}, {}
 for j = 1, n do
   local at = jobs + 3 * (j - 1)
   local key, id = ARGV[at], ARGV[at + 1]
   local lists = 3 + 4 * tonumber(ARGV[at + 2])
-  check(key, 'hash')
   if kind_of(key) ~= 'none' then
     local status = redis.call('HGET', key, 'status')
     if status == 'started' or (status == 'queued' and
@@ -126,8 +132,41 @@ return enqueued
 """
 
 
-#: The script's refusal of a key of the wrong kind (`check` above).
-_WRONG_KIND = re.compile(r"WRONGTYPE (?P<key>\S+) holds (?P<held>an? \S+?, not an? \w+): nothing")
+#: How the script's reply starts when it refused the batch for keys of the wrong kind.
+_WRONG_KIND = "wrong-kind"
+
+
+class BadKeysError(RedisDataError):
+    """Keys of a batch that hold another kind of value than its commands write: nothing of the
+    batch was written. `key` and `photo_id` are the first's: a key the batch's queue shares,
+    when one is (its type cannot flow: `photo_id` None), else the first row's job key."""
+
+    def __init__(self, wrong: Mapping[str, str], refs: Sequence[JobRef]) -> None:
+        ref_of = {Job.key_for(ref.job_id): ref for ref in refs}
+        owned = [k for k in wrong if k in ref_of]
+        #: Each row whose job key holds the wrong kind of value, and why (its own key).
+        self.rows = tuple((ref_of[k], _refusal(k, wrong[k])) for k in owned)
+        #: The keys no single row owns (a queue's list or registries, RQ's set of queues).
+        self.shared = tuple(k for k in wrong if k not in ref_of)
+        key = (self.shared or owned)[0]
+        more = f" (and {len(wrong) - 1} other key(s) of the batch)" if len(wrong) > 1 else ""
+        super().__init__(
+            _refusal(key, wrong[key], more),
+            key=key,
+            photo_id=None if self.shared else self.rows[0][0].photo_id,
+        )
+
+
+def _refusal(key: str, held: str, more: str = "") -> str:
+    return f"Redis key {key} holds {held}{more}: no job of the batch written"
+
+
+def _wrong_kinds(reply: Sequence[Any]) -> dict[str, str]:
+    """The script's refusal (key, kind held, kind wanted, ...) as {key: "a string, not a hash"}."""
+    words = [w.decode("utf-8", "replace") if isinstance(w, bytes) else str(w) for w in reply]
+    return {
+        words[at]: f"a {words[at + 1]}, not a {words[at + 2]}" for at in range(1, len(words), 3)
+    }
 
 
 class _Job(Job):
@@ -231,7 +270,8 @@ class Enqueuer:
 
         Raises:
             RedisUnavailableError: Redis failed or refused the batch; nothing of it was written.
-            RedisDataError: a key the batch writes holds another kind of value; likewise.
+            BadKeysError: keys the batch writes hold another kind of value (every such key is
+                named); likewise.
             KeyError: a ref's type has no route (callers only claim routed types).
         """
         if not refs:
@@ -241,17 +281,11 @@ class Enqueuer:
             refs, argv = self._arguments(refs)
             skipped = self._script(keys=[], args=argv)
         except redis.RedisError as exc:
-            found = _WRONG_KIND.search(str(exc)) if isinstance(exc, redis.ResponseError) else None
-            if found is not None:
-                key = found["key"]
-                raise RedisDataError(
-                    f"Redis key {key} holds {found['held']}: no job of the batch written",
-                    key=key,
-                    photo_id=next((r.photo_id for r in refs if Job.key_for(r.job_id) == key), None),
-                ) from None
             raise RedisUnavailableError(
                 f"Redis enqueue failed: {redact(str(exc))}", rows=len(refs)
             ) from exc
+        if skipped and skipped[0] in (_WRONG_KIND, _WRONG_KIND.encode()):
+            raise BadKeysError(_wrong_kinds(skipped), refs)
         left = {int(index) - 1 for index in skipped}
         written = [ref for index, ref in enumerate(refs) if index not in left]
         return EnqueueResult(
