@@ -303,6 +303,7 @@ def test_the_reactor_says_how_many_rows_a_round_left(
     reactor.wait_for_line("rows_archived done=120 ")
     assert archived(conn, "month-") == 120
     assert metric(scrape(port), 'reactor_archived_total{state="done"}') == 120
+    assert metric(scrape(port), "reactor_archive_rows_left") == 230
 
 
 def test_a_state_that_cannot_be_archived_holds_back_no_other(env: Env) -> None:

@@ -101,6 +101,12 @@ class Metrics:
         for state in PRUNED_STATES:  # at 0 from the start, so a rate() sees the first rows
             self.pruned.labels(state)
             self.archived.labels(state)
+        self.archive_rows_left = Gauge(
+            "reactor_archive_rows_left",
+            "Rows due for the history that the last archive round left (it failed, or stopped at "
+            "its month bound); 0 after a complete round, 1 when they could not be counted.",
+            registry=r,
+        )
         self.history_months_dropped = Counter(
             "reactor_history_months_dropped",
             "Monthly partitions of photo_jobs_history dropped (run --drop-history-after).",

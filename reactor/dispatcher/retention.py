@@ -148,6 +148,7 @@ class Pruner:
         # other states were archived, and the history's drop still runs.
         assert self._conn is not None
         started = time.monotonic()
+        left_rows = 0.0
         try:
             moved = archive_finished(
                 self._conn,
@@ -160,6 +161,7 @@ class Pruner:
         except ArchiveIncompleteError as exc:
             moved = exc.moved
             left = exc.left
+            left_rows = 1.0 if left is None else float(left.rows)  # 1: at least that batch's
             logger.warning(
                 "%s rows_left=%s error=%s (next round in %gs)",
                 "archive_deferred" if exc.deferred else "archive_failed",
@@ -167,6 +169,8 @@ class Pruner:
                 exc,
                 PRUNE_INTERVAL_SECONDS,
             )
+        if self._metrics is not None:
+            self._metrics.archive_rows_left.set(left_rows)
         if moved.done or moved.failed or moved.cancelled:
             logger.info(
                 "rows_archived done=%d failed=%d cancelled=%d batches=%d seconds=%.1f",
