@@ -87,6 +87,16 @@ def archive(env: Env, *args: str) -> dict[str, Any]:
     return dict(json.loads(result.stdout))
 
 
+def misplaced(conn: psycopg.Connection[Any]) -> int:
+    """History rows outside their month's partition."""
+    row = conn.execute(
+        "SELECT count(*) FROM photo_jobs_history"
+        " WHERE tableoid::regclass::text <> 'photo_jobs_history_'"
+        " || to_char(finished_at AT TIME ZONE 'UTC', 'YYYY_MM')"
+    ).fetchone()
+    return int(row[0]) if row else -1
+
+
 def test_archive_moves_old_finished_rows_whole_into_their_months(env: Env) -> None:
     conn = env.connect()
     plant(conn, "old-done-", "done", 1200, "40 days")
@@ -126,12 +136,7 @@ def test_archive_moves_old_finished_rows_whole_into_their_months(env: Env) -> No
     names = partitions(conn)
     assert month_of(conn, "70 days") in names and month_of(conn, "40 days") in names
     assert month_of(conn, "-1 month") == names[-1]
-    misplaced = conn.execute(
-        "SELECT count(*) FROM photo_jobs_history"
-        " WHERE tableoid::regclass::text <> 'photo_jobs_history_'"
-        " || to_char(finished_at AT TIME ZONE 'UTC', 'YYYY_MM')"
-    ).fetchone()
-    assert misplaced == (0,)
+    assert misplaced(conn) == 0
     # Status counts the history apart.
     status = run_cli(env, "status", "--json")
     assert status.returncode == 0, status.stderr
@@ -283,12 +288,7 @@ def test_rows_over_more_months_than_a_round_makes_are_archived_round_by_round(
     names = partitions(conn)
     assert names[0] == "photo_jobs_history_1900_01" and "photo_jobs_history_1924_12" in names
     assert len(names) <= 300 + 3, len(names)
-    misplaced = conn.execute(
-        "SELECT count(*) FROM photo_jobs_history"
-        " WHERE tableoid::regclass::text <> 'photo_jobs_history_'"
-        " || to_char(finished_at AT TIME ZONE 'UTC', 'YYYY_MM')"
-    ).fetchone()
-    assert misplaced == (0,)
+    assert misplaced(conn) == 0
 
 
 def test_the_reactor_says_how_many_rows_a_round_left(

@@ -95,6 +95,41 @@ def test_a_forking_worker_forks_no_horse_while_its_spans_are_exported(
     assert names.count("process photo.process") == len(photos), names
 
 
+def _queued(env: Env, conn: Any, count: int) -> list[str]:
+    """`count` photos' jobs in the queue (dispatched by `reactor sweep`)."""
+    photos = [f"p{i}" for i in range(count)]
+    conn.execute(
+        "INSERT INTO photo_jobs (photo_id, type) SELECT unnest(%s::text[]), 'photo.process'",
+        [photos],
+    )
+    env.cli_json("sweep", "--route", ROUTE)
+    return photos
+
+
+def _burst_worker_exporting_to(
+    env: Env, endpoint: str, **otel: str
+) -> subprocess.CompletedProcess[str]:
+    """A forking `reactor worker --burst` under `opentelemetry-instrument`, its spans sent over
+    OTLP/HTTP to `endpoint`, the batch exports every 20 ms."""
+    return subprocess.run(
+        [INSTRUMENT, sys.executable, "-m", "reactor", "worker", "--burst"],
+        cwd=ROOT,
+        env=env.process_env(
+            REACTOR_ROUTES=ROUTE,
+            OTEL_TRACES_EXPORTER="otlp",
+            OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
+            OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
+            OTEL_METRICS_EXPORTER="none",
+            OTEL_LOGS_EXPORTER="none",
+            OTEL_BSP_SCHEDULE_DELAY="20",
+            **otel,
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
 def test_horses_exporting_over_otlp_http_send_every_span_once(env: Env) -> None:
     """A forking worker under `opentelemetry-instrument` exporting over OTLP/HTTP (as the
     compose profile's does) to a collector on loopback, the worker's batch exports coming
@@ -102,29 +137,9 @@ def test_horses_exporting_over_otlp_http_send_every_span_once(env: Env) -> None:
     twice, or sent mixed up with the worker's (a keep-alive connection the horse inherits
     carries both processes' requests at once)."""
     conn = env.connect()
-    photos = [f"p{i}" for i in range(60)]
-    conn.execute(
-        "INSERT INTO photo_jobs (photo_id, type) SELECT unnest(%s::text[]), 'photo.process'",
-        [photos],
-    )
-    env.cli_json("sweep", "--route", ROUTE)
+    photos = _queued(env, conn, 60)
     with OtlpSink() as sink:
-        done = subprocess.run(
-            [INSTRUMENT, sys.executable, "-m", "reactor", "worker", "--burst"],
-            cwd=ROOT,
-            env=env.process_env(
-                REACTOR_ROUTES=ROUTE,
-                OTEL_TRACES_EXPORTER="otlp",
-                OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
-                OTEL_EXPORTER_OTLP_ENDPOINT=sink.endpoint,
-                OTEL_METRICS_EXPORTER="none",
-                OTEL_LOGS_EXPORTER="none",
-                OTEL_BSP_SCHEDULE_DELAY="20",
-            ),
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        done = _burst_worker_exporting_to(env, sink.endpoint)
     assert done.returncode == 0, done.stderr[-3000:]
     states = conn.execute("SELECT state, count(*) FROM photo_jobs GROUP BY state").fetchall()
     errors = conn.execute("SELECT last_error FROM photo_jobs WHERE state <> 'done'").fetchall()
@@ -150,29 +165,9 @@ def test_a_collector_that_is_down_costs_horses_their_spans_not_each_job_a_wait(
     bound; the horses after it drop their spans without trying (and forks do not wait for the
     worker's own failing exports), so the warning comes once, not once a job."""
     conn = env.connect()
-    photos = [f"p{i}" for i in range(12)]
-    conn.execute(
-        "INSERT INTO photo_jobs (photo_id, type) SELECT unnest(%s::text[]), 'photo.process'",
-        [photos],
-    )
-    env.cli_json("sweep", "--route", ROUTE)
-    done = subprocess.run(
-        [INSTRUMENT, sys.executable, "-m", "reactor", "worker", "--burst"],
-        cwd=ROOT,
-        env=env.process_env(
-            REACTOR_ROUTES=ROUTE,
-            OTEL_TRACES_EXPORTER="otlp",
-            OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
-            OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{free_port()}",
-            OTEL_EXPORTER_OTLP_TIMEOUT="3",
-            OTEL_METRICS_EXPORTER="none",
-            OTEL_LOGS_EXPORTER="none",
-            OTEL_BSP_SCHEDULE_DELAY="20",
-        ),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    photos = _queued(env, conn, 12)
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    done = _burst_worker_exporting_to(env, nowhere, OTEL_EXPORTER_OTLP_TIMEOUT="3")
     assert done.returncode == 0, done.stderr[-3000:]
     states = conn.execute("SELECT state, count(*) FROM photo_jobs GROUP BY state").fetchall()
     assert states == [("done", len(photos))], (states, done.stderr[-3000:])
