@@ -100,4 +100,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except RuntimeError as exc:  # a server that cannot be started here: say what is missing
+        raise SystemExit(f"demo: {exc}") from None

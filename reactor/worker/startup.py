@@ -93,8 +93,8 @@ class StartupChecks(BaseWorker):
     def check_startup(self) -> None:
         """Connect, check the schema, import the served routes' handlers (once).
 
-        A served handler outside the allow-list (also logged as `handler_refused`) or that
-        cannot be imported stops the start (`bootstrap` exits 2).
+        A served handler outside the allow-list or that cannot be imported stops the start
+        (`bootstrap` exits 2, one line).
 
         Raises:
             ConfigError: bad settings, Postgres unreachable, the database not migrated, an
@@ -117,7 +117,6 @@ class StartupChecks(BaseWorker):
                 self._own.check(route.type, route.handler)
                 load_handler(route.handler)
             except HandlerRefusedError as exc:
-                logger.error("handler_refused %s", exc)
                 raise ConfigError(
                     f"type {route.type}: {exc} (its jobs stay queued, no attempt spent: fix "
                     "the route or the allow-list, then start the worker again)"

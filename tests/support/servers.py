@@ -113,6 +113,11 @@ class PostgresServer:
                 raise RuntimeError(
                     "running as root and no 'postgres' user to run postgres as"
                 ) from None
+            if shutil.which("runuser") is None:
+                raise RuntimeError(
+                    "running as root: postgres must run as the 'postgres' user, through "
+                    "runuser (util-linux), which is not installed"
+                )
             os.chown(self._dir, account.pw_uid, account.pw_gid)
             prefix = ["runuser", "-u", "postgres", "--"]
         self._prefix = prefix
