@@ -63,7 +63,8 @@ def test_sql_prints_what_is_not_applied_yet(
     psql(url, script)
     assert schema_dump(url) == schema_dump(database_url)
     again = run_cli(None, "migrate", "--sql", "--database-url", url)
-    assert (again.returncode, again.stdout) == (0, "")  # nothing left
+    assert (again.returncode, again.stdout) == (0, "")  # nothing left, and it says so
+    assert again.stderr == "reactor: nothing to apply: the database is up to date\n"
     assert ledger(url) == ledger(database_url)
 
 

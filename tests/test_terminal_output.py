@@ -94,3 +94,17 @@ def test_no_more_line_when_everything_is_shown(env: Env, limit: str) -> None:
     result = run_cli(env, "failures", "--limit", limit)
     assert result.returncode == 0, result.stderr
     assert len(result.stdout.splitlines()) == 6 and "more" not in result.stdout
+
+
+def test_the_attempt_column_lines_up_whatever_the_state() -> None:
+    from datetime import datetime, timezone
+
+    from reactor.ops.failures import Failure, Failures, format_failures
+
+    when = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    rows = [
+        Failure("photo.process", photo_id, state, 2, 5, "boom", when, None)
+        for photo_id, state in (("a", "failed"), ("b", "cancelled"), ("c", "pending"))
+    ]
+    lines = format_failures(Failures(rows, 0)).splitlines()
+    assert len({line.rindex("2/5") for line in lines[1:]}) == 1, lines

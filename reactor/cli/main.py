@@ -104,7 +104,10 @@ def migrate(database_url: str, print_sql: bool, all_files: bool) -> None:
         raise ConfigError(str(exc)) from None
     if print_sql:
         with conn:
-            click.echo("".join(m.sql for m in unapplied(conn)), nl=False)
+            pending = unapplied(conn)
+        click.echo("".join(m.sql for m in pending), nl=False)
+        if not pending:  # to stderr: the SQL goes to a file or psql
+            click.echo("reactor: nothing to apply: the database is up to date", err=True)
         return
     with conn:
         result = apply_migrations(conn)

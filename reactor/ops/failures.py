@@ -95,13 +95,13 @@ def format_failures(failures: Failures) -> str:
     """A table for people: one line per row, then how many more rows there are."""
     if not failures.rows:
         return "no failed or retried rows"
-    header = f"{'when (UTC)':<19}  {'type':<16} {'photo_id':<20} {'state':<7} {'attempt':>7}  error"
+    header = f"{'when (UTC)':<19}  {'type':<16} {'photo_id':<20} {'state':<9} {'attempt':>7}  error"
     lines = [header]
     for f in failures.rows:
         when = f.updated_at.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
         error = shorten(_cell((f.last_error or "").strip()), ERROR_COLUMN_CHARS)
         lines.append(
-            f"{when:<19}  {_cell(f.type):<16} {_cell(f.photo_id):<20} {f.state:<7} "
+            f"{when:<19}  {_cell(f.type):<16} {_cell(f.photo_id):<20} {f.state:<9} "
             f"{f'{f.attempt}/{f.max_attempts}':>7}  {error}"
         )
     if failures.more:
