@@ -89,6 +89,7 @@ def gone(env: Env, *options: str) -> int:
     return sum(t["worker_gone"] or 0 for t in status["types"])
 
 
+@pytest.mark.slow  # a worker killed with SIGKILL, and its key left to expire
 @pytest.mark.parametrize("kind", ["fork", "simple"])
 def test_a_killed_worker_s_row_is_shown_gone_then_rescued_long_before_stale_after(
     env: Env,

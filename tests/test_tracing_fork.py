@@ -158,6 +158,7 @@ def test_horses_exporting_over_otlp_http_send_every_span_once(env: Env) -> None:
     assert horses & worker == set(), "a horse exported on the worker's connection"
 
 
+@pytest.mark.slow  # a fault: every export refused, the exporter's retries timed out
 def test_a_collector_that_is_down_costs_horses_their_spans_not_each_job_a_wait(
     env: Env,
 ) -> None:
