@@ -43,13 +43,10 @@ def prune_finished(
     pause_seconds: float = 0.0,
     stop: threading.Event | None = None,
     on_batch: Callable[[str, int], None] | None = None,
-    statement: str = queries.PRUNE_FINISHED,
-    what: str = "prune",
 ) -> PruneResult:
     """Delete the rows of each (state, age) last updated more than `age` seconds ago, batch by
     batch until a batch comes back short or `stop` is set, waiting `pause_seconds` between
-    batches; `on_batch(state, rows)` is told of each batch. `statement` may instead move them
-    (`reactor.pg.history`): it takes the same parameters.
+    batches; `on_batch(state, rows)` is told of each batch.
 
     Raises:
         DatabaseError: a batch failed (its rows are kept; the message says how many went).
@@ -59,9 +56,9 @@ def prune_finished(
     for state, age in ages:
         while stop is None or not stop.is_set():
             total = sum(deleted.values())
-            with translating(f"{what} failed after {total} rows"), conn.transaction():
+            with translating(f"prune failed after {total} rows"), conn.transaction():
                 count = conn.execute(
-                    statement, {"state": state, "age": age, "limit": batch_size}
+                    queries.PRUNE_FINISHED, {"state": state, "age": age, "limit": batch_size}
                 ).rowcount
             batches += 1
             deleted[state] += count
