@@ -758,12 +758,7 @@ def test_the_rescue_pass_pages_in_time_order_where_clocks_go_back(env: Env) -> N
     conn.execute(f"ALTER DATABASE {env.database_name} SET timezone = 'America/New_York'")
     for prefix, at, count in (("late", "06:10", 10), ("early", "05:30", 3)):
         # 01:10-05 and 01:30-04 on the night the clocks went back: text and time disagree.
-        conn.execute(
-            "INSERT INTO photo_jobs (photo_id, type, state, attempts, updated_at)"
-            " SELECT %s || i, 'photo.process', 'active', 1, %s::timestamptz"
-            " FROM generate_series(1, %s) AS i",
-            [prefix, f"2025-11-02 {at}Z", count],
-        )
+        insert_rows(conn, count, prefix, state="active", attempts=1, updated_at=f"2025-11-02 {at}Z")
     result = env.cli_json("sweep", "--batch-size", "10")  # no job in Redis: every row is lost
     assert result["lost"] == 13, result
     assert states(conn) == {"active": 13}

@@ -25,6 +25,7 @@ from reactor import submit, tracing
 from tests.support.env import Env
 from tests.support.otlp_sink import OtlpSink
 from tests.support.paths import ROOT
+from tests.support.rows import insert_rows
 from tests.support.servers import free_port
 from tests.support.spans import INSTRUMENT
 
@@ -97,13 +98,9 @@ def test_a_forking_worker_forks_no_horse_while_its_spans_are_exported(
 
 def _queued(env: Env, conn: Any, count: int) -> list[str]:
     """`count` photos' jobs in the queue (dispatched by `reactor sweep`)."""
-    photos = [f"p{i}" for i in range(count)]
-    conn.execute(
-        "INSERT INTO photo_jobs (photo_id, type) SELECT unnest(%s::text[]), 'photo.process'",
-        [photos],
-    )
+    insert_rows(conn, count)
     env.cli_json("sweep", "--route", ROUTE)
-    return photos
+    return [f"p{i}" for i in range(1, count + 1)]
 
 
 def _burst_worker_exporting_to(
