@@ -160,3 +160,18 @@ def traced(photo_id: str) -> None:
     with trace.get_tracer("tests.handlers").start_as_current_span("handler work"):
         if photo_id.startswith("fail"):
             raise RuntimeError(f"cannot process {photo_id}")
+
+
+async def async_def(photo_id: str) -> None:
+    _record(photo_id, "ok")
+
+
+class _AsyncCall:
+    """An async handler `inspect.iscoroutinefunction` does not recognise: an object whose
+    `__call__` is an async def."""
+
+    async def __call__(self, photo_id: str) -> None:
+        _record(photo_id, "ok")
+
+
+async_callable = _AsyncCall()

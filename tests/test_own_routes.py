@@ -165,6 +165,40 @@ def test_a_worker_class_serving_a_handler_outside_its_prefixes_does_not_start(
     assert env.redis().llen("rq:queue:photo-process") == 1
 
 
+@pytest.mark.parametrize("kind", ["rq", "fork", "simple"])
+def test_a_name_an_allowed_module_imports_from_outside_is_not_run(
+    env: Env,
+    conn: psycopg.Connection[Any],
+    spawn: Callable[..., Process],
+    tmp_path: Path,
+    kind: str,
+) -> None:
+    """The allow-list bounds where a handler is defined, not only the path that names it: a
+    route rewritten to `tests.reexports.run` (inside the allowed `tests.reexports`, defined in
+    `tests.planted`) is refused: a plain worker fails the attempt, a worker of the classes
+    does not start."""
+    tamper_and_dispatch(env, conn, "tests.reexports.run")
+    worker = burst_worker(
+        spawn,
+        env,
+        kind,
+        prefixes="tests.reexports",
+        exit_code=0 if kind == "rq" else 2,
+        PLANTED_TRACE_DIR=str(tmp_path),
+    )
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("ran-")], worker.output()
+    cause = (
+        "cannot import handler tests.reexports.run: TypeError: run is defined in tests.planted,"
+        " outside the allowed handler prefixes (tests.reexports)"
+    )
+    if kind == "rq":
+        assert row(conn) == ("failed", 1, f"HandlerImportError: {cause}")
+    else:
+        errors = [line for line in worker.lines if cause in line]
+        assert len(errors) == 1 and "no attempt spent" in errors[0], worker.output()
+        assert row(conn) == ("active", 1, None)
+
+
 def test_a_malformed_recorded_route_is_refused_in_one_line_and_no_row_is_lost(
     env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
 ) -> None:

@@ -219,6 +219,24 @@ def test_permanent_error_fails_after_one_attempt(
 
 
 @ALL_KINDS
+def test_a_handler_that_returns_a_coroutine_fails_for_good_without_running(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], kind: str
+) -> None:
+    """Nothing awaits a coroutine: an async handler's attempt was counted `done` while its
+    work never ran."""
+    submit(conn, "p1")
+    sweep(env, "async_callable")
+    burst_ours(spawn, env, kind)
+    state, attempts, error, _ = row_of(conn, "p1")
+    assert (state, attempts) == ("failed", 1)
+    assert error == (
+        "PermanentError: the handler returned a coroutine that nothing awaits:"
+        " handlers are plain functions"
+    )
+    assert runs(conn, "p1") == []
+
+
+@ALL_KINDS
 def test_job_timeout_is_a_failed_attempt(
     env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], kind: str
 ) -> None:
@@ -848,6 +866,24 @@ def test_an_unimportable_handler_stops_the_start_and_spends_no_attempt(
     key = Job.key_for(job_id("photo.broken", "p2", 1))
     assert env.redis().hget(key, "status") == b"queued"
     assert row_of(conn, "p2") == ("active", 1, None, None)
+
+
+def test_an_async_def_handler_stops_the_start(
+    env: Env, spawn: Callable[..., Process], kind: str
+) -> None:
+    worker = start_worker(
+        spawn,
+        env,
+        extra_args=("--worker-class", CLASSES[kind]),
+        REACTOR_ROUTES=route("async_def"),
+    )
+    assert worker.exit_code(timeout=60) == 2, worker.output()
+    errors = [line for line in worker.lines if "error" in line.lower()]
+    assert len(errors) == 1, worker.output()
+    assert (
+        "cannot import handler tests.handlers.async_def:"
+        " TypeError: async_def is an async def: handlers are plain functions" in errors[0]
+    )
 
 
 def test_a_worker_started_before_its_reactor_waits_for_the_routes_then_serves_them(

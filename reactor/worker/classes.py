@@ -204,7 +204,7 @@ class _Lifecycle(SystemdNotify, StartupChecks, KeyRenewal, BaseWorker):
             # Before any import: a handler the job names is only a claim (anyone who can write
             # to Redis or reactor_routes can name one), this worker's route is the authority.
             self._own.check(ref.type, handler)
-            return Handoff(ref, "run", handler=load_handler(handler)), started
+            return Handoff(ref, "run", handler=load_handler(handler, self._own.prefixes)), started
         except HandlerRefusedError as exc:
             logger.error("handler_refused %s %s", lifecycle.describe(ref), exc)
             return Handoff(ref, "run", failure=exc), started

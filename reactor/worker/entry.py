@@ -28,6 +28,7 @@ spans are its children. A forked horse exports its spans before it leaves.
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import logging
 import os
@@ -42,7 +43,7 @@ from reactor.errors import PermanentError
 from reactor.jobs import JobRef
 from reactor.pg.registry import routes_in_use
 from reactor.redact import redact
-from reactor.routes import given_routes
+from reactor.routes import given_routes, handler_allowed
 from reactor.settings import WorkerSettings
 from reactor.worker.lifecycle import (
     Heartbeater,
@@ -61,6 +62,8 @@ __all__ = [
     "HandlerImportError",
     "Handoff",
     "backoff_seconds",
+    "call_handler",
+    "check_plain",
     "decode_outcome",
     "hand_over",
     "import_handler",
@@ -81,12 +84,14 @@ class HandlerError(Exception):
     """A handler's exception re-raised with its text redacted (it held a password)."""
 
 
-_handlers: dict[str, Handler | HandlerImportError] = {}
+_handlers: dict[tuple[str, tuple[str, ...]], Handler | HandlerImportError] = {}
 
 
-def import_handler(path: str) -> Handler:
+def import_handler(path: str, prefixes: tuple[str, ...] = ()) -> Handler:
     """Import the handler at dotted `path` (`pkg.module.func`) now (a module already imported
-    is not run again).
+    is not run again). Given an allow-list, the object found must also be defined inside it:
+    a module inside it may import anything (`from os import system`), and the path alone
+    would let a route name that.
 
     Raises:
         HandlerImportError: "cannot import handler PATH: CAUSE".
@@ -96,8 +101,15 @@ def import_handler(path: str) -> Handler:
         if not module_name:
             raise ValueError("not a dotted path")
         found = getattr(importlib.import_module(module_name), attribute)
-        if not callable(found):
-            raise TypeError(f"{attribute} is not callable")
+        check_plain(found, attribute)
+        defined = getattr(found, "__module__", None)
+        if prefixes and not (
+            isinstance(defined, str) and handler_allowed(f"{defined}.{attribute}", prefixes)
+        ):
+            raise TypeError(
+                f"{attribute} is defined in {defined}, outside the allowed handler prefixes"
+                f" ({','.join(prefixes)})"
+            )
     except Exception as exc:
         cause = str(exc) if isinstance(exc, ImportError) else f"{type(exc).__name__}: {exc}"
         raise HandlerImportError(redact(f"cannot import handler {path}: {cause}")) from exc
@@ -105,7 +117,38 @@ def import_handler(path: str) -> Handler:
     return handler
 
 
-def load_handler(path: str) -> Handler:
+def check_plain(found: object, name: str) -> None:
+    """Refuse what cannot be a handler: not callable, or an `async def` (nothing here awaits
+    a coroutine, so its work would never run while the attempt was counted done).
+
+    Raises:
+        TypeError: "NAME is not callable" or "NAME is an async def: ...".
+    """
+    if not callable(found):
+        raise TypeError(f"{name} is not callable")
+    if inspect.iscoroutinefunction(found) or inspect.isasyncgenfunction(found):
+        raise TypeError(f"{name} is an async def: handlers are plain functions")
+
+
+def call_handler(func: Handler, photo_id: str) -> None:
+    """Call `func(photo_id)`. An awaitable it returns (an async callable `check_plain` could
+    not see) is closed unrun, and the attempt fails for good: a retry would do the same.
+
+    Raises:
+        PermanentError: the handler returned an awaitable.
+    """
+    result = func(photo_id)
+    if inspect.isawaitable(result):
+        close = getattr(result, "close", None)
+        if callable(close):
+            close()
+        raise PermanentError(
+            f"the handler returned a {type(result).__name__} that nothing awaits:"
+            " handlers are plain functions"
+        )
+
+
+def load_handler(path: str, prefixes: tuple[str, ...] = ()) -> Handler:
     """`import_handler`, once per process.
 
     A failure is remembered too: importing a broken module again could half-run it again;
@@ -114,13 +157,13 @@ def load_handler(path: str) -> Handler:
     Raises:
         HandlerImportError: "cannot import handler PATH: CAUSE".
     """
-    found = _handlers.get(path)
+    found = _handlers.get((path, prefixes))
     if found is None:
         try:
-            found = import_handler(path)
+            found = import_handler(path, prefixes)
         except HandlerImportError as exc:
             found = exc
-        _handlers[path] = found
+        _handlers[path, prefixes] = found
     if isinstance(found, HandlerImportError):
         raise found
     return found
@@ -216,7 +259,7 @@ def _run_handed_over(handoff: Handoff, photo_id: str) -> str:
         if handoff.handler is None:
             assert handoff.failure is not None
             raise handoff.failure
-        handoff.handler(photo_id)
+        call_handler(handoff.handler, photo_id)
     except PermanentError as exc:
         handoff.report(Outcome("permanent", error_text(exc)))
         raise
@@ -311,11 +354,11 @@ def _run_traced(
         except HandlerRefusedError as exc:
             logger.error("handler_refused %s %s", describe(ref), exc)
             raise
-        func = load_handler(handler)
+        func = load_handler(handler, settings.handler_prefixes)
         beats = _process_heartbeater(settings, store)
         beats.beat_for(ref, written_ago=started.written_ago)
         try:
-            func(ref.photo_id)
+            call_handler(func, ref.photo_id)
         finally:
             beats.pause()  # returns once no beat is in flight: the outcome write comes next
     except PermanentError as exc:

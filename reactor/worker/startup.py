@@ -115,7 +115,7 @@ class StartupChecks(BaseWorker):
         for route in served:
             try:
                 self._own.check(route.type, route.handler)
-                load_handler(route.handler)
+                load_handler(route.handler, self._own.prefixes)
             except HandlerRefusedError as exc:
                 raise ConfigError(
                     f"type {route.type}: {exc} (its jobs stay queued, no attempt spent: fix "
