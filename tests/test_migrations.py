@@ -13,11 +13,12 @@ import psycopg
 import pytest
 
 from reactor.pg.db import LATEST_SCHEMA_VERSION
-from reactor.pg.migrate import load_migrations
+from reactor.pg.migrate import MIGRATION_LOCK_KEY, load_migrations
 from tests.support.cli import run_cli
 from tests.support.db import schema_dump
 from tests.support.env import Env
 from tests.support.paths import ROOT
+from tests.support.processes import Process
 
 SQL_FILES = sorted((ROOT / "sql").glob("[0-9][0-9][0-9][0-9]_*.sql"))
 SCHEMA_FILE = ROOT / "sql" / "schema.sql"
@@ -126,6 +127,28 @@ def test_concurrent_migrates_apply_once(empty_database: str) -> None:
     applied = sum(out.count("applied 0") for out, _ in outputs)
     assert applied == LATEST_SCHEMA_VERSION
     assert len(ledger(empty_database)) == LATEST_SCHEMA_VERSION
+
+
+def test_a_migrate_waiting_for_its_lock_names_who_holds_it_and_goes_on_once_free(
+    empty_database: str, spawn: Callable[..., Process]
+) -> None:
+    """Any role may take an advisory key: a session squatting the migration lock kept `reactor
+    migrate` waiting in silence. It now names the holder once, and applies when it is free."""
+    with psycopg.connect(empty_database, autocommit=True, application_name="squatter") as other:
+        other.execute("SELECT pg_advisory_lock(%s)", [MIGRATION_LOCK_KEY])
+        pid = other.info.backend_pid
+        proc = spawn(
+            "-m", "reactor", "migrate", name="migrate", extra_env={"DATABASE_URL": empty_database}
+        )
+        proc.wait_for_line("migration_lock_waiting")
+        assert proc.proc.poll() is None
+        (line,) = [x for x in proc.lines if "migration_lock_waiting" in x]
+        assert f"holder_pid={pid} role='postgres' application='squatter'" in line
+        assert f"pg_terminate_backend({pid})" in line
+        assert other.execute("SELECT to_regclass('reactor_migrations')").fetchone() == (None,)
+    assert proc.exit_code(timeout=60) == 0, proc.output()
+    assert len(ledger(empty_database)) == LATEST_SCHEMA_VERSION
+    assert sum("migration_lock_waiting" in x for x in proc.lines) == 1
 
 
 @pytest.mark.slow

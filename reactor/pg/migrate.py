@@ -4,18 +4,23 @@ The files are the same ones a person runs with `psql -X -v ON_ERROR_STOP=1 -1 -f
 records its own version in `reactor_migrations` before changing anything, so `psql` and
 `reactor migrate` agree on what is applied and nothing is ever applied twice. `reactor migrate`
 additionally holds a session advisory lock, so concurrent runs wait for each other and the later
-ones find nothing left to do. Before any file runs, the session's search_path is pinned and an
-existing ledger that the migrations did not make (another owner, triggers, rules, policies,
-unexpected columns) is refused: migrations often run as a superuser. The files ship inside the
-wheel (as `reactor/sql`), so this works from an installed package, not only from a checkout.
+ones find nothing left to do; while it waits it logs who holds the lock (any role may take an
+advisory key: a session squatting it is named, not waited for in silence). Before any file
+runs, the session's search_path is pinned and an existing ledger that the migrations did not
+make (another owner, triggers, rules, policies, unexpected columns) is refused: migrations
+often run as a superuser. The files ship inside the wheel (as `reactor/sql`), so this works
+from an installed package, not only from a checkout.
 """
 
 from __future__ import annotations
 
+import logging
 import re
+import time
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -38,9 +43,13 @@ __all__ = [
 CURRENT_SCHEMA_FILE = "schema.sql"
 #: Advisory lock held by `reactor migrate` while it applies files ("phmigr" in ASCII).
 MIGRATION_LOCK_KEY = 0x7068_6D69_6772
+#: How often a waiting `reactor migrate` tries the lock again.
+LOCK_POLL_SECONDS = 0.2
 #: The search_path of a migrating session: objects are created in `public`; names resolve in
 #: pg_catalog first (implicitly, as it is not listed), then public, temporary objects last.
 SEARCH_PATH = "public, pg_temp"
+
+logger = logging.getLogger(__name__)
 
 _NAME = re.compile(r"(\d{4})_([a-z0-9_]+)\.sql")
 
@@ -120,6 +129,31 @@ def unapplied(conn: Connection) -> list[Migration]:
     return [m for m in migrations if m.version not in done]
 
 
+def _take_lock(conn: Connection) -> None:
+    """Wait for the migration lock, saying who holds it (once per holder): another `reactor
+    migrate`, or any session at all, since every role may take an advisory key."""
+    params = {"key": MIGRATION_LOCK_KEY}
+    told: tuple[Any, ...] | None = None
+    while not _fetch_flag(conn.execute(queries.MIGRATION_LOCK, params).fetchone()):
+        holder = conn.execute(queries.MIGRATION_LOCK_HOLDER, params).fetchone()
+        if holder is not None and tuple(holder) != told:
+            told = tuple(holder)
+            pid, role, application = told
+            logger.warning(
+                "migration_lock_waiting holder_pid=%s role=%r application=%r (another reactor"
+                " migrate, or a session holding its key: pg_terminate_backend(%s) ends it)",
+                pid,
+                role,
+                application,
+                pid,
+            )
+        time.sleep(LOCK_POLL_SECONDS)
+
+
+def _fetch_flag(row: Any) -> bool:
+    return row is not None and row[0] is True
+
+
 def migrate(conn: Connection) -> MigrateResult:
     """Apply every migration not yet applied; `conn` must be in autocommit mode.
 
@@ -133,7 +167,7 @@ def migrate(conn: Connection) -> MigrateResult:
         # Whatever the role's search_path (a schema named after it, one another role can
         # write to), the files' names resolve in pg_catalog, then public.
         conn.execute(queries.SET_SEARCH_PATH, {"search_path": SEARCH_PATH})
-        conn.execute(queries.MIGRATION_LOCK, {"key": MIGRATION_LOCK_KEY})
+        _take_lock(conn)
         try:
             row = conn.execute(queries.LEDGER_PROBLEM).fetchone()
             if row is not None and row[0] is not None:

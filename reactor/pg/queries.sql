@@ -758,8 +758,20 @@ SELECT pg_catalog.current_setting('search_path')
 SELECT pg_catalog.set_config('search_path', %(search_path)s, true)
 
 -- name: MIGRATION_LOCK
--- The advisory lock `reactor migrate` holds while it applies files (`key`).
-SELECT pg_catalog.pg_advisory_lock(%(key)s)
+-- The advisory lock `reactor migrate` holds while it applies files (`key`): taken if free.
+SELECT pg_catalog.pg_try_advisory_lock(%(key)s)
+
+-- name: MIGRATION_LOCK_HOLDER
+-- Who holds that lock (any role may take an advisory key, so it may not be a migration).
+SELECT l.pid, a.usename, a.application_name
+  FROM pg_catalog.pg_locks AS l
+  LEFT JOIN pg_catalog.pg_stat_activity AS a ON a.pid = l.pid
+ WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+   AND l.database = (SELECT oid FROM pg_catalog.pg_database
+                      WHERE datname = pg_catalog.current_database())
+   AND l.classid = (%(key)s::int8 >> 32)::oid
+   AND l.objid = (%(key)s::int8 & 4294967295)::oid
+ LIMIT 1
 
 -- name: MIGRATION_UNLOCK
 SELECT pg_catalog.pg_advisory_unlock(%(key)s)
