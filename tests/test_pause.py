@@ -181,3 +181,24 @@ def test_pause_cli_checks_types_and_status_shows_them(env: Env) -> None:
         "resumed": [],
         "not_paused": ["photo.process"],
     }
+
+
+def test_a_pause_time_no_datetime_holds_still_reads(env: Env) -> None:
+    """A role that may write reactor_paused_types could set `paused_at` to 'infinity' or a
+    year past 9999: `reactor status` failed on it ("timestamp too large") and the dashboard
+    answered 503."""
+    conn = env.connect()
+    insert(conn, "photo.far", "f", 1)
+    insert(conn, "photo.old", "o", 1)
+    conn.execute(
+        "INSERT INTO reactor_paused_types (type, paused_by, paused_at) VALUES"
+        " ('photo.far', 'x', '294276-01-01'), ('photo.old', 'x', '4713-01-01 BC')"
+    )
+    status = env.cli_json("status", "--json")
+    assert [(p["type"], p["paused_at"][:4]) for p in status["paused_types"]] == [
+        ("photo.far", "9998"),
+        ("photo.old", "0002"),
+    ]
+    text = run_cli(env, "status")
+    assert text.returncode == 0, text.stderr
+    assert "paused: photo.far since 9998-12-3" in text.stdout

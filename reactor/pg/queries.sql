@@ -394,8 +394,12 @@ RETURNING type
 DELETE FROM reactor_paused_types WHERE type = ANY (%(types)s::text[]) RETURNING type
 
 -- name: PAUSED_TYPES
--- Every paused type, with when and by whom.
-SELECT type, paused_at, paused_by FROM reactor_paused_types ORDER BY type
+-- Every paused type, with when and by whom; `paused_at` clamped to the years Python's datetime
+-- holds (a role that may write the table may write 'infinity' or year 294276 there).
+SELECT type,
+       least(greatest(paused_at, '0002-01-01 00:00+00'), '9998-12-31 00:00+00') AS paused_at,
+       paused_by
+  FROM reactor_paused_types ORDER BY type
 
 -- name: KNOWN_TYPES
 -- Which of the given types the database knows: it has rows or is paused. (An unknown type
