@@ -123,6 +123,7 @@ def test_the_kit_covers_what_an_operator_watches() -> None:
         "PhotoReactorDeadTuplesHigh",
         "PhotoReactorAutovacuumOff",
         "PhotoReactorArchiveBehind",
+        "PhotoReactorNotifyQueueFilling",
     }
     titles = {where.rsplit(" ", 1)[0] for where in dashboard_expressions()}
     assert titles >= {"Dispatch rate by type", "Backlog by type", "Oldest due row by type"}

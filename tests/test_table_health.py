@@ -150,6 +150,32 @@ def test_autovacuum_off_for_the_table_is_reported(env: Env, spawn: Callable[...,
     wait_for(lambda: enabled() == on, timeout=20, what="the table's setting back, exported")
 
 
+def test_a_listener_stuck_in_a_transaction_shows_as_the_notify_queue_filling(
+    env: Env, spawn: Callable[..., Process]
+) -> None:
+    """Any role that can connect may LISTEN and stay in one transaction while notifications
+    pile up in the server's queue; full, every transaction that notifies fails at COMMIT (the
+    producers' inserts too). `status` and `/metrics` say how full it is."""
+    port = free_port()
+    start_reactor(spawn, "--metrics-port", str(port), "--sweep-interval", "1")
+    assert _postgres(env)["notify_queue_usage"] == 0
+    with psycopg.connect(env.database_url) as stuck, env.connect() as sender:
+        stuck.execute("LISTEN some_channel")
+        stuck.commit()
+        stuck.execute("SELECT 1")  # in a transaction from now on: it reads nothing
+        sender.execute(
+            "SELECT pg_notify('some_channel', repeat('x', 7000) || i)"
+            " FROM generate_series(1, 300) AS i"
+        )
+        usage = _postgres(env)["notify_queue_usage"]
+        assert usage > 0
+        wait_for(
+            lambda: metric(scrape(port), "reactor_notify_queue_usage_ratio") > 0,
+            timeout=20,
+            what="the NOTIFY queue's use, exported",
+        )
+
+
 def test_a_role_without_pg_monitor_is_told_so_in_one_line(
     env: Env, held_snapshot: psycopg.Connection[Any]
 ) -> None:

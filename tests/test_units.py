@@ -13,6 +13,7 @@ from reactor.errors import ConfigError
 from reactor.jobs import MAX_ENCODED_PART, JobRef, job_id, parse_job_id
 from reactor.ops.admin import parse_duration
 from reactor.pg import queries
+from reactor.pg.vacuum import NOTIFY_QUEUE_SHOWN, VacuumHealth
 from reactor.redact import redact
 from reactor.routes import (
     Route,
@@ -302,3 +303,10 @@ def test_the_dashboard_shows_every_time_in_one_form() -> None:
         assert shown_time(value) == "2026-12-02 13:04:05 UTC", value
     assert shown_time("infinity") == "infinity"
     assert shown_time(None) == "\N{EN DASH}"
+
+
+def test_status_names_a_filling_notify_queue_only_past_its_threshold() -> None:
+    quiet = VacuumHealth(notify_queue_usage=NOTIFY_QUEUE_SHOWN / 2).lines()
+    assert not any("NOTIFY queue" in line for line in quiet)
+    (line,) = [x for x in VacuumHealth(notify_queue_usage=0.375).lines() if "NOTIFY" in x]
+    assert line.startswith("NOTIFY queue 37.5% full: a session that LISTENs is in a long")

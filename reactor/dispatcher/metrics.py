@@ -216,6 +216,12 @@ class Metrics:
             "on, the table's autovacuum_enabled not off), else 0.",
             registry=r,
         )
+        self.notify_queue_usage = Gauge(
+            "reactor_notify_queue_usage_ratio",
+            "Share of the server's NOTIFY queue in use (pg_notification_queue_usage(), 0 to 1; "
+            "full: every transaction that notifies fails), refreshed after every sweep.",
+            registry=r,
+        )
         self.listener_connected = Gauge(
             "reactor_listener_connected", "1 while the LISTEN connection is up.", registry=r
         )
@@ -237,6 +243,7 @@ class Metrics:
         vacuumed = health.last_autovacuum
         self.last_autovacuum.set(0 if vacuumed is None else vacuumed.timestamp())
         self.autovacuum_enabled.set(1 if health.autovacuum_enabled else 0)
+        self.notify_queue_usage.set(health.notify_queue_usage)
 
 
 #: `/healthz` turns 503 after this many failed drains or sweeps in a row.

@@ -862,7 +862,9 @@ UNION ALL
 -- and depending on the server version no xmin), the role; the table's live and dead tuples
 -- and last vacuums (pg_stat_user_tables: zeros and NULLs while track_counts is off); the
 -- server's `autovacuum` and `track_counts` settings and the table's own `autovacuum_enabled`
--- (true when not set).
+-- (true when not set); how full the server's NOTIFY queue is (0 to 1, shared by every database
+-- of the server: a session that LISTENs and stays in one transaction keeps it from emptying,
+-- and once it is full every transaction that notifies fails at COMMIT).
 SELECT (SELECT count(*)
           FROM pg_stat_activity AS a
          WHERE a.query = '<insufficient privilege>' AND a.datname = current_database()),
@@ -872,7 +874,8 @@ SELECT (SELECT count(*)
        current_setting('track_counts')::boolean,
        coalesce((SELECT o.option_value::boolean
                    FROM pg_options_to_table(c.reloptions) AS o
-                  WHERE o.option_name = 'autovacuum_enabled'), true)
+                  WHERE o.option_name = 'autovacuum_enabled'), true),
+       pg_catalog.pg_notification_queue_usage()
   FROM pg_class AS c
   LEFT JOIN pg_stat_user_tables AS s ON s.relid = c.oid
  WHERE c.oid = 'public.photo_jobs'::regclass::oid

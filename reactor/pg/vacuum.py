@@ -16,7 +16,10 @@ statistics views (no row of the table, no lock):
   versions their xmin too): then the figure is a lower bound, and says so instead of failing;
 - the table's dead-tuple share (`n_dead_tup / (n_live_tup + n_dead_tup)`), its last vacuum
   and autovacuum, and whether autovacuum can run on it (the server's `autovacuum` and
-  `track_counts`, the table's `autovacuum_enabled`).
+  `track_counts`, the table's `autovacuum_enabled`);
+- how full the server's NOTIFY queue is: a session that LISTENs and then stays in one
+  transaction (any role that can connect may) keeps it from emptying, and once it is full
+  every transaction that notifies fails at COMMIT, inserts into `photo_jobs` included.
 The session reading is left out of the holders; every other one counts, the reactor's own
 claims included (their transactions last milliseconds, so they never make the figure large).
 """
@@ -30,8 +33,17 @@ from typing import Any
 from reactor.pg import queries
 from reactor.pg.db import Connection, translating
 
-__all__ = ["HOLDER_KINDS", "HorizonHolder", "VacuumHealth", "read_vacuum_health"]
+__all__ = [
+    "HOLDER_KINDS",
+    "NOTIFY_QUEUE_SHOWN",
+    "HorizonHolder",
+    "VacuumHealth",
+    "read_vacuum_health",
+]
 
+#: From this share of the NOTIFY queue in use, `reactor status` says so (below it the queue
+#: is only catching up).
+NOTIFY_QUEUE_SHOWN = 0.01
 #: The kinds of holder, in the order they are read; the last holds back only the catalogs.
 HOLDER_KINDS = ("backend", "prepared_xact", "replication_slot", "replication_slot_catalog")
 
@@ -96,6 +108,8 @@ class VacuumHealth:
     autovacuum_server: bool = True
     track_counts: bool = True
     autovacuum_table: bool = True
+    #: The server's NOTIFY queue in use, 0 to 1 (`pg_notification_queue_usage()`).
+    notify_queue_usage: float = 0.0
 
     @property
     def oldest(self) -> HorizonHolder | None:
@@ -150,6 +164,7 @@ class VacuumHealth:
             "last_vacuum": None if self.last_vacuum is None else str(self.last_vacuum),
             "autovacuum_enabled": self.autovacuum_enabled,
             "autovacuum_off": self.autovacuum_off(),
+            "notify_queue_usage": round(self.notify_queue_usage, 6),
         }
 
     def lines(self) -> list[str]:
@@ -178,6 +193,12 @@ class VacuumHealth:
             f" last autovacuum {_when(self.last_autovacuum)}, last vacuum"
             f" {_when(self.last_vacuum)}; {auto}"
         )
+        if self.notify_queue_usage >= NOTIFY_QUEUE_SHOWN:
+            lines.append(
+                f"NOTIFY queue {self.notify_queue_usage:.1%} full: a session that LISTENs is"
+                " in a long transaction (the server's log names it); when full, inserts that"
+                " notify fail"
+            )
         return lines
 
 
@@ -210,7 +231,7 @@ def read_vacuum_health(conn: Connection) -> VacuumHealth:
         ]
         row = conn.execute(queries.VACUUM_HEALTH).fetchone()
     assert row is not None  # the table exists: the schema was checked
-    hidden, role, live, dead, autovacuumed, vacuumed, server, track, table = row
+    hidden, role, live, dead, autovacuumed, vacuumed, server, track, table, notify = row
     return VacuumHealth(
         holders,
         int(hidden),
@@ -222,4 +243,5 @@ def read_vacuum_health(conn: Connection) -> VacuumHealth:
         bool(server),
         bool(track),
         bool(table),
+        float(notify),
     )
