@@ -22,7 +22,9 @@ import re
 
 __all__ = ["ambiguous_userinfo", "has_password", "redact"]
 
-_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*:)[^/\s]*@")
+# The scheme is bounded (RFC 3986 sets no limit; real ones are short): unbounded, a long run of
+# letters cost a scan to its end from each of its characters, quadratic in the text's length.
+_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]{0,63}://[^:/@\s]*:)[^/\s]*@")
 # A word ending in password/passwd (PGPASSWORD, db_passwd), then `=`; the value is a quoted
 # string (either quote, backslash escapes) or runs to the next blank.
 _KEYWORD_PASSWORD = re.compile(

@@ -8,6 +8,7 @@ the code can trust them.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -135,6 +136,10 @@ class ReactorSettings:
         return self.doorbell is not DoorbellMode.POLL_ONLY
 
 
+#: The largest number of seconds a worker setting takes (ten years).
+MAX_SETTING_SECONDS = 10 * 365 * 86400
+
+
 def _positive_float(env: Mapping[str, str], name: str, default: float) -> float:
     raw = env.get(name, "").strip()
     if not raw:
@@ -145,6 +150,11 @@ def _positive_float(env: Mapping[str, str], name: str, default: float) -> float:
         raise ConfigError(f"{name} must be a number of seconds, not {raw!r}") from None
     if value <= 0:
         raise ConfigError(f"{name} must be positive, not {raw!r}")
+    if not math.isfinite(value) or value > MAX_SETTING_SECONDS:
+        # Past this, Redis TTLs and Postgres intervals made from it overflow at every job.
+        raise ConfigError(
+            f"{name} must be a number of seconds up to {MAX_SETTING_SECONDS:,}, not {raw!r}"
+        )
     return value
 
 

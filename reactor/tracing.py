@@ -256,7 +256,7 @@ def processing(ref: JobRef, meta: Mapping[str, Any], relationship: str) -> Itera
         yield Processing()
         return
     remote = None
-    if relationship != "none":
+    if relationship != "none" and isinstance(meta, Mapping):  # from Redis: anything at all
         remote = _span_context(*stored_context(meta.get("traceparent"), meta.get("tracestate")))
     parent = Context()  # a new trace unless `child`: a worker has no ambient request
     links = []

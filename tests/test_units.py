@@ -9,6 +9,7 @@ import zlib
 import pytest
 from rq.job import Job
 
+from reactor import tracing
 from reactor.errors import ConfigError
 from reactor.jobs import MAX_ENCODED_PART, JobRef, job_id, parse_job_id
 from reactor.ops.admin import parse_duration
@@ -27,6 +28,7 @@ from reactor.rq.job_errors import MAX_TRACEBACK_BYTES, last_line, read_failure_t
 from reactor.settings import ReactorSettings, WorkerSettings
 from reactor.validate import MAX_ERROR_CHARS, error_column
 from reactor.worker.entry import backoff_seconds
+from reactor.worker.lifecycle import describe, error_text
 from reactor.worker.own_routes import HandlerRefusedError, OwnRoutes
 from tests.support.env import Env
 
@@ -310,3 +312,37 @@ def test_status_names_a_filling_notify_queue_only_past_its_threshold() -> None:
     assert not any("NOTIFY queue" in line for line in quiet)
     (line,) = [x for x in VacuumHealth(notify_queue_usage=0.375).lines() if "NOTIFY" in x]
     assert line.startswith("NOTIFY queue 37.5% full: a session that LISTENs is in a long")
+
+
+def test_an_exception_whose_str_raises_still_has_an_error_text() -> None:
+    class UnprintableError(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no")
+
+    assert error_text(UnprintableError()) == "UnprintableError: <exception str() failed>"
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e300", "315360001"])
+@pytest.mark.parametrize(
+    "name", ["REACTOR_HEARTBEAT_SECONDS", "REACTOR_RETRY_BASE_SECONDS", "REACTOR_RETRY_MAX_SECONDS"]
+)
+def test_worker_durations_are_finite_and_bounded(name: str, value: str) -> None:
+    """`nan` crashed the worker's start unnamed; `1e300` passed, then overflowed Redis's TTLs
+    and Postgres's intervals at every job."""
+    with pytest.raises(ConfigError, match=f"^{name} must be"):
+        WorkerSettings.from_env({"DATABASE_URL": "postgresql://h/db", name: value})
+
+
+def test_a_job_s_meta_of_any_kind_is_read_without_failing() -> None:
+    """`job.meta` comes from Redis: a list there stopped a worker of the classes."""
+    ref = JobRef("photo.process", "p1", 1)
+    for meta in (["traceparent"], "x", None, 3):
+        with tracing.processing(ref, meta, "link"):  # type: ignore[arg-type]
+            pass
+
+
+def test_a_type_with_control_characters_is_escaped_in_log_lines() -> None:
+    assert describe(JobRef("photo.x\nINFO forged", "p1", 1)).startswith(
+        "type='photo.x\\nINFO forged' "
+    )
+    assert describe(JobRef("photo.process", "p1", 1)).startswith("type=photo.process ")

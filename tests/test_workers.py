@@ -237,6 +237,36 @@ def test_a_handler_that_returns_a_coroutine_fails_for_good_without_running(
 
 
 @ALL_KINDS
+def test_a_handler_s_child_that_exits_ends_there_and_the_attempt_is_done(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], kind: str
+) -> None:
+    """A child the handler forked came back through the handler's caller: it reported a second
+    outcome (a forking worker read two and recorded WorkHorseLost) or ran on as a second worker
+    on the parent's sockets (in-process)."""
+    for photo in ("p1", "p2"):
+        submit(conn, photo)
+    sweep(env, "forks_a_child_that_exits")
+    burst_ours(spawn, env, kind)
+    for photo in ("p1", "p2"):
+        assert row_of(conn, photo) == ("done", 1, None, None)
+        assert runs(conn, photo) == [(photo, 1, "ok")]
+
+
+@ALL_KINDS
+def test_system_exit_in_a_handler_is_a_failed_attempt_recorded_at_once(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], kind: str
+) -> None:
+    """A plain `rq worker` wrote no outcome for a BaseException: the row stayed `active` until
+    the stale rescue spent the attempt."""
+    submit(conn, "p1", max_attempts=2)
+    sweep(env, "system_exit")
+    burst_ours(spawn, env, kind)
+    state, attempts, error, next_retry_at = row_of(conn, "p1")
+    assert (state, attempts, error) == ("pending", 1, "SystemExit: 3")
+    assert next_retry_at is not None
+
+
+@ALL_KINDS
 def test_job_timeout_is_a_failed_attempt(
     env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], kind: str
 ) -> None:

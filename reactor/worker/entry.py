@@ -27,11 +27,13 @@ spans are its children. A forked horse exports its spans before it leaves.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import json
 import logging
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, NoReturn
@@ -137,7 +139,13 @@ def call_handler(func: Handler, photo_id: str) -> None:
     Raises:
         PermanentError: the handler returned an awaitable.
     """
-    result = func(photo_id)
+    pid = os.getpid()
+    try:
+        result = func(photo_id)
+    except BaseException as exc:
+        _leave_if_forked(pid, exc)
+        raise
+    _leave_if_forked(pid, None)
     if inspect.isawaitable(result):
         close = getattr(result, "close", None)
         if callable(close):
@@ -146,6 +154,21 @@ def call_handler(func: Handler, photo_id: str) -> None:
             f"the handler returned a {type(result).__name__} that nothing awaits:"
             " handlers are plain functions"
         )
+
+
+def _leave_if_forked(pid: int, exc: BaseException | None) -> None:
+    """End a process the handler forked that came back here (its child returned or called
+    `sys.exit`) with the status it meant: it must never report an outcome or go back to RQ's
+    loop, where it would run as a second worker on the parent's sockets."""
+    if os.getpid() == pid:
+        return
+    code = 0 if exc is None else 1
+    if isinstance(exc, SystemExit):
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def load_handler(path: str, prefixes: tuple[str, ...] = ()) -> Handler:
@@ -285,11 +308,15 @@ def _process_store(settings: WorkerSettings) -> Store:
     return _store
 
 
-def _reraise(exc: Exception) -> NoReturn:
+def _reraise(exc: BaseException) -> NoReturn:
     """Re-raise the handler's exception, as a `HandlerError` with the text masked if it held
-    a password (RQ stores and logs the traceback of what the job raised)."""
-    text = str(exc)
-    if redact(text) == text:
+    a password (RQ stores and logs the traceback of what the job raised); one that is not an
+    `Exception` (SystemExit, KeyboardInterrupt) as it is, for RQ to act on."""
+    try:
+        text = str(exc)
+    except Exception:
+        text = ""  # nothing to mask: error_text said "<exception str() failed>"
+    if not isinstance(exc, Exception) or redact(text) == text:
         raise exc
     raise HandlerError(error_text(exc)).with_traceback(exc.__traceback__) from None
 
@@ -366,7 +393,7 @@ def _run_traced(
         if not finish(store, settings, ref, started, Outcome("permanent", error_text(exc))):
             span.superseded()
         _reraise(exc)
-    except Exception as exc:
+    except BaseException as exc:  # SystemExit, KeyboardInterrupt too: a failed attempt
         span.ended("error", error_text(exc), retried=not started.last)
         if not finish(store, settings, ref, started, Outcome("error", error_text(exc))):
             span.superseded()

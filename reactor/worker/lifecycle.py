@@ -128,8 +128,13 @@ def backoff_seconds(attempt: int, base: float, cap: float) -> float:
 
 
 def error_text(exc: BaseException) -> str:
-    """`Type: message` of an exception, password masked, as a row can hold it."""
-    return error_column(redact(f"{type(exc).__name__}: {exc}"))
+    """`Type: message` of an exception, password masked, as a row can hold it (the message
+    as `traceback` shows one whose `__str__` raises)."""
+    try:
+        message = str(exc)
+    except Exception:
+        message = "<exception str() failed>"
+    return error_column(redact(f"{type(exc).__name__}: {message}"))
 
 
 def outcome_of(exc: BaseException) -> Outcome:
@@ -140,7 +145,8 @@ def outcome_of(exc: BaseException) -> Outcome:
 
 def describe(ref: JobRef) -> str:
     """The attempt, for log lines."""
-    return f"type={ref.type} photo_id={short_id(ref.photo_id)} token={ref.token}"
+    shown = ref.type if ref.type.isprintable() and " " not in ref.type else repr(ref.type)
+    return f"type={shown} photo_id={short_id(ref.photo_id)} token={ref.token}"
 
 
 class Store:
