@@ -10,8 +10,10 @@ end; DEMO_DATABASE_URL / DEMO_REDIS_URL name servers of yours instead (the demo 
 there: the `photo_jobs` rows of its photos, the RQ queue `photo-process`, its route). It never
 uses DATABASE_URL / REDIS_URL (an application's, exported for `reactor` a line later in the
 quickstart) nor any `REACTOR_` setting of the shell: its reactor and worker would join that
-application's queue with the demo's route. A reactor or worker of the demo that exits early
-ends the demo at once, saying so (exit 1).
+application's queue with the demo's route. Given a Redis whose queue `photo-process` already
+has jobs or workers (another deployment's: they would take the demo's jobs and it theirs), it
+refuses at once (exit 2). A reactor or worker of the demo that exits early ends the demo at once,
+saying so (exit 1).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import time
 from pathlib import Path
 
 import psycopg
+import redis
+from rq import Queue, Worker
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -33,6 +37,15 @@ from tests.support.servers import PostgresServer, RedisServer  # noqa: E402
 
 #: What each started process is, in the order they start.
 _NAMES = ("reactor run", "reactor worker")
+
+
+def _queue_in_use(url: str) -> str:
+    """What already uses the demo's queue on the Redis at `url` ("" if nothing)."""
+    with redis.Redis.from_url(url) as client:
+        queue = Queue("photo-process", connection=client)
+        jobs, workers = queue.count, len(Worker.all(queue=queue))
+    found = [f"{n} {what}" for n, what in ((jobs, "jobs"), (workers, "workers")) if n]
+    return "already has " + " and ".join(found) if found else ""
 
 
 def main() -> int:
@@ -56,6 +69,13 @@ def main() -> int:
             redis_url = rs.url
             print(f"demo: started a throwaway Redis on port {rs.port}")
 
+        if os.environ.get("DEMO_REDIS_URL") and (busy := _queue_in_use(redis_url)):
+            print(
+                f"demo: queue photo-process on DEMO_REDIS_URL {busy}: another deployment uses"
+                " this Redis database; name one nothing else uses",
+                file=sys.stderr,
+            )
+            return 2
         env = {k: v for k, v in os.environ.items() if not k.startswith("REACTOR_")}
         env.update(DATABASE_URL=database_url, REDIS_URL=redis_url)
         reactor = [sys.executable, "-m", "reactor"]
@@ -84,7 +104,8 @@ def main() -> int:
                     print(f"demo: stopped early: {names}; {done} of {len(photos)} photos done")
                     return 1
                 time.sleep(0.2)
-        print(f"demo: {done} of {len(photos)} photos done")
+        late = "" if done == len(photos) else f" (timed out after {options.timeout:g} s)"
+        print(f"demo: {done} of {len(photos)} photos done{late}")
         subprocess.run([*reactor, "status"], env=env, check=True)
         return 0 if done == len(photos) else 1
     finally:

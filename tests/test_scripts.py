@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from rq import Queue
 
 from tests.support.env import Env
 from tests.support.paths import ROOT
@@ -88,3 +89,28 @@ def test_the_demo_leaves_an_applications_servers_and_settings_alone(env: Env) ->
     conn = env.connect()
     assert conn.execute("SELECT count(*) FROM photo_jobs").fetchone() == (0,)
     assert set(redis.Redis.from_url(env.redis_url).keys()) == before
+
+
+def test_the_demo_refuses_a_redis_whose_queue_another_deployment_uses(env: Env) -> None:
+    """On a Redis database where another deployment's workers serve `photo-process`, the
+    demo's jobs went to them (and theirs to the demo's worker): 1 of 20 done after two minutes,
+    with no reason given. It now refuses at once, in one line."""
+    client = redis.Redis.from_url(env.redis_url)
+    Queue("photo-process", connection=client).enqueue("os.getpid")
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("DEMO_")}
+    environ.update(DEMO_DATABASE_URL=env.database_url, DEMO_REDIS_URL=env.redis_url)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "demo.py"), "--photos", "3"],
+        env=environ,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.strip() == (
+        "demo: queue photo-process on DEMO_REDIS_URL already has 1 jobs: another deployment"
+        " uses this Redis database; name one nothing else uses"
+    )
+    conn = env.connect()
+    assert conn.execute("SELECT count(*) FROM photo_jobs").fetchone() == (0,)
