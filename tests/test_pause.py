@@ -137,7 +137,10 @@ def test_pause_cli_checks_types_and_status_shows_them(env: Env) -> None:
         (("pause", "bad type!"), "bad type 'bad type!'"),
         (("pause", "photo.process", "x" * 129), "bad type"),
         (("pause", "photo.nosuch"), "unknown type 'photo.nosuch'"),
-        (("resume", "photo.nosuch"), "unknown type 'photo.nosuch'"),
+        (
+            ("resume", "photo.nosuch"),
+            "unknown type 'photo.nosuch': no route, no rows and not paused (nothing resumed)",
+        ),
     ):
         result = run_cli(env, *args)
         assert result.returncode == 2, (args, result.stderr)

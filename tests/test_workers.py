@@ -930,6 +930,9 @@ def test_a_worker_started_before_its_reactor_waits_for_the_routes_then_serves_th
     )
     worker.wait_for_line("worker_waiting_for_routes")
     assert worker.proc.poll() is None
+    # Not `default`, which it will not serve.
+    waiting = next(x for x in worker.lines if "worker_waiting_for_routes" in x)
+    assert "queues=(the routed ones: none yet) " in waiting
     start_reactor(spawn, "--route", route("ok"))
     worker.wait_for_line("worker_ready")
     # Given no queue, `reactor worker` serves the routed ones only, not RQ's `default`.

@@ -72,7 +72,12 @@ def _check_format(types: Sequence[str]) -> list[str]:
     return wanted
 
 
-def check_types(conn: Connection, types: Sequence[str], routed: Collection[str]) -> list[str]:
+_PAUSE_HINT = "give --route TYPE=... to pause a type before its first row"
+
+
+def check_types(
+    conn: Connection, types: Sequence[str], routed: Collection[str], hint: str = _PAUSE_HINT
+) -> list[str]:
     """The distinct types, in order, once each is known to be well formed and known.
 
     Raises:
@@ -87,8 +92,7 @@ def check_types(conn: Connection, types: Sequence[str], routed: Collection[str])
         unknown = [t for t in unrouted if t not in known]
         if unknown:
             raise ConfigError(
-                f"unknown type {unknown[0]!r}: no route, no rows and not paused "
-                "(give --route TYPE=... to pause a type before its first row)"
+                f"unknown type {unknown[0]!r}: no route, no rows and not paused ({hint})"
             )
     return wanted
 
@@ -118,7 +122,7 @@ def resume_types(conn: Connection, types: Sequence[str], routed: Collection[str]
         ConfigError: a type is malformed or unknown; nothing was resumed.
         DatabaseError: the statement failed; nothing was resumed.
     """
-    wanted = check_types(conn, types, routed)
+    wanted = check_types(conn, types, routed, hint="nothing resumed")
     with translating("resume failed"), conn.transaction():
         resumed = {row[0] for row in conn.execute(queries.RESUME_TYPES, {"types": wanted})}
     return PauseResult([t for t in wanted if t in resumed], [t for t in wanted if t not in resumed])

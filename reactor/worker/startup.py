@@ -161,12 +161,19 @@ class StartupChecks(BaseWorker):
             now = time.monotonic()
             if now - said >= ROUTES_WAIT_LOG_SECONDS:
                 said = now
+                shown = ",".join(sorted(queues))
+                if self._serves_routed_only():
+                    shown = "(the routed ones: none yet)"
                 logger.warning(
                     "worker_waiting_for_routes queues=%s (no route for them is recorded yet: "
                     "start a reactor with --route, or give this worker its routes)",
-                    ",".join(sorted(queues)),
+                    shown,
                 )
             time.sleep(ROUTES_WAIT_POLL_SECONDS)
+
+    def _serves_routed_only(self) -> bool:
+        """Whether RQ's `default`, the worker's only queue, stands for the routed queues."""
+        return self.queue_names() == [RQ_DEFAULT_QUEUE] and self.default_queue_serves == "routed"
 
     def _serve_routed_queues(self, routes: Mapping[str, Route]) -> None:
         """Listen on the routes' queues too when the worker was given `default` alone (what
