@@ -35,6 +35,7 @@ __all__ = [
     "job_id",
     "parse_job_id",
     "short_id",
+    "shown_type",
     "warm_up_ref",
 ]
 
@@ -83,6 +84,12 @@ class JobRef:
             if self.tracestate is not None:
                 meta["tracestate"] = self.tracestate
         return meta
+
+
+def shown_type(job_type: str) -> str:
+    """A type for a log line: as it is when printable without blanks (every valid one), else
+    its repr (a job from Redis may carry anything)."""
+    return job_type if job_type.isprintable() and " " not in job_type else repr(job_type)
 
 
 def short_id(photo_id: str) -> str:

@@ -20,6 +20,7 @@ import unicodedata
 import urllib.parse
 
 from reactor.errors import InvalidJobError
+from reactor.redact import redact
 
 __all__ = [
     "MAX_ATTEMPTS",
@@ -31,6 +32,7 @@ __all__ = [
     "check_photo_id",
     "check_row_photo_id",
     "error_column",
+    "error_text",
     "is_blank",
     "is_valid_type",
     "quoted_photo_id",
@@ -169,3 +171,13 @@ def validate_job(photo_id: object, job_type: object) -> None:
     """
     check_photo_id(photo_id)
     check_job_type(job_type)
+
+
+def error_text(exc: BaseException) -> str:
+    """`Type: message` of an exception, password masked, as a row can hold it (the message
+    as `traceback` shows one whose `__str__` raises)."""
+    try:
+        message = str(exc)
+    except Exception:
+        message = "<exception str() failed>"
+    return error_column(redact(f"{type(exc).__name__}: {message}"))

@@ -47,12 +47,11 @@ from typing import Any, Literal, TypeVar
 import tenacity
 
 from reactor.errors import DatabaseError, PermanentError, StatementError
-from reactor.jobs import JobRef, short_id, warm_up_ref
+from reactor.jobs import JobRef, short_id, shown_type, warm_up_ref
 from reactor.pg import db, queries
-from reactor.redact import redact
 from reactor.settings import WorkerSettings
 from reactor.throttle import LogThrottle
-from reactor.validate import error_column
+from reactor.validate import error_text
 
 _T = TypeVar("_T")
 
@@ -127,16 +126,6 @@ def backoff_seconds(attempt: int, base: float, cap: float) -> float:
     return step / 2 + random.uniform(0, step / 2)
 
 
-def error_text(exc: BaseException) -> str:
-    """`Type: message` of an exception, password masked, as a row can hold it (the message
-    as `traceback` shows one whose `__str__` raises)."""
-    try:
-        message = str(exc)
-    except Exception:
-        message = "<exception str() failed>"
-    return error_column(redact(f"{type(exc).__name__}: {message}"))
-
-
 def outcome_of(exc: BaseException) -> Outcome:
     """How an attempt whose handler raised `exc` ended: `permanent` for a `PermanentError`,
     else `error` (retried while attempts remain)."""
@@ -145,8 +134,7 @@ def outcome_of(exc: BaseException) -> Outcome:
 
 def describe(ref: JobRef) -> str:
     """The attempt, for log lines."""
-    shown = ref.type if ref.type.isprintable() and " " not in ref.type else repr(ref.type)
-    return f"type={shown} photo_id={short_id(ref.photo_id)} token={ref.token}"
+    return f"type={shown_type(ref.type)} photo_id={short_id(ref.photo_id)} token={ref.token}"
 
 
 class Store:
