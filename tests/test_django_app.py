@@ -306,6 +306,47 @@ def test_admin_access_follows_permissions(database_url: str) -> None:
     }
 
 
+def test_admin_actions_act_on_what_the_page_showed(database_url: str) -> None:
+    """A checkbox carries the life of the row the page showed: a row submitted again and run
+    to done since is left alone (a third run nobody asked for), and said so. An action behind
+    a row another session holds (the history's too) gives up after the lock timeout, doing
+    nothing."""
+    migrated = manage(database_url, "manage.py", "migrate", "--noinput")
+    assert migrated.returncode == 0, migrated.stderr
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO photo_jobs (photo_id, type, state, attempts, last_error) VALUES"
+            " ('IMG_D1', 'photo.process', 'done', 1, NULL),"
+            " ('IMG_D2', 'photo.process', 'done', 1, NULL),"
+            " ('IMG_F1', 'photo.process', 'failed', 2, 'boom'),"
+            " ('IMG_F2', 'photo.process', 'failed', 2, 'boom');"
+            " SELECT photo_jobs_history_add_months(now() - interval '2 days', now());"
+            " INSERT INTO photo_jobs_history (photo_id, type, state, attempts, max_attempts,"
+            " prior_attempts, created_at, finished_at) VALUES ('IMG_H', 'photo.process',"
+            " 'failed', 5, 5, 0, now() - interval '3 days', now() - interval '2 days')"
+        )
+    out = manage(database_url, "admin_races.py")
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout)
+    assert seen["shown"]["IMG_D1"] == ["done", 1]
+    assert seen["ran_again"] == ["done", 2]  # another life, at another token
+    assert seen["stale_page"]["messages"] == [
+        "1 done row(s) requeued; 1 changed since the list was shown: left alone"
+    ]
+    assert seen["after_stale_page"]["IMG_D1"] == ["done", 2]  # not run a third time
+    assert seen["after_stale_page"]["IMG_D2"] == ["pending", 1]
+    assert seen["held"]["messages"] == [
+        "a selected row is held by another session: nothing done; try again"
+    ]
+    assert seen["held"]["seconds"] < 10, seen["held"]
+    assert seen["after_held"]["IMG_F2"] == ["failed", 2]  # all or nothing
+    assert seen["released"]["messages"] == ["2 failed row(s) requeued"]
+    assert seen["after_released"]["IMG_F1"] == seen["after_released"]["IMG_F2"] == ["pending", 2]
+    assert seen["restore_held"]["messages"] == seen["held"]["messages"]
+    assert seen["restore_held"]["seconds"] < 10, seen["restore_held"]
+    assert seen["restored"]["messages"] == ["1 archived photo(s) requeued"]
+
+
 def test_manage_migrate_on_a_database_reactor_migrated(env: Env) -> None:
     before = ledger(env.database_url)
     redis = {"REDIS_URL": env.redis_url}

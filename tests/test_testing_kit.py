@@ -263,6 +263,49 @@ def test_assert_submitted_says_what_was_submitted(database_url: str) -> None:
             testing.assert_submitted(conn, "IMG_1", colour="red")
 
 
+def test_assert_not_submitted_lists_what_matches(database_url: str) -> None:
+    """The refutation of `assert_submitted`, matching as it does: every field given equal."""
+    with psycopg.connect(database_url) as conn:
+        testing.assert_not_submitted(conn)  # nothing at all
+        reactor.submit(conn, "IMG_1")
+        reactor.submit(conn, "IMG_1", "photo.thumb", max_attempts=2)
+        testing.assert_not_submitted(conn, "IMG_2")
+        testing.assert_not_submitted(conn, "IMG_1", state="done")
+        testing.assert_not_submitted(conn, type="photo.other")
+        testing.assert_not_submitted(conn, "IMG_1", type="photo.thumb", max_attempts=5)
+        with pytest.raises(AssertionError) as matched:
+            testing.assert_not_submitted(conn, "IMG_1", state="pending")
+        said = str(matched.value)
+        assert said.startswith("expected no job matching photo_id='IMG_1', state='pending';")
+        assert "2 submitted:" in said and "type='photo.thumb'" in said
+        with pytest.raises(AssertionError, match="expected no job matching anything; 2 sub"):
+            testing.assert_not_submitted(conn)
+        with pytest.raises(TypeError, match="assert_not_submitted: unknown fields \\['colour'\\]"):
+            testing.assert_not_submitted(conn, colour="red")
+    with pytest.raises(AssertionError, match=r"type='photo.thumb'; 1 submitted:"):
+        asyncio.run(no_thumb_async(database_url))
+
+
+async def no_thumb_async(database_url: str) -> None:
+    async with await psycopg.AsyncConnection.connect(database_url) as conn:
+        await reactor.submit_async(conn, "IMG_1", "photo.thumb")
+        await testing.assert_not_submitted_async(conn, "IMG_2", type="photo.thumb")
+        await testing.assert_not_submitted_async(conn, type="photo.thumb")
+
+
+def test_a_handler_that_cancels_its_row_is_superseded(database_url: str) -> None:
+    """The outcome of an attempt whose row moved on while it ran is fenced off: not `done`."""
+    with psycopg.connect(database_url) as conn:
+
+        def cancel_own(photo_id: str) -> None:
+            assert reactor.cancel(conn, photo_id)
+
+        reactor.submit(conn, "IMG_1")
+        [result] = testing.run_jobs(conn, handlers={"photo.process": cancel_own})
+        assert (result.outcome, result.attempt, result.error) == ("superseded", 1, None)
+        testing.assert_submitted(conn, "IMG_1", state="cancelled", attempts=1)
+
+
 def test_a_row_another_attempt_holds_is_left_alone(database_url: str) -> None:
     """The kit claims as the reactor does: a row another transaction has locked (a reactor's
     claim in flight) is skipped, not waited for and not run twice."""
@@ -282,6 +325,7 @@ PLUGIN_TEST = textwrap.dedent(
     def test_submit_then_run(reactor_jobs):
         reactor.submit(reactor_jobs.conn, "IMG_9")
         reactor_jobs.assert_submitted("IMG_9", state="pending")
+        reactor_jobs.assert_not_submitted("IMG_8")  # the next test's: never seen here
         [result] = reactor_jobs.run(handlers={"photo.process": lambda photo_id: None})
         assert result.outcome == "done"
         reactor_jobs.assert_submitted("IMG_9", state="done")
@@ -341,6 +385,71 @@ def test_pytest_plugin_fixture_isolates_tests(database_url: str, tmp_path: Path)
     assert rows_seen_outside(database_url) == 0
 
 
+COMMITTING_TEST = textwrap.dedent(
+    """
+    import os
+
+    import psycopg
+    import reactor
+
+    def test_commits_on_its_own_connection(reactor_jobs):
+        with psycopg.connect(os.environ["DATABASE_URL"]) as own:
+            reactor.submit(own, "IMG_OWN")
+
+    def test_next(reactor_jobs):
+        reactor_jobs.assert_not_submitted()
+    """
+)
+
+
+def test_pytest_plugin_fixture_refuses_committed_rows(database_url: str, tmp_path: Path) -> None:
+    """`run` runs every due row it sees: a row an earlier run committed fails each test at
+    once, naming it, and a test that commits fails its teardown (not a later test, far off)."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        for n in range(4):
+            reactor.submit(conn, f"LEAKED_{n}")
+    out = run_pytest(tmp_path, database_url, PLUGIN_TEST)
+    assert "2 errors" in out, out
+    assert (
+        "reactor_connection: photo_jobs already holds 4 row(s) (photo.process 'LEAKED_0' pending,"
+        " photo.process 'LEAKED_1' pending, photo.process 'LEAKED_2' pending, ...) committed"
+        " before this test" in out
+    ), out
+    assert "or empty this one (TRUNCATE photo_jobs)" in out
+    assert "def reactor_connection" not in out  # one line, no fixture source
+
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("TRUNCATE photo_jobs")
+    out = run_pytest(tmp_path, database_url, COMMITTING_TEST)
+    assert "1 passed, 2 errors" in out, out
+    assert "ERROR at teardown of test_commits_on_its_own_connection" in out
+    assert (
+        "reactor_connection: this test committed 1 row(s) (photo.process 'IMG_OWN' pending)"
+        " to photo_jobs" in out
+    ), out
+    assert "ERROR at setup of test_next" in out
+    assert "def reactor_connection" not in out
+
+
+def test_pytest_plugin_fixture_connection_errors_in_one_line(tmp_path: Path) -> None:
+    """No traceback and no password: the fixture's own failures are one line each."""
+    out = run_pytest(tmp_path, "postgresql://kit:s3cret@127.0.0.1:1/nowhere", PLUGIN_TEST)
+    assert "2 errors" in out, out
+    assert (
+        "reactor_connection: postgresql://kit:***@127.0.0.1:1/nowhere: cannot connect to"
+        ' Postgres: connection failed: connection to server at "127.0.0.1", port 1 failed:' in out
+    ), out
+    assert "s3cret" not in out and "Traceback" not in out and "def reactor_connection" not in out
+    out = run_pytest(tmp_path, "password=s3cret host=127.0.0.1 port=1 bogus=1", PLUGIN_TEST)
+    assert "2 errors" in out, out
+    assert "reactor_connection: DATABASE_URL: bad database URL: invalid connection option" in out
+    assert "s3cret" not in out and "def reactor_connection" not in out
+    out = run_pytest(tmp_path, "", PLUGIN_TEST)
+    assert "2 errors" in out, out
+    assert "reactor_connection: set DATABASE_URL, or override this fixture" in out
+    assert "def reactor_connection" not in out
+
+
 PATCHED_HANDLER_TEST = textwrap.dedent(
     """
     from unittest import mock
@@ -387,6 +496,29 @@ def test_a_handler_that_cannot_be_imported(database_url: str) -> None:
                 testing.run_jobs(conn, handlers={"photo.process": path})
             assert str(raised.value) == f"cannot import handler {path}: {cause}"
         testing.assert_submitted(conn, "IMG_1", state="pending", attempts=0)
+
+
+def test_an_async_handler_is_refused_not_counted_done(database_url: str) -> None:
+    """Nothing awaits a coroutine: run_jobs reported `done` for a handler that never ran."""
+
+    async def process(photo_id: str) -> None:
+        raise AssertionError("never awaited, so never reached")
+
+    class AsyncCall:
+        async def __call__(self, photo_id: str) -> None:
+            raise AssertionError("never awaited, so never reached")
+
+    with psycopg.connect(database_url) as conn:
+        reactor.submit(conn, "IMG_1")
+        with pytest.raises(TypeError, match="is an async def: handlers are plain functions"):
+            testing.run_jobs(conn, handlers={"photo.process": process})
+        testing.assert_submitted(conn, "IMG_1", state="pending", attempts=0)
+        (result,) = testing.run_jobs(conn, handlers={"photo.process": AsyncCall()})
+        assert (result.outcome, result.attempt) == ("failed", 1)
+        assert result.error == (
+            "PermanentError: the handler returned a coroutine that nothing awaits:"
+            " handlers are plain functions"
+        )
 
 
 def test_pytest_plugin_fixture_on_a_database_not_migrated(env: Env, tmp_path: Path) -> None:

@@ -8,15 +8,16 @@ rows; nothing here commits.
 
 - `submitted(conn, type=None)`: the rows, due or not, as `Submitted` records;
   `assert_submitted(conn, photo_id, type="photo.process", **expected)` checks one (a failure
-  lists what was submitted instead).
+  lists what was submitted instead); `assert_not_submitted(conn, photo_id=None, **fields)`
+  checks that no row matches (a failure lists the rows that do).
 - `run_jobs(conn, handlers=None, types=None, limit=None)`: run the due rows now, through the
   worker's own lifecycle (the reactor's claim, the fenced start, the handler, then done, a
   retry with its backoff, or failed), in this process; `handlers` maps a type to a callable
   or a dotted path (by default the routes of `REACTOR_ROUTES`), imported on each call. A
-  `JobResult` per attempt. Each handler call runs in a savepoint of the connection's own kind
-  (psycopg's `transaction()`, SQLAlchemy's `begin_nested()`, Django's `atomic()`): a handler
-  that raises, a failed statement included, leaves its writes undone and the transaction
-  usable.
+  `JobResult` per attempt (`done`, `retry`, `failed`, `skipped`, `superseded`). Each
+  handler call runs in a savepoint of the connection's own kind (psycopg's `transaction()`,
+  SQLAlchemy's `begin_nested()`, Django's `atomic()`): a handler that raises, a failed
+  statement included, leaves its writes undone and the transaction usable.
 - `advance(conn, seconds)`: what waiting would do to the pending rows (they come due that
   much sooner), so the next `run_jobs` runs the retries.
 
@@ -44,6 +45,8 @@ __all__ = [
     "Submitted",
     "advance",
     "advance_async",
+    "assert_not_submitted",
+    "assert_not_submitted_async",
     "assert_submitted",
     "assert_submitted_async",
     "run_jobs",
@@ -74,6 +77,21 @@ def assert_submitted(
         AssertionError: no such row, or a field differs (the message lists the rows).
     """
     return kit.check_expected(submitted(conn), photo_id, type, expected)
+
+
+def assert_not_submitted(conn: Any, photo_id: str | None = None, **fields: Any) -> None:
+    """That no row has `photo_id` (any, if None) and the given `fields` of `Submitted`
+    (`type="photo.thumb"`, `state="pending"`); with neither, that nothing was submitted.
+    A row matches as in `assert_submitted`: every field given is equal.
+
+    Raises:
+        AssertionError: rows match (the message lists them).
+    """
+    kit.check_absent(submitted(conn), _wanted(photo_id, fields))
+
+
+def _wanted(photo_id: str | None, fields: dict[str, Any]) -> dict[str, Any]:
+    return fields if photo_id is None else {"photo_id": photo_id, **fields}
 
 
 def advance(conn: Any, seconds: float, type: str | None = None) -> int:  # noqa: A002
@@ -164,6 +182,11 @@ async def assert_submitted_async(
 ) -> Submitted:
     """`assert_submitted` on an async connection."""
     return kit.check_expected(await submitted_async(conn), photo_id, type, expected)
+
+
+async def assert_not_submitted_async(conn: Any, photo_id: str | None = None, **fields: Any) -> None:
+    """`assert_not_submitted` on an async connection."""
+    kit.check_absent(await submitted_async(conn), _wanted(photo_id, fields))
 
 
 async def advance_async(conn: Any, seconds: float, type: str | None = None) -> int:  # noqa: A002

@@ -31,10 +31,18 @@ from reactor.producer import Executed, SyncExecute
 from reactor.routes import given_routes
 from reactor.settings import WorkerSettings
 from reactor.tracing import stored_context
-from reactor.worker.entry import import_handler
+from reactor.worker.entry import call_handler, check_plain, import_handler
 from reactor.worker.lifecycle import Outcome, Store, finish, outcome_of, start
 
-__all__ = ["JobResult", "Submitted", "advance", "check_expected", "run", "submitted"]
+__all__ = [
+    "JobResult",
+    "Submitted",
+    "advance",
+    "check_absent",
+    "check_expected",
+    "run",
+    "submitted",
+]
 
 Handler = Callable[[str], object]
 #: Opens a savepoint in the caller's transaction; leaving it with an exception rolls it back.
@@ -60,12 +68,15 @@ class Submitted:
 @dataclass(frozen=True)
 class JobResult:
     """How one attempt that `run_jobs` ran ended: `done`, `retry` (pending again after the
-    backoff), `failed` (a `PermanentError`, or its attempts spent), or `skipped` (the fenced
-    start refused it); `attempt` is its number in the row's current life."""
+    backoff), `failed` (a `PermanentError`, or its attempts spent; at attempt 0, spent before
+    dispatch), `skipped` (the fenced start refused it), or `superseded` (the row moved on
+    while the handler ran, e.g. the handler cancelled it: its outcome was not written, and
+    `error` is the handler's, if it raised); `attempt` is its number in the row's current
+    life."""
 
     photo_id: str
     type: str
-    outcome: Literal["done", "retry", "failed", "skipped"]
+    outcome: Literal["done", "retry", "failed", "skipped", "superseded"]
     attempt: int
     error: str | None = None
 
@@ -100,6 +111,23 @@ def submitted(rows: Executed) -> list[Submitted]:
     return [Submitted(*row) for row in rows[1]]
 
 
+def _known_fields(caller: str, given: Mapping[str, Any]) -> None:
+    known = {f.name for f in fields(Submitted)}
+    unknown = sorted(set(given) - known)
+    if unknown:
+        raise TypeError(f"{caller}: unknown fields {unknown}; known: {sorted(known)}")
+
+
+def _differ(row: Submitted, wanted: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """The fields of `row` that differ from `wanted`: (got, wanted) by name; the one matching
+    rule of `assert_submitted` and `assert_not_submitted`."""
+    return {k: (getattr(row, k), v) for k, v in wanted.items() if getattr(row, k) != v}
+
+
+def _listing(rows: list[Submitted]) -> str:
+    return "\n".join(f"  {r}" for r in rows) or "  (nothing)"
+
+
 def check_expected(
     rows: list[Submitted], photo_id: str, job_type: str, expected: Mapping[str, Any]
 ) -> Submitted:
@@ -110,21 +138,36 @@ def check_expected(
         AssertionError: no such row, or a field differs; the message lists what was
             submitted.
     """
-    known = {f.name for f in fields(Submitted)}
-    unknown = sorted(set(expected) - known)
-    if unknown:
-        raise TypeError(f"assert_submitted: unknown fields {unknown}; known: {sorted(known)}")
-    found = next((r for r in rows if r.photo_id == photo_id and r.type == job_type), None)
-    listing = "\n".join(f"  {r}" for r in rows) or "  (nothing)"
+    _known_fields("assert_submitted", expected)
+    key = {"photo_id": photo_id, "type": job_type}
+    found = next((r for r in rows if not _differ(r, key)), None)
     if found is None:
-        raise AssertionError(f"no {job_type} job for photo {photo_id!r}; submitted:\n{listing}")
-    differ = {k: (getattr(found, k), v) for k, v in expected.items() if getattr(found, k) != v}
+        raise AssertionError(
+            f"no {job_type} job for photo {photo_id!r}; submitted:\n{_listing(rows)}"
+        )
+    differ = _differ(found, expected)
     if differ:
         said = ", ".join(f"{k}={got!r} (expected {want!r})" for k, (got, want) in differ.items())
         raise AssertionError(
-            f"{job_type} job for photo {photo_id!r}: {said}; submitted:\n{listing}"
+            f"{job_type} job for photo {photo_id!r}: {said}; submitted:\n{_listing(rows)}"
         )
     return found
+
+
+def check_absent(rows: list[Submitted], wanted: Mapping[str, Any]) -> None:
+    """That no row matches `wanted` (field: value; none given: no row at all).
+
+    Raises:
+        TypeError: `wanted` names a field `Submitted` does not have.
+        AssertionError: rows match; the message lists them.
+    """
+    _known_fields("assert_not_submitted", wanted)
+    found = [r for r in rows if not _differ(r, wanted)]
+    if found:
+        said = ", ".join(f"{k}={v!r}" for k, v in wanted.items()) or "anything"
+        raise AssertionError(
+            f"expected no job matching {said}; {len(found)} submitted:\n{_listing(found)}"
+        )
 
 
 def advance(execute: SyncExecute, seconds: float, job_type: str | None) -> int:
@@ -147,8 +190,15 @@ def _handlers(
     missing = [t for t in chosen if t not in handlers]
     if missing:
         raise ValueError(f"run_jobs: no handler for types {missing}")
-    chosen_handlers = ((t, handlers[t]) for t in chosen)
-    return {t: h if callable(h) else import_handler(h) for t, h in chosen_handlers}
+    funcs: dict[str, Handler] = {}
+    for job_type in chosen:
+        given = handlers[job_type]
+        if isinstance(given, str):
+            funcs[job_type] = import_handler(given)
+        else:
+            check_plain(given, f"run_jobs: the handler of {job_type!r}")
+            funcs[job_type] = given
+    return funcs
 
 
 def run(
@@ -197,12 +247,14 @@ def _attempt(
         # A failed statement aborts the whole transaction; rolled back to the savepoint, only
         # the handler's own work is lost and `finish` can still write the outcome.
         with savepoint():
-            func(ref.photo_id)
+            call_handler(func, ref.photo_id)
     except Exception as exc:
         outcome = outcome_of(exc)
     else:
         outcome = Outcome("ok")
-    finish(store, settings, ref, started, outcome)
+    if not finish(store, settings, ref, started, outcome):
+        # The outcome was fenced off (cancelled or re-dispatched meanwhile): nothing written.
+        return JobResult(ref.photo_id, ref.type, "superseded", started.attempt, outcome.error)
     if outcome.kind == "ok":
         return JobResult(ref.photo_id, ref.type, "done", started.attempt)
     final = outcome.kind == "permanent" or started.last

@@ -53,7 +53,8 @@ for name, codenames in {
     shown["history"] = page.status_code
     if page.status_code == 200:
         shown["history_actions"] = actions(page)
-    data = {"action": "requeue_failed", "_selected_action": ["photo.process:IMG_P"]}
+    # The checkbox's value as the list renders it: the row's key, then its token.
+    data = {"action": "requeue_failed", "_selected_action": ["photo.process:IMG_P:1"]}
     page = client.post(url, data, follow=True)
     shown["requeue"] = page.status_code
     if page.redirect_chain:

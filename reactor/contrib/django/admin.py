@@ -2,18 +2,23 @@
 and two actions that requeue the selected failed or done rows; and of `photo_jobs_history`:
 the archived lives, read-only, with an action that brings the selected photos back.
 
-The actions run `REQUEUE_PHOTOS`, the statement of `reactor requeue`: only rows still done or
-failed move (a new life at attempts 0, the token going on), so a row a worker holds is never
-touched. The history's action runs `RESTORE_ARCHIVED`, that of `reactor requeue` for archived
-photos: the latest archived life of each (photo, type) comes back as a pending row (its token
-going on), unless it has a row in `photo_jobs` already.
+The actions lock the selected rows still in the action's state (done, or failed), then run
+`REQUEUE_PHOTOS`, the statement of `reactor requeue`, on them: a new life at attempts 0, the
+token going on; a row a worker holds is never touched. A ticked row moves only if it is still
+at the token (`prior_attempts + attempts`) the page showed: one that was submitted again and
+ran since is another life, left alone and counted in the message. The history's action runs
+`RESTORE_ARCHIVED`, that of `reactor requeue` for archived photos: the latest archived life of
+each (photo, type) comes back as a pending row (its token going on), unless it has a row in
+`photo_jobs` already. An action waits at most `LOCK_TIMEOUT_MS` for a row another session
+holds, then does nothing and says so.
 
 An action acts on exactly the rows ticked, each a (type, photo id). The models' primary key is
 the photo id alone (the admin takes no composite key), which would select a photo's rows of
 every type; so each checkbox carries its row's `row_key` (the type, `:`, the photo id
-percent-encoded: browsers rewrite line breaks in form values) and the list is narrowed to
-those rows before Django's own selection. "Select all" acts on every row the list shows
-(filtered), as Django's does.
+percent-encoded: browsers rewrite line breaks in form values; in the rows' list, then `:` and
+the row's token) and the list is narrowed to those rows before Django's own selection.
+"Select all" acts on every row the list shows (filtered) in the action's state, as Django's
+does.
 
 A row's page (read-only) and its history are at its key too: the list links each row to
 `.../<row_key>/change/` (an archived life's key adds `:` and its `finished_at`, since a photo
@@ -49,7 +54,7 @@ from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.utils import quote, unquote
 from django.contrib.admin.views.main import ChangeList
 from django.contrib.contenttypes.models import ContentType
-from django.db import DataError, connections, transaction
+from django.db import DataError, transaction
 from django.db.models import Q
 from django.http import HttpResponseRedirect
 from django.urls import reverse
@@ -57,11 +62,10 @@ from django.utils.html import format_html
 from django.utils.text import smart_split, unescape_string_literal
 from django.utils.translation import gettext
 
+from reactor.contrib.django.actions import RowHeldError, requeue, restore
 from reactor.contrib.django.filters import TypeListFilter
 from reactor.contrib.django.models import ArchivedPhotoJob, PhotoJob
 from reactor.errors import InvalidJobError
-from reactor.pg import queries
-from reactor.producer import sync_executor
 from reactor.validate import (
     check_row_photo_id,
     is_valid_type,
@@ -70,30 +74,6 @@ from reactor.validate import (
 )
 
 logger = logging.getLogger(__name__)
-
-#: Photo ids per requeue statement, as `reactor requeue` batches them.
-REQUEUE_BATCH = 5000
-
-
-def requeue(queryset: Any, state: str | None, statement: str = queries.REQUEUE_PHOTOS) -> int:
-    """Run `statement` for the photos of `queryset` (those in `state`, if given), type by
-    type; rows it changed."""
-    by_type: dict[str, set[str]] = defaultdict(set)
-    if state is not None:
-        queryset = queryset.filter(state=state)
-    for job_type, photo_id in queryset.values_list("type", "photo_id"):
-        by_type[job_type].add(photo_id)
-    connection = connections[queryset.db]
-    moved = 0
-    with transaction.atomic(using=queryset.db):
-        execute = sync_executor(connection)
-        for job_type, ids in by_type.items():
-            photo_ids = sorted(ids)
-            for start in range(0, len(photo_ids), REQUEUE_BATCH):
-                chunk = photo_ids[start : start + REQUEUE_BATCH]
-                params = {"photo_ids": chunk, "type": job_type}
-                moved += execute(statement, params)[0]
-    return moved
 
 
 def row_key(job_type: str, photo_id: str) -> str:
@@ -242,11 +222,20 @@ class _ByRowAdmin(admin.ModelAdmin):
             context["row_history_url"] = self.row_url("history", obj)
         return context
 
+    def checkbox_value(self, obj: Any) -> str:
+        """The value of a row's checkbox: its `row_key`."""
+        return row_key(obj.type, obj.photo_id)
+
+    def parse_checkbox(self, value: str) -> tuple[str, str, int | None] | None:
+        """(type, photo id, token or None) of a `checkbox_value`, or None: not one."""
+        row = parse_row_key(value)
+        return None if row is None else (*row, None)
+
     def action_checkbox(self, obj: Any) -> Any:
         label = format_html(gettext("Select this object for an action - {}"), str(obj))
         attrs = {"class": "action-select", "aria-label": label}
         checkbox = forms.CheckboxInput(attrs, lambda value: False)  # rendered unticked
-        return checkbox.render(helpers.ACTION_CHECKBOX_NAME, row_key(obj.type, obj.photo_id))
+        return checkbox.render(helpers.ACTION_CHECKBOX_NAME, self.checkbox_value(obj))
 
     # The column's header, as Django sets it on its own method (older releases need it).
     action_checkbox.__dict__.update(admin.ModelAdmin.action_checkbox.__dict__)
@@ -260,13 +249,16 @@ class _ByRowAdmin(admin.ModelAdmin):
         if across or not keys:
             return super().response_action(request, queryset)
         by_type: dict[str, set[str]] = defaultdict(set)
+        tokens: dict[tuple[str, str], int | None] = {}
         for key in keys:
-            row = parse_row_key(key)
+            row = self.parse_checkbox(key)
             if row is None:
                 message = "the selection is not this list's rows (reload the page): nothing done"
                 self.message_user(request, message, messages.ERROR)
                 return None
             by_type[row[0]].add(row[1])
+            tokens[row[:2]] = row[2]
+        request.reactor_tokens = tokens  # the lives the page showed, for the action
         ticked = Q()
         for job_type, photo_ids in by_type.items():
             ticked |= Q(type=job_type, photo_id__in=sorted(photo_ids))
@@ -310,14 +302,37 @@ class PhotoJobAdmin(_ByRowAdmin):
             return ("-updated_at",)
         return ("photo_id", "type")
 
+    def checkbox_value(self, obj: Any) -> str:
+        """`row_key`, `:`, the row's token: which life of the row the page showed."""
+        return f"{row_key(obj.type, obj.photo_id)}:{obj.prior_attempts + obj.attempts}"
+
+    def parse_checkbox(self, value: str) -> tuple[str, str, int | None] | None:
+        key, _, token = value.rpartition(":")
+        row = parse_row_key(key)
+        # A bare `row_key` is refused too (a page from before the token: reload it); a token
+        # is a bigint, at most 19 digits (int() of thousands of digits raises).
+        if row is None or not token.isascii() or not token.isdigit() or len(token) > 19:
+            return None
+        return (*row, int(token))
+
     def has_requeue_permission(self, request: Any) -> bool:
         opts = self.opts
         return bool(request.user.has_perm(f"{opts.app_label}.change_{opts.model_name}"))
 
     def _requeue(self, request: Any, queryset: Any, state: str) -> None:
-        moved = requeue(queryset, state)
+        try:
+            moved, changed = requeue(queryset, state, getattr(request, "reactor_tokens", None))
+        except RowHeldError as exc:
+            self.message_user(request, str(exc), messages.ERROR)
+            return
         self.audit(request, f"requeue_{state}", moved)
-        self.message_user(request, f"{moved} {state} row(s) requeued", messages.SUCCESS)
+        said, level = f"{moved} {state} row(s) requeued", messages.SUCCESS
+        if changed:
+            said, level = (
+                f"{said}; {changed} changed since the list was shown: left alone",
+                (messages.WARNING),
+            )
+        self.message_user(request, said, level)
 
     @admin.action(description="Requeue selected failed rows", permissions=["requeue"])
     def requeue_failed(self, request: Any, queryset: Any) -> None:
@@ -364,6 +379,10 @@ class ArchivedPhotoJobAdmin(_ByRowAdmin):
 
     @admin.action(description="Requeue selected archived photos", permissions=["restore"])
     def restore(self, request: Any, queryset: Any) -> None:
-        moved = requeue(queryset, None, queries.RESTORE_ARCHIVED)
+        try:
+            moved = restore(queryset)
+        except RowHeldError as exc:
+            self.message_user(request, str(exc), messages.ERROR)
+            return
         self.audit(request, "restore", moved)
         self.message_user(request, f"{moved} archived photo(s) requeued", messages.SUCCESS)
