@@ -19,18 +19,26 @@ dashboard`: a thread per connection, at most `MAX_CLIENTS` connections at once.
   can destroy the answer before the client reads it. It still counts as sending meanwhile.
 - Each server's handler sets its socket timeout, which bounds how long a silent client holds
   its place.
+- A client that resets or closes its connection while its request is read or answered is its
+  own business: one debug line (`http_client_gone`), never socketserver's traceback on stderr
+  (which bypasses logging: a JSON log would get 20 lines of text). Any other error escaping a
+  handler is logged (`http_request_failed`, with its traceback), a few times a second at most.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import socket
+import sys
 import threading
 import time
 from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from io import BufferedIOBase
 from typing import Any
+
+from reactor.throttle import LogThrottle
 
 __all__ = [
     "BODY_BYTES_PER_SECOND",
@@ -41,6 +49,8 @@ __all__ = [
     "body_length",
 ]
 
+logger = logging.getLogger(__name__)
+
 #: Connections held at once; a new one beyond this closes the oldest still sending its request.
 MAX_CLIENTS = 32
 #: The largest body a handler reads, and the most unread bytes `linger` drops before closing.
@@ -49,6 +59,8 @@ MAX_BODY_BYTES = 4 * 1024 * 1024
 BODY_BYTES_PER_SECOND = 64 * 1024
 #: The least time `linger` gives a client to stop sending after its answer.
 LINGER_SECONDS = 1.0
+#: Handler errors logged: a few a second at most (any client can cause them).
+_failed_log = LogThrottle(burst=5, interval_seconds=10.0)
 _LATE = b"408 request timeout: the body did not arrive in time\n"
 _LATE_REPLY = (
     b"HTTP/1.0 408 Request Timeout\r\nContent-Type: text/plain; charset=utf-8\r\n"
@@ -180,6 +192,21 @@ class BoundedHTTPServer(ThreadingHTTPServer):
             for sock in late:
                 del self._sending[sock]
                 _cut(sock)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # Called by socketserver inside the `except` of the handler's exception.
+        exc = sys.exc_info()[1]
+        client = client_address[0] if isinstance(client_address, tuple) else client_address
+        if isinstance(exc, ConnectionError | TimeoutError):  # the client went away, or stalled
+            logger.debug("http_client_gone client=%s error=%s", client, type(exc).__name__)
+        elif _failed_log.allow():
+            logger.error(
+                "http_request_failed client=%s error=%s suppressed=%d",
+                client,
+                type(exc).__name__,
+                _failed_log.suppressed(),
+                exc_info=exc,
+            )
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:

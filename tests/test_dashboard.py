@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import socket
+import struct
 import subprocess
 import threading
 import urllib.error
@@ -581,7 +582,7 @@ def test_a_request_that_fails_unexpectedly_gets_a_500_of_one_line(
             raise ValueError("unexpected at postgresql://app:s3cret@db/app\nand more")
 
     class BrokenActions(Actions):
-        def post(self, path: str, headers: Message, body: bytes | None) -> Reply:
+        def post(self, path: str, headers: Message, body: bytes | None, client: str) -> Reply:
             raise KeyError("boom")
 
     token = "t0ken-for-scripts-0123456789"
@@ -1069,3 +1070,58 @@ def test_the_done_count_is_read_at_most_every_thirty_seconds(
         assert counts()["done"] == 2
     finally:
         board.close()
+
+
+def test_it_refuses_to_serve_beyond_loopback_without_a_credential_unless_told(
+    env: Env, spawn: Callable[..., Process]
+) -> None:
+    """Read-only and open on a wildcard address, anyone who can reach the port (sending `Host:
+    localhost`) reads everything: it refuses to start, in one line naming what to set."""
+    refused = run_cli(env, "dashboard", "--host", "0.0.0.0", "--port", str(free_port()), timeout=20)
+    assert refused.returncode == 2, refused.stderr
+    [line] = refused.stderr.strip().splitlines()
+    assert "refusing to serve the dashboard without a credential on 0.0.0.0" in line, line
+    assert "REACTOR_DASHBOARD_READ_TOKEN" in line and "REACTOR_DASHBOARD_OPEN=1" in line, line
+    # Told to serve it open: it does, and says so once.
+    port = free_port()
+    told = spawn(
+        "-m", "reactor", "dashboard", "--host", "0.0.0.0", "--port", str(port),
+        name="dashboard-open", extra_env={"REACTOR_DASHBOARD_OPEN": "1"},
+    )  # fmt: skip
+    told.wait_for_line("dashboard_serving")
+    assert sum("dashboard_open_to_network" in line for line in told.lines) == 1, told.lines
+    assert get_with_host(port, "localhost") == 200
+    # Behind a credential it needs no such word.
+    guarded = spawn(
+        "-m", "reactor", "dashboard", "--actions", "--host", "0.0.0.0", "--port",
+        str(free_port()), name="dashboard-guarded",
+        extra_env={"REACTOR_DASHBOARD_READ_TOKEN": "read-only-t0ken-0123456789"},
+    )  # fmt: skip
+    guarded.wait_for_line("dashboard_serving")
+    assert not any("dashboard_open_to_network" in line for line in guarded.lines)
+
+
+def test_a_client_that_resets_its_connection_leaves_no_traceback(
+    env: Env, spawn: Callable[..., Process]
+) -> None:
+    """A client gone mid-answer (a reset: SO_LINGER 0) is nothing to report: no traceback on
+    stderr (which would bypass logging and break `--log-format json`)."""
+    port = free_port()
+    proc = spawn(
+        "-m", "reactor", "--log-format", "json", "--log-level", "debug", "dashboard",
+        "--port", str(port), name="dashboard",
+    )  # fmt: skip
+    proc.wait_for_line("dashboard_serving")
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(20):
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        sock.close()
+    assert get(base + "/api/overview")[0] == 200
+    # One debug line each (`http_client_gone`), and nothing else: no traceback.
+    wait_for(
+        lambda: sum("http_client_gone" in line for line in proc.lines) == 20,
+        what="every reset connection handled",
+    )
+    assert all(line.startswith("{") for line in proc.lines), proc.output()

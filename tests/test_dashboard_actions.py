@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import http.client
 import json
 import re
 import socket
@@ -730,3 +731,194 @@ def test_a_cancel_that_cannot_reach_redis_is_done_logged_and_warned(
         lambda: sum(f"{logged} warning=" in line for line in dashboard.lines) == 2,
         what="both cancels logged",
     )
+
+
+# -- password guesses, stale forms, hostile bodies -----------------------------------------------
+
+
+def basic(name: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{name}:{password}".encode()).decode()
+
+
+def overview_status(port: int, authorization: str, source: str = "127.0.0.1") -> tuple[int, str]:
+    """GET /api/overview from `source`: the status and the Retry-After header ('' if none)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10, source_address=(source, 0))
+    try:
+        conn.request("GET", "/api/overview", headers={"Authorization": authorization})
+        response = conn.getresponse()
+        response.read()
+        return response.status, response.headers.get("Retry-After", "")
+    finally:
+        conn.close()
+
+
+def guessing(port: int, threads: int, password: Callable[[int, int], str]) -> Callable[[], None]:
+    """`threads` clients sending alice's name with `password(thread, n)` as fast as they are
+    answered, from 127.0.0.1, until the returned function is called."""
+    stop = threading.Event()
+
+    def guess(i: int) -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            with contextlib.suppress(OSError, http.client.HTTPException):  # dropped: a guess
+                overview_status(port, basic("alice", password(i, n)))
+
+    running = [threading.Thread(target=guess, args=(i,), daemon=True) for i in range(threads)]
+    for thread in running:
+        thread.start()
+
+    def stopped() -> None:
+        stop.set()
+        for thread in running:
+            thread.join(timeout=30)
+
+    return stopped
+
+
+#: The longest a request may wait for its answer: a password check or two (tens of ms each),
+#: never a queue of them.
+ANSWER_SECONDS = 1.0
+
+
+def answered_in_time(port: int, source: str, seconds: float) -> int:
+    """alice's right password from `source` until it is answered 200, within `seconds`, each
+    try answered within `ANSWER_SECONDS`: a 503 must say when to retry (and is retried then);
+    a dropped connection fails the test. How many tries it took."""
+    deadline = time.monotonic() + seconds
+    tries = 0
+    while True:
+        tries += 1
+        began = time.monotonic()
+        try:
+            status, retry_after = overview_status(port, ALICE["Authorization"], source)
+        except (OSError, http.client.HTTPException) as exc:
+            raise AssertionError(f"the right password was dropped on try {tries}: {exc!r}") from exc
+        took = time.monotonic() - began
+        assert took < ANSWER_SECONDS, f"try {tries} answered {status} after {took:.2f} s"
+        if status == 200:
+            return tries
+        assert (status, retry_after.isdigit()) == (503, True), (status, retry_after)
+        assert time.monotonic() + int(retry_after) < deadline, f"still {status} after {tries}"
+        time.sleep(int(retry_after))  # what the server asked for
+
+
+#: Guessing clients: fewer than the connections served at once, so that the server's own bound
+#: (a connection beyond it closes the oldest still sending) is not what is tested.
+GUESSERS = MAX_CLIENTS * 3 // 4
+
+
+@pytest.mark.slow  # a load of 24 clients on two cores: timed, so not beside other tests
+def test_a_flood_of_wrong_passwords_locks_no_one_out(
+    env: Env, spawn: Callable[..., Process]
+) -> None:
+    """A wrong password sent again and again costs one check (remembered as wrong), so the
+    right one, from the same address, gets through; guesses that differ each time are checked
+    one at a time, each address's at most once a second, and never queue: the right password
+    from another address is answered 200 within seconds (at worst told to retry first)."""
+    _, base = start_actions_dashboard(spawn, **USERS)
+    port = int(base.rsplit(":", 1)[1])
+    stop = guessing(port, GUESSERS, lambda i, n: "the-same-wrong-password")
+    try:
+        time.sleep(1.0)  # the flood under way (a client's pace, not a wait for the server)
+        assert answered_in_time(port, "127.0.0.1", seconds=5) <= 3
+    finally:
+        stop()
+    stop = guessing(port, GUESSERS, lambda i, n: f"guess-{i}-{n}")
+    try:
+        time.sleep(1.0)
+        assert answered_in_time(port, "127.0.0.2", seconds=5) <= 3
+    finally:
+        stop()
+
+
+def test_an_unknown_user_name_costs_the_check_a_known_one_does() -> None:
+    """No user enumeration by timing: a wrong password of a name that does not exist takes as
+    long as one of a name that does (each a scrypt); a wrong header seen before costs none."""
+    from reactor.ops.auth import load_credentials
+
+    found = load_credentials({"REACTOR_DASHBOARD_USERS": f"carol:{hash_password('pw')}"})
+
+    def took(name: str, password: str) -> float:
+        began = time.perf_counter()
+        assert found.identify(basic(name, password)) is None
+        return time.perf_counter() - began
+
+    known = sorted(took("carol", f"wrong-{i}") for i in range(5))[2]
+    unknown = sorted(took("mallory", f"wrong-{i}") for i in range(5))[2]
+    assert unknown > known / 2, (known, unknown)
+    assert took("carol", "wrong-0") < known / 5  # seen before: answered from memory
+
+
+def test_a_deeply_nested_json_body_gets_a_400_of_one_line(
+    env: Env, spawn: Callable[..., Process]
+) -> None:
+    _, base = start_actions_dashboard(spawn, REACTOR_DASHBOARD_TOKEN=TOKEN)
+    headers = {**bearer(TOKEN), "Content-Type": "application/json"}
+    for body in (b"[" * 100_000, b'{"type": ' * 50_000):
+        code, _, text = post(base + "/api/cancel", body, headers)
+        assert (code, text.count("\n")) == (400, 1), (code, text[:300])
+        assert "nested too deeply" in json.loads(text)["error"], text
+
+
+def handler_runs(conn: psycopg.Connection[Any], photo_id: str) -> int:
+    row = conn.execute("SELECT count(*) FROM handler_runs WHERE photo_id = %s", [photo_id])
+    return int(row.fetchone()[0])  # type: ignore[index]
+
+
+def test_a_stale_rows_form_changes_nothing(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
+) -> None:
+    """A row's form carries the state the page showed (and its token): posted after the row
+    moved on (requeued elsewhere and run to done), it answers 409 and the row stays as it is.
+    The JSON API takes the same fence, optional: checked when given."""
+    failed_rows(conn, "p1", "p2", "p3")
+    start_reactor(spawn, "--route", OK_ROUTE)
+    worker = spawn("-m", "reactor", "worker", "--route", OK_ROUTE, "--simple", name="worker")
+    worker.wait_for_line("Listening on")
+    _, base = start_actions_dashboard(spawn, **USERS)
+    request = urllib.request.Request(base + "/", headers=ALICE)
+    with urllib.request.urlopen(request, timeout=30) as response:
+        cookie = response.headers["Set-Cookie"].split(";")[0]
+        forms = Forms(response.read().decode())
+    shown = forms.forms["requeue:photo.process:p1"]
+
+    code, _, body = post(
+        base + "/api/requeue", {"type": "photo.process", "photo_ids": ["p1"]}, ALICE
+    )
+    assert code == 200, body
+    wait_for(lambda: state_of(conn, "p1") == "done", timeout=30, what="p1 run to done")
+    code, text = form_post(base, "requeue", shown, cookie)
+    assert code == 409, text
+    assert text == "409 conflict: photo p1 changed since the page was shown: nothing done\n"
+    assert (state_of(conn, "p1"), handler_runs(conn, "p1")) == ("done", 1)
+
+    # In the same state the page showed, but another dispatch of the row (requeued and failed
+    # again meanwhile): the token tells them apart.
+    shown = forms.forms["requeue:photo.process:p3"]
+    assert ("token", "1") in shown
+    conn.execute(
+        "UPDATE photo_jobs SET prior_attempts = prior_attempts + attempts WHERE photo_id = 'p3'"
+    )
+    code, text = form_post(base, "requeue", shown, cookie)
+    assert code == 409, text
+    assert state_of(conn, "p3") == "failed"
+
+    # The API: a fence that no longer holds is refused; one that holds acts; none: as before.
+    requeue = base + "/api/requeue"
+    for fence in ({"row_state": "done"}, {"token": 7}, {"row_state": "failed", "token": 7}):
+        code, _, body = post(
+            requeue, {"type": "photo.process", "photo_ids": ["p2"], **fence}, ALICE
+        )
+        assert code == 409 and "changed since" in json.loads(body)["error"], (fence, body)
+    assert state_of(conn, "p2") == "failed"
+    code, _, body = post(
+        requeue, {"type": "photo.process", "photo_ids": ["p1", "p2"], "token": 1}, ALICE
+    )
+    assert code == 400, body  # a fence names one row
+    code, _, body = post(
+        requeue,
+        {"type": "photo.process", "photo_ids": ["p2"], "row_state": "failed", "token": 1},
+        ALICE,
+    )
+    assert (code, json.loads(body)["rows"]) == (200, 1), body

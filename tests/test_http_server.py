@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import select
 import socket
+import struct
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
@@ -25,6 +26,15 @@ def shut_for_reading(sock: socket.socket) -> bool:
     """Whether the server has ended `sock`'s reads (`shutdown`): a read finds EOF at once."""
     readable, _, _ = select.select([sock], [], [], 0)
     return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
+
+
+def reset_arrived(sock: socket.socket) -> bool:
+    """Whether the peer has reset `sock` (or closed it): a read fails, or finds EOF, at once."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
+    except ConnectionError:
+        return True
 
 
 class LastByteCut(io.BufferedIOBase):
@@ -93,3 +103,48 @@ def test_a_body_whose_connection_is_closed_after_its_last_byte_is_not_handed_ove
         assert client.recv(1024) == b""  # closed, unanswered
     wait_for(lambda: got, what="the handler done")
     assert got == [None]
+
+
+def test_a_client_that_resets_its_connection_is_not_reported_on_stderr(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """A client gone while its request is read or answered (a reset: SO_LINGER 0) is its own
+    business: no traceback on stderr, where socketserver prints one by default."""
+    answered = threading.Event()
+    ended: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        timeout = 30
+
+        def finish(self) -> None:  # called however the request ended
+            ended.append("")
+            super().finish()
+
+        def do_GET(self) -> None:
+            wait_for(lambda: reset_arrived(self.request), what="the client's reset")
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"x" * 1_000_000)
+            answered.set()
+
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+            pass
+
+    bound = BoundedHTTPServer(("127.0.0.1", 0), Handler, 30.0)
+    thread = threading.Thread(target=bound.serve_forever, daemon=True)
+    thread.start()
+    try:
+        for _ in range(5):
+            sock = socket.create_connection(("127.0.0.1", bound.server_address[1]))
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            sock.close()
+        # `_open` drops once a connection's error, if any, has been dealt with.
+        wait_for(lambda: len(ended) == 5 and bound._open == 0, what="every connection ended")
+    finally:
+        bound.shutdown()
+        bound.server_close()
+        thread.join(timeout=10)
+    assert not answered.is_set()  # each answer failed on the reset
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Error" not in err, err

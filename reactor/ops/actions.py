@@ -13,9 +13,11 @@ An action on photo ids, a pause, a resume is one transaction whose lock waits en
 nothing changed, and holds up no other action. A bulk action skips locked rows.
 
 Who may act (`reactor.ops.auth`): every request needs a credential when actions are on (401
-without one); a read-only credential may look but gets 403 on every action. A POST is judged
-on its headers (`refuse_post`) before any of its body is read: a client that may not act holds
-no place while it sends one. Against forged requests from other sites:
+without one; 503 with Retry-After while its password cannot be checked: another check is
+running, or its address sent a wrong one a moment ago); a read-only credential may look but
+gets 403 on every action. A POST is judged on its headers (`refuse_post`) before any of its
+body is read: a client that may not act holds no place while it sends one. Against forged
+requests from other sites:
 - an action is a POST, never a GET;
 - a POST whose `Origin` is not this dashboard's (`http://` or `https://` + the request's Host,
   itself one of the allowed hosts), or whose `Sec-Fetch-Site` says another site, is refused (403);
@@ -24,11 +26,11 @@ no place while it sends one. Against forged requests from other sites:
   shows a confirmation page; the JSON API accepts only `application/json`, which no other
   site's page can send here without a CORS preflight, which this server never grants.
 
-A form names one row or one state, never a list: a row's form carries its photo id in one
-`photo_id` field, percent-encoded UTF-8 (`quoted_photo_id`), decoded whole and never split.
-Photo ids may hold any character but NUL (line breaks, U+2028 …), and browsers rewrite every
-line break of a form value to CRLF, so the id is encoded to come back exactly; a value that is
-not the encoding the page writes is refused. Lists of ids go through the JSON API.
+What a request asks is read and checked by `reactor.ops.action_requests`: a form names one
+row (its photo id encoded so that it comes back exactly) or one state, never a list; a row's
+form carries the row's state and token as the page showed them, and acts only on a row still
+so (`reactor.ops.fenced`), else answers 409 and changes nothing. Lists of ids go through the
+JSON API, where that fence is optional (with one photo id).
 """
 
 from __future__ import annotations
@@ -56,21 +58,24 @@ from reactor.errors import (
 )
 from reactor.http_server import body_length
 from reactor.ops import admin
-from reactor.ops.auth import Credentials, User
+from reactor.ops.action_requests import (
+    MAX_PHOTO_IDS,
+    RefusedError,
+    Request,
+    request_from_form,
+    request_from_json,
+)
+from reactor.ops.auth import CheckBusyError, Credentials, User
 from reactor.ops.cancel import StopNotSentError, cancel_pending, cancel_photos
+from reactor.ops.fenced import RowChangedError, cancel_row, requeue_row
 from reactor.ops.pause import pause_types, resume_types
+from reactor.ops.terminal import visible
 from reactor.pg import db, queries
 from reactor.pg.registry import routes_in_use
 from reactor.redact import redact
 from reactor.routes import Route
 from reactor.rq.redis_url import connect_redis
 from reactor.throttle import LogThrottle
-from reactor.validate import (
-    MAX_PHOTO_ID_BYTES,
-    check_job_type,
-    check_row_photo_id,
-    unquoted_photo_id,
-)
 
 __all__ = ["ACTIONS", "Actions", "Reply"]
 
@@ -80,14 +85,13 @@ logger = logging.getLogger(__name__)
 _refused_log = LogThrottle(burst=20, interval_seconds=10.0)
 
 ACTIONS = ("requeue", "cancel", "pause", "resume")
-#: The most photo ids one action takes (the largest body: `reactor.http_server.MAX_BODY_BYTES`).
-MAX_PHOTO_IDS = 10_000
 COOKIE = "reactor_session"
 #: How long an action waits for a lock that another session holds.
 LOCK_TIMEOUT_SECONDS = 3.0
 #: Actions run at once (each on a connection of its own), and how long one waits for its turn.
 MAX_ACTING = 4
 ACTING_WAIT_SECONDS = 10.0
+_LOCK_TIMEOUT_MS = round(LOCK_TIMEOUT_SECONDS * 1000)
 _LOCKED = "409 conflict: a row this action needs is locked by another session: nothing was changed"
 
 
@@ -99,20 +103,6 @@ class Reply:
     body: bytes
     content_type: str
     headers: tuple[tuple[str, str], ...] = ()
-
-
-@dataclass(frozen=True)
-class _Request:
-    action: str
-    job_type: str
-    photo_ids: tuple[str, ...]
-    bulk_state: str | None  # "failed" (requeue) or "pending" (cancel): every such row
-
-
-class _RefusedError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 def _text(status: int, message: str, headers: tuple[tuple[str, str], ...] = ()) -> Reply:
@@ -133,7 +123,7 @@ def _waits_bounded(conn: db.Connection) -> Iterator[None]:
             conn.execute(queries.SET_LOCAL_LOCK_TIMEOUT, timeout)
             yield
     except LockBusyError:
-        raise _RefusedError(409, _LOCKED) from None
+        raise RefusedError(409, _LOCKED) from None
 
 
 class Actions:
@@ -161,17 +151,31 @@ class Actions:
             scheme = 'Bearer realm="reactor dashboard"'
         return _text(401, "401 unauthorized: log in", (("WWW-Authenticate", scheme),))
 
-    def user(self, headers: Message) -> User | None:
-        return self._credentials.identify(headers.get("Authorization"))
+    def user(self, headers: Message, client: str) -> User | Reply:
+        """Who sent a request from address `client`; else its answer: 401, or 503 while its
+        password cannot be checked (`reactor.ops.auth`)."""
+        try:
+            user = self._credentials.identify(headers.get("Authorization"), client)
+        except CheckBusyError as exc:
+            # 503, not 401: a 401 makes a browser ask for the password again (as if the right
+            # one were wrong) and a script give up; a 503 with Retry-After says "try again" to
+            # a person and to retrying clients (curl --retry, urllib3's Retry).
+            retry = (("Retry-After", str(exc.retry_after)),)
+            return _text(503, "503 busy: a password is being checked; retry in a second", retry)
+        return self._unauthorized() if user is None else user
 
-    def refuse_read(self, headers: Message) -> Reply | None:
-        """401 for a GET without a valid credential, else None (any credential may look)."""
-        return None if self.user(headers) is not None else self._unauthorized()
+    def refuse_read(self, headers: Message, client: str) -> Reply | None:
+        """401 (or 503) for a GET without a valid credential, else None (any may look)."""
+        user = self.user(headers, client)
+        return user if isinstance(user, Reply) else None
 
-    def controls(self, headers: Message) -> tuple[dict[str, Any], tuple[tuple[str, str], ...]]:
+    def controls(
+        self, headers: Message, client: str
+    ) -> tuple[dict[str, Any], tuple[tuple[str, str], ...]]:
         """What the page needs to show its forms (the session's CSRF token, whether the user
         may act), and the Set-Cookie header of a new session when the request had none."""
-        user = self.user(headers)
+        found = self.user(headers, client)  # remembered by `refuse_read`: no check again
+        user = None if isinstance(found, Reply) else found
         session = _cookie(headers)
         extra: tuple[tuple[str, str], ...] = ()
         if session is None:
@@ -187,43 +191,43 @@ class Actions:
 
     # -- POST -----------------------------------------------------------------------------
 
-    def refuse_post(self, path: str, headers: Message) -> Reply | None:
+    def refuse_post(self, path: str, headers: Message, client: str) -> Reply | None:
         """Why a POST is refused on its headers alone, or None: its body may be read."""
-        checked = self._checked(path, headers)
+        checked = self._checked(path, headers, client)
         return checked if isinstance(checked, Reply) else None
 
-    def _checked(self, path: str, headers: Message) -> Reply | tuple[str, bool, User]:
+    def _checked(self, path: str, headers: Message, client: str) -> Reply | tuple[str, bool, User]:
         """The action, whether through the API, and the user; or why the POST is refused."""
         path = path.split("?", 1)[0]
         api = path.startswith("/api/")
         action = path.removeprefix("/api/" if api else "/actions/")
         if not path.startswith(("/api/", "/actions/")) or action not in ACTIONS:
             return _text(404, "not found")
-        user = self.user(headers)
-        if user is None:
-            return self._unauthorized()
+        user = self.user(headers, client)
+        if isinstance(user, Reply):
+            return user
         try:
             _check_origin(headers)
             if not user.can_act:
-                raise _RefusedError(403, f"403 forbidden: {user.name} may only look")
+                raise RefusedError(403, f"403 forbidden: {user.name} may only look")
             if body_length(headers) is None:
-                raise _RefusedError(400, "a body with a Content-Length (at most 4 MiB) is needed")
+                raise RefusedError(400, "a body with a Content-Length (at most 4 MiB) is needed")
             if api and headers.get_content_type() != "application/json":
-                raise _RefusedError(415, "the API takes application/json")
-        except _RefusedError as exc:
+                raise RefusedError(415, "the API takes application/json")
+        except RefusedError as exc:
             return _refusal(exc, api, user, path)
         return action, api, user
 
-    def post(self, path: str, headers: Message, body: bytes) -> Reply:
+    def post(self, path: str, headers: Message, body: bytes, client: str) -> Reply:
         """Answer one POST: the action's result, or why it was refused."""
         path = path.split("?", 1)[0]
-        checked = self._checked(path, headers)
+        checked = self._checked(path, headers, client)
         if isinstance(checked, Reply):
             return checked
         action, api, user = checked
         try:
             if api:
-                request = _from_json(action, body)
+                request = request_from_json(action, body)
             else:
                 fields = urllib.parse.parse_qs(body.decode("utf-8", "replace"))
                 session = _cookie(headers)
@@ -231,35 +235,40 @@ class Actions:
                 if session is None or not hmac.compare_digest(
                     given, self._csrf(session, user.name)
                 ):
-                    raise _RefusedError(
+                    raise RefusedError(
                         403, "403 forbidden: the form's CSRF token is not this session's"
                     )
-                request = _from_form(action, fields)
+                request = request_from_form(action, fields)
                 if request.bulk_state and fields.get("confirm", [""])[0] != "yes":
                     return _confirmation(request, given)
             rows, warning = self._run(request, user)
-        except _RefusedError as exc:
+        except RefusedError as exc:
             return _refusal(exc, api, user, path)
         if api:
             done = {"action": action, "type": request.job_type, "rows": rows}
             return _json_reply(200, done if warning is None else {**done, "warning": warning})
         return _result(request, rows, warning)
 
-    def _run(self, request: _Request, user: User) -> tuple[int, str | None]:
+    def _run(self, request: Request, user: User) -> tuple[int, str | None]:
         """Rows changed, and what went wrong after they were (None: nothing)."""
         by, warning = f"dashboard:{user.name}", None
         if not self._acting.acquire(timeout=ACTING_WAIT_SECONDS):
-            raise _RefusedError(503, f"{MAX_ACTING} actions are running: nothing was changed")
+            raise RefusedError(503, f"{MAX_ACTING} actions are running: nothing was changed")
         try:
             with db.connect(self._database_url, purpose="dashboard") as conn:
                 db.check_schema(conn)
                 rows = _ACTS[request.action](self, conn, request, by)
         except StopNotSentError as exc:  # every row is cancelled: an action done, and logged
             rows, warning = exc.result.cancelled, redact(str(exc).splitlines()[0])
+        except RowChangedError as exc:
+            shown = visible(exc.photo_id[:200])
+            raise RefusedError(
+                409, f"409 conflict: photo {shown} changed since the page was shown: nothing done"
+            ) from None
         except (ConfigError, InvalidJobError) as exc:
-            raise _RefusedError(400, str(exc)) from None
+            raise RefusedError(400, str(exc)) from None
         except (DatabaseError, RedisUnavailableError) as exc:
-            raise _RefusedError(
+            raise RefusedError(
                 503, redact(str(exc).splitlines()[0] if str(exc) else "failed")
             ) from None
         finally:
@@ -277,17 +286,35 @@ class Actions:
         )
         return rows, warning
 
-    def _requeue(self, conn: db.Connection, r: _Request, by: str) -> int:
+    def _requeue(self, conn: db.Connection, r: Request, by: str) -> int:
         if r.bulk_state:
             return admin.requeue_failed(conn, r.job_type)
+        if r.fence is not None:
+            try:
+                return requeue_row(
+                    conn, r.photo_ids[0], r.job_type, r.fence, lock_timeout_ms=_LOCK_TIMEOUT_MS
+                )
+            except LockBusyError:
+                raise RefusedError(409, _LOCKED) from None
         with _waits_bounded(conn):
             return admin.requeue_photos(conn, r.photo_ids, r.job_type)
 
-    def _cancel(self, conn: db.Connection, r: _Request, by: str) -> int:
+    def _cancel(self, conn: db.Connection, r: Request, by: str) -> int:
         if r.bulk_state:
             return cancel_pending(conn, r.job_type, by).cancelled
         client = connect_redis(self._redis_url, socket_timeout=5, socket_connect_timeout=5)
         try:
+            if r.fence is not None:
+                fence, photo_id = r.fence, r.photo_ids[0]
+                return cancel_row(
+                    conn,
+                    client,
+                    photo_id,
+                    r.job_type,
+                    fence,
+                    by=by,
+                    lock_timeout_ms=_LOCK_TIMEOUT_MS,
+                ).cancelled
             # One batch: a row held past the timeout rolls all of it back (a 409).
             return cancel_photos(
                 conn,
@@ -296,18 +323,18 @@ class Actions:
                 r.job_type,
                 by,
                 batch_size=MAX_PHOTO_IDS,
-                lock_timeout_ms=round(LOCK_TIMEOUT_SECONDS * 1000),
+                lock_timeout_ms=_LOCK_TIMEOUT_MS,
             ).cancelled
         except LockBusyError:
-            raise _RefusedError(409, _LOCKED) from None
+            raise RefusedError(409, _LOCKED) from None
         finally:
             client.close()
 
-    def _pause(self, conn: db.Connection, r: _Request, by: str) -> int:
+    def _pause(self, conn: db.Connection, r: Request, by: str) -> int:
         with _waits_bounded(conn):
             return len(pause_types(conn, [r.job_type], self._known_routes(conn), by).changed)
 
-    def _resume(self, conn: db.Connection, r: _Request, by: str) -> int:
+    def _resume(self, conn: db.Connection, r: Request, by: str) -> int:
         with _waits_bounded(conn):
             return len(resume_types(conn, [r.job_type], self._known_routes(conn)).changed)
 
@@ -315,7 +342,7 @@ class Actions:
         return self._routes or dict(routes_in_use(conn))
 
 
-_ACTS: dict[str, Callable[[Actions, db.Connection, _Request, str], int]] = {
+_ACTS: dict[str, Callable[[Actions, db.Connection, Request, str], int]] = {
     "requeue": Actions._requeue,
     "cancel": Actions._cancel,
     "pause": Actions._pause,
@@ -323,7 +350,7 @@ _ACTS: dict[str, Callable[[Actions, db.Connection, _Request, str], int]] = {
 }
 
 
-def _refusal(exc: _RefusedError, api: bool, user: User, path: str) -> Reply:
+def _refusal(exc: RefusedError, api: bool, user: User, path: str) -> Reply:
     if _refused_log.allow():
         logger.warning(
             "dashboard_action_refused user=%s path=%s status=%d why=%s suppressed=%d",
@@ -348,78 +375,9 @@ def _check_origin(headers: Message) -> None:
     origin = headers.get("Origin")
     host = headers.get("Host", "")
     if origin is not None and origin not in (f"http://{host}", f"https://{host}"):
-        raise _RefusedError(403, f"403 forbidden: cross-origin request refused ({origin[:100]})")
+        raise RefusedError(403, f"403 forbidden: cross-origin request refused ({origin[:100]})")
     if headers.get("Sec-Fetch-Site", "same-origin") not in ("same-origin", "none"):
-        raise _RefusedError(403, "403 forbidden: cross-origin request refused (Sec-Fetch-Site)")
-
-
-def _request(action: str, job_type: Any, photo_ids: Any, state: Any) -> _Request:
-    if not isinstance(job_type, str):
-        raise _RefusedError(400, 'give "type"')
-    try:
-        check_job_type(job_type)
-        if action in ("pause", "resume"):
-            return _Request(action, job_type, (), None)
-        bulk = {"requeue": "failed", "cancel": "pending"}[action]
-        if state is not None:
-            if state != bulk or photo_ids:
-                raise _RefusedError(400, f'{action}: give "photo_ids" or "state": "{bulk}"')
-            return _Request(action, job_type, (), bulk)
-        if not isinstance(photo_ids, list) or not photo_ids or len(photo_ids) > MAX_PHOTO_IDS:
-            raise _RefusedError(
-                400, f'{action}: give "photo_ids" (1 to {MAX_PHOTO_IDS}) or "state"'
-            )
-        for photo_id in photo_ids:
-            if not isinstance(photo_id, str):
-                raise _RefusedError(400, "photo ids are strings")
-            check_row_photo_id(photo_id)  # a blank id names the row that has it
-    except (ConfigError, InvalidJobError) as exc:
-        raise _RefusedError(400, str(exc)) from None
-    return _Request(action, job_type, tuple(dict.fromkeys(photo_ids)), None)
-
-
-def _from_json(action: str, body: bytes) -> _Request:
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        raise _RefusedError(400, "the body is not JSON") from None
-    if not isinstance(data, dict):
-        raise _RefusedError(400, "the body is not a JSON object")
-    return _request(action, data.get("type"), data.get("photo_ids"), data.get("state"))
-
-
-def _row_photo_id(encoded: str) -> str:
-    """The photo id a row's form names, decoded exactly (`quoted_photo_id` wrote it).
-
-    Raises:
-        _RefusedError: not an encoding `quoted_photo_id` writes, or not an id the table holds.
-    """
-    photo_id = unquoted_photo_id(encoded)
-    if photo_id is None:
-        raise _RefusedError(400, "photo_id is not a photo id as the page encodes it")
-    # The table's own bounds, not validate_job's: a blank id is refused from a person's
-    # typing, but a row that holds one may be acted on by its own form.
-    if "\x00" in photo_id or len(photo_id.encode()) > MAX_PHOTO_ID_BYTES:
-        raise _RefusedError(400, "photo_id names no row the table could hold")
-    return photo_id
-
-
-def _from_form(action: str, fields: Mapping[str, list[str]]) -> _Request:
-    job_type = fields.get("type", [None])[0]
-    named = fields.get("photo_id", [])
-    if "photo_ids" in fields or len(named) > 1:
-        raise _RefusedError(400, f"{action}: a form names one row (photo_id) or a state")
-    if not named or action in ("pause", "resume"):
-        return _request(action, job_type, None, fields.get("state", [None])[0])
-    if "state" in fields:
-        raise _RefusedError(400, f'{action}: give "photo_id" or "state", not both')
-    if not isinstance(job_type, str):
-        raise _RefusedError(400, 'give "type"')
-    try:
-        check_job_type(job_type)
-    except InvalidJobError as exc:
-        raise _RefusedError(400, str(exc)) from None
-    return _Request(action, job_type, (_row_photo_id(named[0]),), None)
+        raise RefusedError(403, "403 forbidden: cross-origin request refused (Sec-Fetch-Site)")
 
 
 _PAGE = (
@@ -428,7 +386,7 @@ _PAGE = (
 )
 
 
-def _confirmation(r: _Request, csrf: str) -> Reply:
+def _confirmation(r: Request, csrf: str) -> Reply:
     what = f"{r.action} every {r.bulk_state} row of type {r.job_type}"
     fields = {"csrf": csrf, "type": r.job_type, "state": r.bulk_state or "", "confirm": "yes"}
     hidden = "".join(
@@ -442,7 +400,7 @@ def _confirmation(r: _Request, csrf: str) -> Reply:
     return Reply(200, _PAGE.format(body).encode(), "text/html; charset=utf-8")
 
 
-def _result(r: _Request, rows: int, warning: str | None) -> Reply:
+def _result(r: Request, rows: int, warning: str | None) -> Reply:
     text = f"{r.action} {r.job_type}: {rows} row{'' if rows == 1 else 's'} changed"
     body = f'<p id="result">{html.escape(text)}</p><p><a id="back" href="/">back</a></p>'
     if warning is not None:

@@ -9,8 +9,19 @@ Credentials come from the environment, never from flags (`ps` shows flags):
 
 Every comparison runs in constant time (`hmac.compare_digest`). A password is checked with
 scrypt (about 16 MiB and a few tens of milliseconds) one at a time, so a flood of guesses
-cannot exhaust memory; an `Authorization` header that passed once is remembered (its SHA-256,
-in memory) so a page that reloads every few seconds costs no scrypt each time.
+cannot exhaust memory, and no request ever waits for another's check: while one runs, a
+request that needs one is answered at once (`CheckBusyError`: a 503 with Retry-After), so
+guesses cannot hold every connection the server serves. What keeps the right password from
+being crowded out by guesses:
+- an `Authorization` header that passed once is remembered (its SHA-256, in memory), so a page
+  that reloads every few seconds costs no scrypt each time; one that failed is remembered too,
+  so a wrong header sent again and again costs one check;
+- a client address whose password was wrong waits `FAILED_PAUSE_SECONDS` before another of its
+  passwords is checked (a busy answer meanwhile): guesses from one address take a check a
+  second at most, and leave the checker free for everyone else (clients behind one proxy
+  share its address, and its pause).
+An unknown user name costs the same scrypt as a known one (against a decoy hash of the first
+user's parameters): how long a wrong answer takes tells no one which names exist.
 """
 
 from __future__ import annotations
@@ -21,18 +32,22 @@ import hashlib
 import hmac
 import secrets
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from reactor.errors import ConfigError
 
-__all__ = ["Credentials", "User", "hash_password", "load_credentials"]
+__all__ = ["CheckBusyError", "Credentials", "User", "hash_password", "load_credentials"]
 
 _SCRYPT_N, _SCRYPT_R, _SCRYPT_P = 2**14, 8, 1
 _KEY_BYTES = 32
 _SALT_BYTES = 16
-#: Authorization headers that passed, remembered (by hash) at most this many.
+#: Authorization headers that passed, and that failed, remembered (by hash) at most this many
+#: each; client addresses whose password failed lately, at most this many.
 _REMEMBERED = 1000
+#: How long a client address whose password was wrong waits before another is checked.
+FAILED_PAUSE_SECONDS = 1.0
 READ_ONLY = "read-only"
 
 
@@ -91,22 +106,40 @@ class _Hash:
             ) from None
 
 
+class CheckBusyError(Exception):
+    """The password cannot be checked now (another check is running, or this client address
+    sent a wrong one `FAILED_PAUSE_SECONDS` ago): ask again in `retry_after` seconds."""
+
+    retry_after = 1
+
+
 class Credentials:
     """The credentials the dashboard accepts; `identify` tells who sent a request."""
 
     def __init__(self, tokens: Mapping[str, User], users: Mapping[str, tuple[_Hash, User]]) -> None:
         self._tokens = dict(tokens)
         self._users = dict(users)
-        self._checking = threading.Lock()  # one scrypt at a time
+        self._checking = threading.Lock()  # one scrypt at a time; held by the one that runs
+        # Written only with `_checking` held (reads are single lookups): no torn bookkeeping.
         self._passed: dict[bytes, User] = {}
+        self._failed: set[bytes] = set()
+        self._failed_at: dict[str, float] = {}  # client address -> its last wrong password
+        first = next(iter(self._users.values()), None)
+        like = first[0] if first is not None else _Hash(_SCRYPT_N, _SCRYPT_R, _SCRYPT_P, b"", b"")
+        self._decoy = _Hash(like.n, like.r, like.p, secrets.token_bytes(_SALT_BYTES), b"")
 
     @property
     def basic(self) -> bool:
         """Whether users (basic auth) are configured: the 401 then asks browsers to log in."""
         return bool(self._users)
 
-    def identify(self, authorization: str | None) -> User | None:
-        """The user of an `Authorization` header, or None (missing or wrong)."""
+    def identify(self, authorization: str | None, client: str | None = None) -> User | None:
+        """The user of an `Authorization` header sent from address `client` (None: no address,
+        no pause), or None (missing or wrong).
+
+        Raises:
+            CheckBusyError: its password cannot be checked now; nothing was decided.
+        """
         if not authorization:
             return None
         scheme, _, value = authorization.strip().partition(" ")
@@ -114,7 +147,7 @@ class Credentials:
         if scheme.lower() == "bearer":
             return self._bearer(value)
         if scheme.lower() == "basic":
-            return self._basic(value)
+            return self._basic(value, client)
         return None
 
     def _bearer(self, token: str) -> User | None:
@@ -124,27 +157,53 @@ class Credentials:
                 found = user
         return found
 
-    def _basic(self, value: str) -> User | None:
+    def _basic(self, value: str, client: str | None) -> User | None:
         digest = hashlib.sha256(value.encode()).digest()
         remembered = self._passed.get(digest)
         if remembered is not None:
             return remembered
+        if digest in self._failed:  # wrong before, wrong now: no scrypt for it again
+            return None
         try:
             name, sep, password = base64.b64decode(value, validate=True).decode().partition(":")
         except (ValueError, binascii.Error):
             return None
+        if not sep:
+            return None
         entry = self._users.get(name)
-        if not sep or entry is None:
-            return None
-        stored, user = entry
-        with self._checking:
+        stored = entry[0] if entry is not None else self._decoy
+        failed_at = self._failed_at.get(client) if client is not None else None
+        if failed_at is not None and time.monotonic() - failed_at < FAILED_PAUSE_SECONDS:
+            raise CheckBusyError
+        if not self._checking.acquire(blocking=False):  # never wait: see the module
+            raise CheckBusyError
+        try:
             key = _scrypt(password, stored.salt, stored.n, stored.r, stored.p)
-        if not hmac.compare_digest(key, stored.key):
-            return None
-        if len(self._passed) >= _REMEMBERED:
-            self._passed.clear()
-        self._passed[digest] = user
-        return user
+            if entry is None or not hmac.compare_digest(key, stored.key):
+                self._remember_failure(digest, client)
+                return None
+            if len(self._passed) >= _REMEMBERED:
+                self._passed.clear()
+            self._passed[digest] = entry[1]
+            return entry[1]
+        finally:
+            self._checking.release()
+
+    def _remember_failure(self, digest: bytes, client: str | None) -> None:
+        """Called with `_checking` held."""
+        if len(self._failed) >= _REMEMBERED:
+            self._failed.clear()
+        self._failed.add(digest)
+        if client is None:
+            return
+        now = time.monotonic()
+        if len(self._failed_at) >= _REMEMBERED:  # those whose pause is over first, else all
+            for address, at in list(self._failed_at.items()):
+                if now - at >= FAILED_PAUSE_SECONDS:
+                    del self._failed_at[address]
+            if len(self._failed_at) >= _REMEMBERED:
+                self._failed_at.clear()
+        self._failed_at[client] = now
 
 
 def load_credentials(environ: Mapping[str, str]) -> Credentials:

@@ -10,6 +10,10 @@ a 500 with one such line (`dashboard_request_failed`). The dashboard writes noth
 its actions are on (`reactor.ops.actions`: behind a credential).
 
 What it guarantees on a shared host and a big table:
+- Without actions it has no credential: it serves beyond loopback (a wildcard or another
+  address) only when `REACTOR_DASHBOARD_OPEN=1` says to (one warning line), and otherwise
+  refuses to start, naming what to set (`reactor.ops.serving`): anyone who can reach the port
+  could read it, sending `Host: localhost`.
 - Only requests whose `Host` names it are served (loopback names, the address it is bound to
   unless that is a wildcard, and the names given with `--allowed-host`); any other gets 421,
   so a web page that rebinds its own DNS name to 127.0.0.1 cannot read the dashboard.
@@ -28,24 +32,26 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, TypeVar
+from typing import Any
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup
 
 from reactor.errors import ConfigError, DatabaseError, ReactorError, StatementError
 from reactor.http_server import BoundedHTTPServer, body_length
-from reactor.ops.actions import Actions, Reply
+from reactor.ops.actions import Actions
 from reactor.ops.charts import per_minute_chart
 from reactor.ops.hosts import allowed_hosts, host_of
 from reactor.ops.overview import Overview, read_overview
+from reactor.ops.serving import MISDIRECTED, Page, check_open, or_500, page_of, public_reason
 from reactor.ops.status import (
     OTHER_TYPES,
     STATES,
@@ -53,12 +59,9 @@ from reactor.ops.status import (
     read_finished_counts,
     shown_count,
 )
-from reactor.ops.terminal import visible
 from reactor.pg import db
-from reactor.redact import redact
 from reactor.routes import Route
 from reactor.rq.redis_url import connect_redis
-from reactor.throttle import LogThrottle
 from reactor.validate import quoted_photo_id
 
 __all__ = [
@@ -89,23 +92,6 @@ _CSP = (
     "default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
     "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 )
-_URL = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://\S+")
-
-
-def public_reason(text: str) -> str:
-    """One line fit for a page: no password, no connection URL."""
-    lines = text.strip().splitlines()
-    return _URL.sub("<url>", redact(lines[0] if lines else "unknown error"))
-
-
-@dataclass(frozen=True)
-class Page:
-    """One response."""
-
-    status: int
-    body: bytes
-    content_type: str
-    headers: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -333,13 +319,15 @@ def serve_dashboard(
     allowed: Iterable[str] = (),
     client_timeout: float = DEFAULT_CLIENT_TIMEOUT_SECONDS,
     actions: Actions | None = None,
+    environ: Mapping[str, str] = os.environ,
 ) -> ThreadingHTTPServer:
     """Serve the dashboard on `host:port` from a daemon thread; returns the server. Requests
     whose Host header is not among `allowed_hosts(host, allowed)` get 421. With `actions`,
     every request needs a credential and POSTs run actions (`reactor.ops.actions`).
 
     Raises:
-        ConfigError: the address cannot be bound.
+        ConfigError: the address cannot be bound, or it is not loopback and there is no
+            credential (`actions`) nor `REACTOR_DASHBOARD_OPEN=1` in `environ`.
     """
     names = allowed_hosts(host, allowed)
     csp = _CSP if actions is None else _CSP.replace("form-action 'none'", "form-action 'self'")
@@ -349,12 +337,15 @@ def serve_dashboard(
         timeout = client_timeout
         body_read = False  # whether `_post` has read (or tried to read) the body
 
+        def client(self) -> str:
+            return str(self.client_address[0])
+
         def do_GET(self) -> None:
             if server.request_read(self.request):  # else closed already: no one to answer
-                self._send(_or_500(self.path, self._get))
+                self._send(or_500(self.path, self._get))
 
         def do_POST(self) -> None:
-            page = _or_500(self.path, self._post)
+            page = or_500(self.path, self._post)
             if page is not None:  # None: its body did not come, answered 408 or cut
                 self._send(page)
                 if not self.body_read:  # answered on its headers
@@ -364,11 +355,13 @@ def serve_dashboard(
             path = self.path.split("?", 1)[0]
             if host_of(self.headers.get("Host", "")) not in names:  # None: malformed
                 # A DNS-rebinding page sends its own name: never answer it with our data.
-                page = Page(421, _MISDIRECTED, "text/plain; charset=utf-8")
-            elif actions is not None and (refused := actions.refuse_read(self.headers)):
-                page = _page(refused)
+                page = MISDIRECTED
+            elif actions is not None and (
+                refused := actions.refuse_read(self.headers, self.client())
+            ):
+                page = page_of(refused)
             elif path == "/" and actions is not None:
-                controls, cookie = actions.controls(self.headers)
+                controls, cookie = actions.controls(self.headers, self.client())
                 page = replace(dashboard.html_page(controls), headers=cookie)
             elif path == "/":
                 page = dashboard.html_page()
@@ -380,14 +373,16 @@ def serve_dashboard(
 
         def _post(self) -> Page | None:
             if host_of(self.headers.get("Host", "")) not in names:
-                return Page(421, _MISDIRECTED, "text/plain; charset=utf-8")
+                return MISDIRECTED
             if actions is None:
                 return Page(405, b"read-only (reactor dashboard --actions)\n", "text/plain")
-            if refused := actions.refuse_post(self.path, self.headers):
-                return _page(refused)  # settled by its headers: its body is never read
+            if refused := actions.refuse_post(self.path, self.headers, self.client()):
+                return page_of(refused)  # settled by its headers: its body is never read
             self.body_read = True
             body = server.read_body(self.request, self.rfile, body_length(self.headers) or 0)
-            return None if body is None else _page(actions.post(self.path, self.headers, body))
+            if body is None:
+                return None
+            return page_of(actions.post(self.path, self.headers, body, self.client()))
 
         def _send(self, page: Page) -> None:
             self.send_response(page.status)
@@ -408,43 +403,11 @@ def serve_dashboard(
         server = BoundedHTTPServer((host, port), Handler, client_timeout)
     except (OSError, OverflowError) as exc:
         raise ConfigError(f"cannot serve the dashboard on {host}:{port}: {exc}") from None
+    if actions is None:
+        try:
+            check_open(str(server.server_address[0]), f"{host}:{port}", environ)
+        except ConfigError:
+            server.server_close()
+            raise
     threading.Thread(target=server.serve_forever, name="reactor-dashboard", daemon=True).start()
     return server
-
-
-#: Requests that failed unexpectedly, logged: a few a second at most (anyone may send them).
-_failed_log = LogThrottle(burst=5, interval_seconds=10.0)
-
-
-def _page(r: Reply) -> Page:
-    return Page(r.status, r.body, r.content_type, r.headers)
-
-
-_P = TypeVar("_P", bound=Page | None)
-
-
-def _or_500(path: str, build: Callable[[], _P]) -> _P | Page:
-    """The page `build` makes; if it raises, a 500 with one line saying why (logged), so the
-    client gets an answer instead of a connection closed on it."""
-    try:
-        return build()
-    except Exception as exc:  # whatever it is: answered and logged, never a dropped connection
-        reason = visible(f"{type(exc).__name__}: {public_reason(str(exc))}")
-        if _failed_log.allow():
-            logger.error(
-                "dashboard_request_failed path=%s error=%s suppressed=%d",
-                visible(path.split("?", 1)[0][:200]),
-                reason,
-                _failed_log.suppressed(),
-                exc_info=exc if logger.isEnabledFor(logging.DEBUG) else None,
-            )
-        if path.startswith("/api/"):
-            body = json.dumps({"error": f"internal error: {reason}"}) + "\n"
-            return Page(500, body.encode(), "application/json")
-        return Page(500, f"500 internal error: {reason}\n".encode(), "text/plain; charset=utf-8")
-
-
-_MISDIRECTED = (
-    b"421 misdirected request: this Host is not the dashboard's "
-    b"(reactor dashboard --allowed-host NAME allows a name)\n"
-)

@@ -39,6 +39,8 @@ class Failure:
     last_error: str | None
     updated_at: datetime
     next_retry_at: datetime | None
+    #: The row's token (`prior_attempts + attempts`): which dispatch of the row this is.
+    token: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         data = dict(vars(self))
@@ -81,8 +83,8 @@ def read_failures(
             found = conn.execute(queries.FAILURES_COUNT, params).fetchone()
             total = int(found[0]) if found else total
     listed = [
-        Failure(t, p, s, a, m, None if e is None else redact(e), u, n)
-        for t, p, s, a, m, e, u, n in rows
+        Failure(t, p, s, a, m, None if e is None else redact(e), u, n, int(k))
+        for t, p, s, a, m, e, u, n, k in rows
     ]
     return Failures(listed, max(0, total - len(rows)))
 

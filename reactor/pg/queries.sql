@@ -342,7 +342,8 @@ SELECT f.type, f.photo_id, f.state, f.attempts, f.max_attempts,
              '9999-12-30 00:00:00+00'),
        CASE WHEN f.state = 'pending'  -- a failed row retries never
             THEN least(greatest(f.next_retry_at, '0001-01-02 00:00:00+00'),
-                       '9999-12-30 00:00:00+00') END
+                       '9999-12-30 00:00:00+00') END,
+       f.prior_attempts + f.attempts  -- the token: the dashboard's forms are fenced by it
   FROM ((SELECT * FROM photo_jobs
           WHERE state = 'failed' AND (%(type)s::text IS NULL OR type = %(type)s)
           ORDER BY updated_at DESC LIMIT %(limit)s)
@@ -1061,7 +1062,9 @@ SELECT attempts, max_attempts, 0::float8 FROM stamped
 -- The row's state and token once no transaction is moving it (FOR SHARE waits for one),
 -- after ATTEMPT_START found it at no token it may run: the sweep's rescue moves a row from
 -- `active` at the token before to this one, and enqueues this job before its COMMIT. The
--- lock ends with the statement.
+-- lock ends with the statement. The dashboard's fenced requeue and cancel of one row
+-- (`reactor.ops.fenced`) run it first in their transaction: there the lock holds the row, as
+-- read, until their UPDATE has changed it.
 SELECT state, prior_attempts + attempts FROM photo_jobs
  WHERE photo_id = %(photo_id)s AND type = %(type)s
    FOR SHARE
