@@ -282,14 +282,19 @@ def test_actions_need_a_credential_and_hash_password_makes_one(env: Env) -> None
     refused = run_cli(env, "dashboard", "--actions")
     assert refused.returncode == 2
     assert "--actions needs a credential" in refused.stderr
-    made = run_cli(env, "dashboard", "--hash-password", stdin="s3cret\n")
+    short = run_cli(env, "dashboard", "--hash-password", stdin="s3cret\n")
+    assert (short.returncode, short.stderr) == (
+        2,
+        "reactor: error: give a password of at least 8 characters\n",
+    )
+    made = run_cli(env, "dashboard", "--hash-password", stdin="s3cret-pw\n")
     assert made.returncode == 0, made.stderr
     hashed = made.stdout.strip()
     assert hashed.startswith("scrypt$") and "s3cret" not in hashed
     from reactor.ops.auth import Credentials, load_credentials
 
     found: Credentials = load_credentials({"REACTOR_DASHBOARD_USERS": f"carol:{hashed}"})
-    good = base64.b64encode(b"carol:s3cret").decode()
+    good = base64.b64encode(b"carol:s3cret-pw").decode()
     bad = base64.b64encode(b"carol:wrong").decode()
     user = found.identify(f"Basic {good}")
     assert user is not None and (user.name, user.can_act) == ("carol", True)

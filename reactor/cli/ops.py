@@ -48,6 +48,8 @@ logger = logging.getLogger(__name__)
 #: `reactor status` gives up on a Redis that does not answer within this long (seconds), and
 #: prints the rest.
 STATUS_REDIS_TIMEOUT_SECONDS = 5.0
+#: The shortest password `reactor dashboard --hash-password` hashes.
+MIN_PASSWORD_CHARS = 8
 
 
 @click.command()
@@ -367,8 +369,8 @@ def dashboard(**options: Any) -> None:
             password = click.prompt("password", hide_input=True, confirmation_prompt=True)
         else:
             password = sys.stdin.readline().rstrip("\n")
-        if not password:
-            raise ConfigError("give a password that is not empty")
+        if len(password) < MIN_PASSWORD_CHARS:
+            raise ConfigError(f"give a password of at least {MIN_PASSWORD_CHARS} characters")
         click.echo(hash_password(password))
         return
     try:

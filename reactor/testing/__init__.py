@@ -76,6 +76,7 @@ def assert_submitted(
     Raises:
         AssertionError: no such row, or a field differs (the message lists the rows).
     """
+    __tracebackhide__ = True
     return kit.check_expected(submitted(conn), photo_id, type, expected)
 
 
@@ -87,6 +88,7 @@ def assert_not_submitted(conn: Any, photo_id: str | None = None, **fields: Any) 
     Raises:
         AssertionError: rows match (the message lists them).
     """
+    __tracebackhide__ = True
     kit.check_absent(submitted(conn), _wanted(photo_id, fields))
 
 
@@ -181,11 +183,13 @@ async def assert_submitted_async(
     **expected: Any,
 ) -> Submitted:
     """`assert_submitted` on an async connection."""
+    __tracebackhide__ = True
     return kit.check_expected(await submitted_async(conn), photo_id, type, expected)
 
 
 async def assert_not_submitted_async(conn: Any, photo_id: str | None = None, **fields: Any) -> None:
     """`assert_not_submitted` on an async connection."""
+    __tracebackhide__ = True
     kit.check_absent(await submitted_async(conn), _wanted(photo_id, fields))
 
 

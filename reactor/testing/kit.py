@@ -138,6 +138,7 @@ def check_expected(
         AssertionError: no such row, or a field differs; the message lists what was
             submitted.
     """
+    __tracebackhide__ = True  # pytest shows the test's line, not the kit's
     _known_fields("assert_submitted", expected)
     key = {"photo_id": photo_id, "type": job_type}
     found = next((r for r in rows if not _differ(r, key)), None)
@@ -161,6 +162,7 @@ def check_absent(rows: list[Submitted], wanted: Mapping[str, Any]) -> None:
         TypeError: `wanted` names a field `Submitted` does not have.
         AssertionError: rows match; the message lists them.
     """
+    __tracebackhide__ = True
     _known_fields("assert_not_submitted", wanted)
     found = [r for r in rows if not _differ(r, wanted)]
     if found:

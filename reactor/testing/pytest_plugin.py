@@ -45,9 +45,11 @@ class ReactorJobs:
         type: str = DEFAULT_JOB_TYPE,  # noqa: A002
         **expected: Any,
     ) -> testing.Submitted:
+        __tracebackhide__ = True
         return testing.assert_submitted(self.conn, photo_id, type, **expected)
 
     def assert_not_submitted(self, photo_id: str | None = None, **fields: Any) -> None:
+        __tracebackhide__ = True
         testing.assert_not_submitted(self.conn, photo_id, **fields)
 
     def run(
