@@ -114,7 +114,9 @@ def archive(
     counts = {"done": moved.done, "failed": moved.failed, "cancelled": moved.cancelled}
     shown: dict[str, Any] = {f"{verb}_{state}": count for state, count in counts.items()}
     shown["would_drop" if dry_run else "dropped"] = [
-        {"partition": m.name, "estimated_rows": m.estimated_rows} for m in result.dropped
+        {"partition": m.name, "estimated_rows": m.estimated_rows}
+        | ({} if m.rows is None else {"rows": m.rows})
+        for m in result.dropped
     ]
     if dry_run:
         shown["estimated"] = list(moved.estimated)

@@ -173,7 +173,9 @@ def archive(
     if dry_run:
         moved = _counted(conn, ages, exact)
         months = (
-            [] if drop_history_after is None else history_months_before(conn, drop_history_after)
+            []
+            if drop_history_after is None
+            else history_months_before(conn, drop_history_after, exact=exact)
         )
         return ArchiveResult(moved, months)
     try:

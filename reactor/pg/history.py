@@ -68,6 +68,8 @@ class HistoryMonth:
 
     name: str
     estimated_rows: int
+    #: Its rows counted (`history_months_before(..., exact=True)`), else None.
+    rows: int | None = None
 
 
 @dataclass(frozen=True)
@@ -247,17 +249,25 @@ def drop_history(conn: Connection, age: float) -> list[str]:
         return [str(row[0]) for row in conn.execute(queries.DROP_HISTORY_BEFORE, {"age": age})]
 
 
-def history_months_before(conn: Connection, age: float) -> list[HistoryMonth]:
-    """What `drop_history(conn, age)` would drop.
+def history_months_before(
+    conn: Connection, age: float, *, exact: bool = False
+) -> list[HistoryMonth]:
+    """What `drop_history(conn, age)` would drop, each month's rows counted if `exact` (the
+    statistics say 0 until a partition is first analyzed).
 
     Raises:
         DatabaseError: the catalog could not be read.
     """
     with translating("cannot read the history's partitions"), conn.transaction():
-        return [
-            HistoryMonth(str(name), int(rows))
-            for name, rows in conn.execute(queries.HISTORY_MONTHS_BEFORE, {"age": age})
-        ]
+        months = conn.execute(queries.HISTORY_MONTHS_BEFORE, {"age": age}).fetchall()
+        found = []
+        for name, estimated, ends in months:
+            rows = None
+            if exact:
+                row = conn.execute(queries.HISTORY_MONTH_ROWS, {"ends": ends}).fetchone()
+                rows = int(row[0]) if row else 0
+            found.append(HistoryMonth(str(name), int(estimated), rows))
+        return found
 
 
 def count_history(conn: Connection, *, exact: bool = False) -> tuple[Count, int]:

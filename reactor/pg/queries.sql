@@ -507,10 +507,17 @@ SELECT coalesce(sum(photo_jobs_history_add_months(m, m)), 0)
 SELECT photo_jobs_history_drop_before(now() - make_interval(secs => %(age)s::float8))
 
 -- name: HISTORY_MONTHS_BEFORE
--- What DROP_HISTORY_BEFORE would drop (`reactor archive --dry-run`): each month's partition
--- and its rows as the statistics have them (0 before its first ANALYZE).
-SELECT name, estimated_rows
+-- What DROP_HISTORY_BEFORE would drop (`reactor archive --dry-run`): each month's partition,
+-- its rows as the statistics have them (0 before its first ANALYZE) and when its month ends.
+SELECT name, estimated_rows, ends
   FROM photo_jobs_history_months_before(now() - make_interval(secs => %(age)s::float8))
+
+-- name: HISTORY_MONTH_ROWS
+-- The rows of the history's month ending at `ends` (a UTC month: only its partition is read).
+SELECT count(*) FROM photo_jobs_history
+ WHERE finished_at >= (%(ends)s::timestamptz AT TIME ZONE 'UTC' - interval '1 month')
+                      AT TIME ZONE 'UTC'
+   AND finished_at < %(ends)s::timestamptz
 
 -- name: HISTORY_COUNT_UP_TO
 -- `reactor status`: rows in photo_jobs_history, reading at most `limit` of them (NULL: all),
