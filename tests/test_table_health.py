@@ -211,6 +211,7 @@ def test_a_role_without_pg_monitor_is_told_so_in_one_line(
         assert env.cli_json("status", "--json")["postgres"]["hidden_sessions"] == 0
 
 
+@pytest.mark.slow  # a large table: 120,000 rows
 def test_many_finished_rows_are_estimated_and_said_so(env: Env) -> None:
     """Past `EXACT_UP_TO` rows of a state, status and prune --dry-run give the planner's
     estimate and say so (`≈`, `estimated`); small states stay exact, and --exact counts all."""

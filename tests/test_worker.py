@@ -120,6 +120,7 @@ def test_heartbeat_keeps_a_long_handler_alive(
     assert runs(conn, "p1") == [("p1", 1, "started"), ("p1", 1, "ok")]
 
 
+@pytest.mark.slow  # a fault test: a process killed, a server made to fail
 def test_worker_killed_mid_handler_is_rescued_and_completed_elsewhere(
     env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
 ) -> None:

@@ -402,6 +402,7 @@ def test_heartbeats_from_the_worker_process_keep_a_long_handler_alive(
     assert runs(conn, "p1") == [("p1", 1, "started"), ("p1", 1, "ok")]
 
 
+@pytest.mark.slow  # a fault test: a process killed, a server made to fail
 def test_work_horse_killed_mid_handler_is_a_failed_attempt(
     env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
 ) -> None:
@@ -426,6 +427,7 @@ def test_work_horse_killed_mid_handler_is_a_failed_attempt(
     assert runs(conn, "p1") == [("p1", 1, "started"), ("p1", 2, "started"), ("p1", 2, "ok")]
 
 
+@pytest.mark.slow  # a fault test: a process killed, a server made to fail
 def test_worker_process_killed_mid_handler_is_rescued_after_stale_after(
     env: Env,
     conn: psycopg.Connection[Any],
@@ -457,6 +459,7 @@ def test_worker_process_killed_mid_handler_is_rescued_after_stale_after(
     assert ("p1", 2, "ok") in runs(conn, "p1")
 
 
+@pytest.mark.slow  # a fault test: a process killed, a server made to fail
 @pytest.mark.parametrize("prepared", ["0", "1"], ids=["unnamed", "prepared"])
 def test_connection_terminated_between_jobs_and_mid_handler(
     env: Env,
@@ -1147,8 +1150,9 @@ def _reactor_and_reactor_worker(
 
 
 @pytest.mark.parametrize(
-    "outage", [pytest.param(3.0, id="3s"), pytest.param(60.0, id="60s", marks=pytest.mark.slow)]
+    "outage", [pytest.param(3.0, id="3s"), pytest.param(60.0, id="60s")]
 )
+@pytest.mark.slow  # a fault test: a process killed, a server made to fail
 def test_reactor_worker_rides_out_a_redis_restart(
     env: Env,
     conn: psycopg.Connection[Any],
@@ -1179,6 +1183,7 @@ def test_reactor_worker_rides_out_a_redis_restart(
     assert [r[2] for r in runs(conn, "after-0")] == ["ok"]
 
 
+@pytest.mark.slow  # a fault test: a process killed, a server made to fail
 def test_reactor_worker_rides_out_a_redis_refusing_writes_mid_job(
     env: Env,
     conn: psycopg.Connection[Any],
