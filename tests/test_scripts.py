@@ -63,6 +63,18 @@ def test_pytest_options_alone_keep_the_three_processes(tmp_path: Path) -> None:
     assert "1 passed" in out, out
 
 
+def run_demo(environ: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`scripts/demo.py --photos 3` in `environ`, its output captured."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "demo.py"), "--photos", "3"],
+        env=environ,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+
+
 @pytest.mark.slow  # servers of its own, a reactor and a worker
 def test_the_demo_leaves_an_applications_servers_and_settings_alone(env: Env) -> None:
     """`scripts/demo` with an application's DATABASE_URL, REDIS_URL and REACTOR_ settings
@@ -76,14 +88,7 @@ def test_the_demo_leaves_an_applications_servers_and_settings_alone(env: Env) ->
         REACTOR_HANDLER_PREFIXES="myapp",  # would refuse the demo's handler
         REACTOR_ROUTES="photo.process=myapp.photos.process",
     )
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "demo.py"), "--photos", "3"],
-        env=environ,
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-    )
+    result = run_demo(environ)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "demo: 3 of 3 photos done" in result.stdout
     conn = env.connect()
@@ -99,14 +104,7 @@ def test_the_demo_refuses_a_redis_whose_queue_another_deployment_uses(env: Env) 
     Queue("photo-process", connection=client).enqueue("os.getpid")
     environ = {k: v for k, v in os.environ.items() if not k.startswith("DEMO_")}
     environ.update(DEMO_DATABASE_URL=env.database_url, DEMO_REDIS_URL=env.redis_url)
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "demo.py"), "--photos", "3"],
-        env=environ,
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=60,
-    )
+    result = run_demo(environ)
     assert result.returncode == 2, result.stdout + result.stderr
     assert result.stderr.strip() == (
         "demo: queue photo-process on DEMO_REDIS_URL already has 1 jobs: another deployment"
