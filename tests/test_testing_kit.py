@@ -342,7 +342,7 @@ def test_pytest_plugin_fixture(database_url: str, tmp_path: Path) -> None:
     assert "1 failed, 1 passed" in out, out
     assert "no photo.process job for photo 'IMG_7'; submitted:" in out
     # The failure points at the test's line; the kit's own frames are hidden.
-    assert "reactor_jobs.assert_submitted(\"IMG_7\")" in out, out
+    assert 'reactor_jobs.assert_submitted("IMG_7")' in out, out
     assert "reactor/testing/" not in out, out
     assert rows_seen_outside(database_url) == 0  # each test's transaction rolled back
 

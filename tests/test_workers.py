@@ -1149,9 +1149,7 @@ def _reactor_and_reactor_worker(
     )
 
 
-@pytest.mark.parametrize(
-    "outage", [pytest.param(3.0, id="3s"), pytest.param(60.0, id="60s")]
-)
+@pytest.mark.parametrize("outage", [pytest.param(3.0, id="3s"), pytest.param(60.0, id="60s")])
 @pytest.mark.slow  # a fault test: a process killed, a server made to fail
 def test_reactor_worker_rides_out_a_redis_restart(
     env: Env,
