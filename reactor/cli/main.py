@@ -31,7 +31,6 @@ from reactor.cli.options import (
 from reactor.cli.retention import RETENTION_COMMANDS
 from reactor.cli.worker import worker_command
 from reactor.dispatcher.doorbell import DoorbellMode
-from reactor.dispatcher.loop import Reactor
 from reactor.errors import ConfigError, DatabaseError, StatementError
 from reactor.pg import db
 from reactor.pg.migrate import load_migrations, unapplied
@@ -187,6 +186,9 @@ def run(
     notifier = Notifier.from_env()  # systemd's, under Type=notify
     stopper = Stopper(on_request=notifier.stopping)
     stopper.install()
+    # Imported here: the other commands and every worker start without the dispatcher.
+    from reactor.dispatcher.loop import Reactor  # noqa: PLC0415
+
     reactor = Reactor(settings, stopper=stopper)
     reactor.health.watchdog = notifier  # told of every turn of the loop
     try:
@@ -205,6 +207,8 @@ def sweep(ctx: click.Context, /, **options: Any) -> None:
     """Run one sweep round and print its result as JSON (exit 1 if some rows could not be
     claimed or enqueued: they stay pending)."""
     settings = replace(reactor_settings(options), doorbell=DoorbellMode.POLL_ONLY)
+    from reactor.dispatcher.loop import Reactor  # noqa: PLC0415
+
     reactor = Reactor(settings)
     try:
         reactor.start()
