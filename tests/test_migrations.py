@@ -137,13 +137,14 @@ def test_a_migrate_waiting_for_its_lock_names_who_holds_it_and_goes_on_once_free
     with psycopg.connect(empty_database, autocommit=True, application_name="squatter") as other:
         other.execute("SELECT pg_advisory_lock(%s)", [MIGRATION_LOCK_KEY])
         pid = other.info.backend_pid
+        role = other.execute("SELECT current_user").fetchone()[0]  # type: ignore[index]
         proc = spawn(
             "-m", "reactor", "migrate", name="migrate", extra_env={"DATABASE_URL": empty_database}
         )
         proc.wait_for_line("migration_lock_waiting")
         assert proc.proc.poll() is None
         (line,) = [x for x in proc.lines if "migration_lock_waiting" in x]
-        assert f"holder_pid={pid} role='postgres' application='squatter'" in line
+        assert f"holder_pid={pid} role={role!r} application='squatter'" in line
         assert f"pg_terminate_backend({pid})" in line
         assert other.execute("SELECT to_regclass('reactor_migrations')").fetchone() == (None,)
     assert proc.exit_code(timeout=60) == 0, proc.output()
