@@ -442,6 +442,7 @@ def postgres_gone(spawn: Callable[..., Process]) -> str:
     return base
 
 
+@pytest.mark.slow  # a fault test: a Postgres of its own, stopped
 def test_503_with_the_reason_when_postgres_is_down(env: Env, postgres_gone: str) -> None:
     for path in ("/api/overview", "/"):
         status, body, _headers = get(postgres_gone + path)
@@ -457,6 +458,7 @@ def test_503_with_the_reason_when_postgres_is_down(env: Env, postgres_gone: str)
     assert "count:" not in html  # no figures from an earlier read
 
 
+@pytest.mark.slow  # a fault test: a Postgres of its own, stopped
 def test_the_503_page_in_a_browser(
     env: Env, postgres_gone: str, chromium: str, tmp_path: Path
 ) -> None:

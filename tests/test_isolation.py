@@ -114,6 +114,7 @@ def test_a_named_redis_is_used_only_in_the_suites_databases(
     assert contents(server, [0, 13, 14, 15]) == before
 
 
+@pytest.mark.slow  # servers of its own, started from the binaries
 def test_without_urls_the_suite_starts_servers_of_its_own(
     someones_redis: RedisServer, tmp_path: Path
 ) -> None:

@@ -340,6 +340,7 @@ def test_bad_multi_host_and_sentinel_set_ups_exit_2(
     assert_one_line_exit_2(run_reactor(env, REDIS_URL=unknown), "knows a healthy master 'nope'")
 
 
+@pytest.mark.slow  # a Sentinel set-up of its own
 def test_reactor_dispatches_through_sentinel(
     env: Env, spawn: Callable[..., Process], sentinel: tuple[RedisServer, SentinelServer]
 ) -> None:

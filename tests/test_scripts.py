@@ -53,6 +53,7 @@ def test_pytest_options_alone_keep_the_default_selection() -> None:
     assert collected(one_slow) == {one_slow}
 
 
+@pytest.mark.slow  # a pytest session of its own, on three processes
 def test_pytest_options_alone_keep_the_three_processes(tmp_path: Path) -> None:
     # `--lf` with a cache that names one failed test: an option, which runs just that test.
     cache = tmp_path / "v" / "cache"

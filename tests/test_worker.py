@@ -106,6 +106,7 @@ def start_fast_rescue_reactor(spawn: Callable[..., Process], handler: str) -> Pr
     )
 
 
+@pytest.mark.slow  # a 3 s handler outliving three stale_after periods
 def test_heartbeat_keeps_a_long_handler_alive(
     env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
 ) -> None:

@@ -383,6 +383,7 @@ def test_superseded_attempt_changes_nothing(
     second.stop()
 
 
+@pytest.mark.slow  # a 3 s handler outliving three stale_after periods
 def test_heartbeats_from_the_worker_process_keep_a_long_handler_alive(
     env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], kind: str
 ) -> None:
@@ -599,6 +600,7 @@ def test_plain_rq_worker_and_reactor_worker_share_a_queue(
     assert "Job OK" in plain.output() and "Job OK" in ours.output()
 
 
+@pytest.mark.slow  # a load: 81 jobs through both paths, then every session counted
 def test_no_postgres_session_is_opened_per_job(
     env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], kind: str
 ) -> None:
