@@ -73,7 +73,7 @@ def test_a_pending_row_is_cancelled_at_once_and_re_armed_by_requeue_and_submit(
 ) -> None:
     reactor.submit(conn, "p1")
     reactor.submit(conn, "p2")
-    assert cancel(env, "p1") == {"cancelled": 1, "stopped": 0, "not_found": []}
+    assert cancel(env, "p1") == {"cancelled": 1, "stopped": 0, "not_found": [], "unchanged": []}
     state, _, _, error = row_of(conn, "p1")
     assert (state, error.startswith("cancelled by ")) == ("cancelled", True)
     # The fence: the sweep's claim passes it by, the other row goes out.
@@ -82,7 +82,12 @@ def test_a_pending_row_is_cancelled_at_once_and_re_armed_by_requeue_and_submit(
     # Cancelling it again changes nothing; an id with no row is reported (exit 1).
     again = run_cli(env, "cancel", "p1", "nope")
     assert again.returncode == 1
-    assert json.loads(again.stdout) == {"cancelled": 0, "stopped": 0, "not_found": ["nope"]}
+    assert json.loads(again.stdout) == {
+        "cancelled": 0,
+        "stopped": 0,
+        "not_found": ["nope"],
+        "unchanged": ["p1"],  # found, already cancelled: said, not passed over in silence
+    }
     assert "no row for: nope" in again.stderr
     # Counted by status and failures.
     counts = {t["type"]: t["counts"] for t in env.cli_json("status", "--json")["types"]}
@@ -106,7 +111,7 @@ def test_a_queued_job_of_a_cancelled_row_never_runs(
     queued = Job.key_for(job_id("photo.process", "p1", 1))
     assert env.redis().hget(queued, "status") == b"queued"
     # Not started: nothing to stop; the fenced start refuses it.
-    assert cancel(env, "p1") == {"cancelled": 1, "stopped": 0, "not_found": []}
+    assert cancel(env, "p1") == {"cancelled": 1, "stopped": 0, "not_found": [], "unchanged": []}
     worker = reactor_worker(spawn, "fork", "--burst")
     assert worker.exit_code(timeout=60) == 0
     assert "attempt_skipped" in worker.output()
@@ -123,7 +128,7 @@ def test_a_started_job_is_asked_to_stop_and_its_outcome_never_counts(
     reactor.submit(conn, "p1")
     dispatch(env)
     wait_for(lambda: runs(conn, "p1") == [(1, "started")], timeout=30, what="the handler")
-    assert cancel(env, "p1") == {"cancelled": 1, "stopped": 1, "not_found": []}
+    assert cancel(env, "p1") == {"cancelled": 1, "stopped": 1, "not_found": [], "unchanged": []}
     key = Job.key_for(job_id("photo.process", "p1", 1))
     if kind == "fork":
         # The work horse is killed: the handler never ends, and the attempt's failure (the
@@ -318,7 +323,12 @@ def test_with_redis_down_every_row_is_cancelled_and_the_output_says_what_was_not
     down = f"redis://127.0.0.1:{free_port()}/15"
     result = run_cli(env, "cancel", "--redis-url", down, *ids, "nope")
     assert result.returncode == 1, result.stderr
-    assert json.loads(result.stdout) == {"cancelled": 6000, "stopped": 0, "not_found": ["nope"]}
+    assert json.loads(result.stdout) == {
+        "cancelled": 6000,
+        "stopped": 0,
+        "not_found": ["nope"],
+        "unchanged": [],
+    }
     lines = result.stderr.strip().splitlines()
     assert "Traceback" not in result.stderr
     assert lines[0] == "reactor: error: no row for: nope", lines

@@ -222,9 +222,10 @@ def cancel(
                 result, not_stopped = exc.result, exc
             finally:
                 client.close()
-    click.echo(
-        json.dumps({"cancelled": result.cancelled, "stopped": result.stopped, "not_found": missing})
-    )
+    # Rows found, none pending or active: already done, failed or cancelled, left as they are.
+    unchanged = sorted(set(photo_ids) - result.photo_ids - set(missing))
+    shown = {"cancelled": result.cancelled, "stopped": result.stopped, "not_found": missing}
+    click.echo(json.dumps(shown | {"unchanged": unchanged}))
     if missing:
         report_missing(missing, job_type)
     if not_stopped is not None:

@@ -35,10 +35,12 @@ DEFAULT_CANCEL_BATCH = 5000
 
 @dataclass(frozen=True)
 class CancelResult:
-    """Rows cancelled, and how many of their started jobs were asked to stop."""
+    """Rows cancelled, how many of their started jobs were asked to stop, and (by
+    `cancel_photos`) the photo ids of the rows cancelled."""
 
     cancelled: int = 0
     stopped: int = 0
+    photo_ids: frozenset[str] = frozenset()
 
 
 class StopNotSentError(RedisUnavailableError):
@@ -98,7 +100,7 @@ def cancel_photos(
                 _stop(client, refs, batch_size)
         raise
     stopped = 0 if client is None else _stop(client, refs, batch_size)
-    return CancelResult(len(refs), stopped)
+    return CancelResult(len(refs), stopped, frozenset(r.photo_id for r in refs))
 
 
 def _stop(client: redis.Redis, refs: Sequence[JobRef], batch_size: int) -> int:
@@ -107,7 +109,8 @@ def _stop(client: redis.Redis, refs: Sequence[JobRef], batch_size: int) -> int:
         try:
             stopped += stop_started(client, refs[start : start + batch_size])
         except RedisUnavailableError as exc:
-            raise StopNotSentError(CancelResult(len(refs), stopped), str(exc)) from exc
+            cancelled = frozenset(r.photo_id for r in refs)
+            raise StopNotSentError(CancelResult(len(refs), stopped, cancelled), str(exc)) from exc
     return stopped
 
 
