@@ -28,7 +28,14 @@ from reactor.pg import queries
 from reactor.pg.db import Connection, translating
 from reactor.rq.stop import stop_started
 
-__all__ = ["CancelResult", "StopNotSentError", "cancel_pending", "cancel_photos", "reason_for"]
+__all__ = [
+    "CancelResult",
+    "StopNotSentError",
+    "cancel_pending",
+    "cancel_photos",
+    "reason_for",
+    "stop_cancelled",
+]
 
 DEFAULT_CANCEL_BATCH = 5000
 
@@ -95,23 +102,31 @@ def cancel_photos(
                 conn, queries.CANCEL_PHOTOS, params, by, len(refs), lock_timeout_ms=lock_timeout_ms
             )
     except ReactorError:
-        if client is not None:
-            with contextlib.suppress(StopNotSentError):  # the database's error is the one
-                _stop(client, refs, batch_size)
+        with contextlib.suppress(StopNotSentError):  # the database's error is the one
+            stop_cancelled(client, refs, batch_size)
         raise
-    stopped = 0 if client is None else _stop(client, refs, batch_size)
-    return CancelResult(len(refs), stopped, frozenset(r.photo_id for r in refs))
+    return stop_cancelled(client, refs, batch_size)
 
 
-def _stop(client: redis.Redis, refs: Sequence[JobRef], batch_size: int) -> int:
+def stop_cancelled(
+    client: redis.Redis | None, refs: Sequence[JobRef], batch_size: int = DEFAULT_CANCEL_BATCH
+) -> CancelResult:
+    """The result of cancelling the rows of `refs` (committed): with a Redis `client`, their
+    started jobs asked to stop, `batch_size` at a time.
+
+    Raises:
+        StopNotSentError: Redis failed; the rows stay cancelled (the error's `result`).
+    """
+    cancelled = frozenset(r.photo_id for r in refs)
     stopped = 0
+    if client is None:
+        return CancelResult(len(refs), stopped, cancelled)
     for start in range(0, len(refs), batch_size):
         try:
             stopped += stop_started(client, refs[start : start + batch_size])
         except RedisUnavailableError as exc:
-            cancelled = frozenset(r.photo_id for r in refs)
             raise StopNotSentError(CancelResult(len(refs), stopped, cancelled), str(exc)) from exc
-    return stopped
+    return CancelResult(len(refs), stopped, cancelled)
 
 
 def cancel_pending(

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import redis
 
-from reactor.errors import ReactorError, RedisUnavailableError
+from reactor.errors import ReactorError
 from reactor.jobs import JobRef
 from reactor.ops.action_requests import Fence
-from reactor.ops.cancel import CancelResult, StopNotSentError, reason_for
+from reactor.ops.cancel import CancelResult, reason_for, stop_cancelled
 from reactor.pg import queries
 from reactor.pg.db import Connection, translating
-from reactor.rq.stop import stop_started
 
 __all__ = ["RowChangedError", "cancel_row", "requeue_row"]
 
@@ -86,10 +85,4 @@ def cancel_row(
         _still_as_shown(conn, photo_id, job_type, fence)
         params = {"photo_ids": [photo_id], "type": job_type, "reason": reason_for(by)}
         rows = conn.execute(queries.CANCEL_PHOTOS, params).fetchall()
-    refs = [JobRef(t, p, int(token)) for t, p, token in rows]
-    if client is None:
-        return CancelResult(len(refs))
-    try:
-        return CancelResult(len(refs), stop_started(client, refs))
-    except RedisUnavailableError as exc:
-        raise StopNotSentError(CancelResult(len(refs)), str(exc)) from exc
+    return stop_cancelled(client, [JobRef(t, p, int(token)) for t, p, token in rows])
