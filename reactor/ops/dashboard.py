@@ -51,7 +51,7 @@ from reactor.ops.actions import Actions
 from reactor.ops.charts import per_minute_chart
 from reactor.ops.hosts import allowed_hosts, host_of
 from reactor.ops.overview import Overview, read_overview
-from reactor.ops.serving import MISDIRECTED, Page, check_open, or_500, page_of, public_reason
+from reactor.ops.serving import MISDIRECTED, Page, check_open, or_500, public_reason
 from reactor.ops.status import (
     OTHER_TYPES,
     STATES,
@@ -359,7 +359,7 @@ def serve_dashboard(
             elif actions is not None and (
                 refused := actions.refuse_read(self.headers, self.client())
             ):
-                page = page_of(refused)
+                page = refused
             elif path == "/" and actions is not None:
                 controls, cookie = actions.controls(self.headers, self.client())
                 page = replace(dashboard.html_page(controls), headers=cookie)
@@ -377,12 +377,12 @@ def serve_dashboard(
             if actions is None:
                 return Page(405, b"read-only (reactor dashboard --actions)\n", "text/plain")
             if refused := actions.refuse_post(self.path, self.headers, self.client()):
-                return page_of(refused)  # settled by its headers: its body is never read
+                return refused  # settled by its headers: its body is never read
             self.body_read = True
             body = server.read_body(self.request, self.rfile, body_length(self.headers) or 0)
             if body is None:
                 return None
-            return page_of(actions.post(self.path, self.headers, body, self.client()))
+            return actions.post(self.path, self.headers, body, self.client())
 
         def _send(self, page: Page) -> None:
             self.send_response(page.status)

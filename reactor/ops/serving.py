@@ -17,7 +17,6 @@ import json
 import logging
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import TypeVar
 
 from reactor.errors import ConfigError
@@ -26,7 +25,7 @@ from reactor.ops.terminal import visible
 from reactor.redact import redact
 from reactor.throttle import LogThrottle
 
-__all__ = ["MISDIRECTED", "Page", "check_open", "or_500", "page_of", "public_reason"]
+__all__ = ["MISDIRECTED", "Page", "check_open", "or_500", "public_reason"]
 
 # The dashboard's own lines, wherever the code that writes them lives.
 logger = logging.getLogger("reactor.ops.dashboard")
@@ -42,18 +41,8 @@ def public_reason(text: str) -> str:
     return _URL.sub("<url>", redact(lines[0] if lines else "unknown error"))
 
 
-@dataclass(frozen=True)
-class Page:
-    """One response."""
-
-    status: int
-    body: bytes
-    content_type: str
-    headers: tuple[tuple[str, str], ...] = ()
-
-
-def page_of(r: Reply) -> Page:
-    return Page(r.status, r.body, r.content_type, r.headers)
+#: One response, a page's or an action's.
+Page = Reply
 
 
 def _loopback(address: str) -> bool:
