@@ -35,6 +35,7 @@ __all__ = [
     "error_text",
     "is_blank",
     "is_valid_type",
+    "message_of",
     "quoted_photo_id",
     "unquoted_photo_id",
     "validate_job",
@@ -173,11 +174,14 @@ def validate_job(photo_id: object, job_type: object) -> None:
     check_job_type(job_type)
 
 
-def error_text(exc: BaseException) -> str:
-    """`Type: message` of an exception, password masked, as a row can hold it (the message
-    as `traceback` shows one whose `__str__` raises)."""
+def message_of(exc: BaseException) -> str:
+    """`str(exc)`, or what `traceback` shows for an exception whose `__str__` raises."""
     try:
-        message = str(exc)
+        return str(exc)
     except Exception:
-        message = "<exception str() failed>"
-    return error_column(redact(f"{type(exc).__name__}: {message}"))
+        return "<exception str() failed>"
+
+
+def error_text(exc: BaseException) -> str:
+    """`Type: message` of an exception, password masked, as a row can hold it."""
+    return error_column(redact(f"{type(exc).__name__}: {message_of(exc)}"))

@@ -47,6 +47,7 @@ from reactor.pg.registry import routes_in_use
 from reactor.redact import redact
 from reactor.routes import given_routes, handler_allowed
 from reactor.settings import WorkerSettings
+from reactor.validate import message_of
 from reactor.worker.lifecycle import (
     Heartbeater,
     Outcome,
@@ -312,10 +313,7 @@ def _reraise(exc: BaseException) -> NoReturn:
     """Re-raise the handler's exception, as a `HandlerError` with the text masked if it held
     a password (RQ stores and logs the traceback of what the job raised); one that is not an
     `Exception` (SystemExit, KeyboardInterrupt) as it is, for RQ to act on."""
-    try:
-        text = str(exc)
-    except Exception:
-        text = ""  # nothing to mask: error_text said "<exception str() failed>"
+    text = message_of(exc)
     if not isinstance(exc, Exception) or redact(text) == text:
         raise exc
     raise HandlerError(error_text(exc)).with_traceback(exc.__traceback__) from None
