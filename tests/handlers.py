@@ -4,6 +4,7 @@ database (DATABASE_URL of the worker process), so tests can count executions per
 from __future__ import annotations
 
 import os
+import signal
 import time
 import zlib
 
@@ -83,13 +84,18 @@ def permanent(photo_id: str) -> None:
     raise PermanentError("this photo is corrupt")
 
 
+def wait_for_gate(name: str) -> None:
+    """Until the test opens gate `name` (a polled condition with a deadline of 60 s)."""
+    deadline = time.monotonic() + 60
+    while not _gate_open(name) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def gated(photo_id: str) -> None:
     """Each attempt waits until the test opens gate `photo_id:attempt` (a polled condition
     with a deadline), then succeeds."""
     _record(photo_id, "started")
-    deadline = time.monotonic() + 60
-    while not _gate_open(f"{photo_id}:{_attempt()}") and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for_gate(f"{photo_id}:{_attempt()}")
     _record(photo_id, "ok")
 
 
@@ -190,3 +196,13 @@ def forks_a_child_that_exits(photo_id: str) -> None:
 def system_exit(photo_id: str) -> None:
     _record(photo_id, "exit")
     raise SystemExit(3)
+
+
+def dies_leaving_a_child(photo_id: str) -> None:
+    """Forks a child that keeps the horse's descriptors until gate `child` opens, then kills
+    its own horse with SIGKILL: no outcome is reported, and the report pipe stays open."""
+    _record(photo_id, "started")
+    if os.fork() == 0:
+        wait_for_gate("child")
+        os._exit(0)
+    os.kill(os.getpid(), signal.SIGKILL)

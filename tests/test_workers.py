@@ -154,6 +154,30 @@ def test_success_marks_done_with_the_handler_run_once(
     assert "worker_ready" in worker.output()
 
 
+def test_a_forked_attempt_is_done_before_its_horse_has_recorded_it_in_rq(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
+) -> None:
+    # The worker writes `done` when the horse reports the handler returned, while the horse
+    # still does RQ's bookkeeping (here held at a gate), not after the horse has exited.
+    submit(conn, "p1")
+    assert sweep(env, "ok")["enqueued"] == 1
+    worker = start_worker(
+        spawn,
+        env,
+        extra_args=("--worker-class", "tests.gated_worker.BookkeepingGatedWorker"),
+        REACTOR_ROUTES=route("ok"),
+    )
+    wait_for(lambda: row_of(conn, "p1")[0] == "done", timeout=20, interval=0.05, what="done")
+    job = Job.fetch(
+        job_id("photo.process", "p1", 1), connection=redis.Redis.from_url(env.redis_url)
+    )
+    assert job.get_status() == "started", worker.output()  # the horse is still at the gate
+    conn.execute("INSERT INTO gates VALUES ('bookkeeping')")
+    wait_for(lambda: job.get_status() == "finished", timeout=20, interval=0.05, what="finished")
+    assert row_of(conn, "p1") == ("done", 1, None, None)
+    assert runs(conn, "p1") == [("p1", 1, "ok")]
+
+
 @ALL_KINDS
 def test_retries_follow_the_backoff_then_succeed(
     env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process], kind: str
@@ -250,6 +274,22 @@ def test_a_handler_s_child_that_exits_ends_there_and_the_attempt_is_done(
     for photo in ("p1", "p2"):
         assert row_of(conn, photo) == ("done", 1, None, None)
         assert runs(conn, photo) == [(photo, 1, "ok")]
+
+
+@pytest.mark.slow  # a fault test: a process killed
+def test_a_horse_killed_while_its_child_holds_the_report_pipe_is_a_lost_attempt_at_once(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
+) -> None:
+    # The worker waits for the report or the horse's end, not for the pipe's end, which a
+    # child of the handler may hold for as long as it lives.
+    submit(conn, "p1", max_attempts=1)
+    sweep(env, "dies_leaving_a_child")
+    worker = start_ours(spawn, env, "fork")
+    wait_for(lambda: row_of(conn, "p1")[0] == "failed", timeout=20, interval=0.05, what="failed")
+    assert row_of(conn, "p1")[2] == (
+        "WorkHorseLost: the work horse ended before the handler returned (killed by SIGKILL)"
+    ), worker.output()
+    conn.execute("INSERT INTO gates VALUES ('child')")
 
 
 @ALL_KINDS

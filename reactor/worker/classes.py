@@ -23,11 +23,12 @@ For a job of `reactor.worker.entry.perform`, the worker process, not the job:
   `maintain_heartbeats`) with a TTL of `BUSY_KEY_TTL_HEARTBEATS` beats: a worker that dies
   mid-job leaves a worker key that expires within that, which the sweep and `reactor status`
   read as "worker gone", while a live one's never lapses; and writes the outcome, fenced by
-  the attempt, once the horse has exited. In-process, a `done` is sent the moment the
-  handler returns and confirmed after RQ has recorded the success (so a worker that dies in
-  between may leave RQ showing the job unfinished while the row, which is the record, is
-  `done`). A horse that dies without reporting (SIGKILL, OOM, the job timeout's kill) is a
-  failed attempt with a `last_error` that says so.
+  the attempt. A `done` is sent the moment the handler returns (in-process) or its horse
+  reports so (`reactor.worker.report`), and confirmed after RQ has recorded the success and
+  the horse has exited (so a worker that dies in between may leave RQ showing the job
+  unfinished while the row, which is the record, is `done`); any other outcome is written
+  once the horse has exited. A horse that dies without reporting (SIGKILL, OOM, the job
+  timeout's kill) is a failed attempt with a `last_error` that says so.
 
 The classes also renew RQ's worker key in one round trip, and no more often than needed
 (`reactor.worker.worker_key`), and speak systemd's notify protocol when
@@ -77,12 +78,12 @@ from reactor.worker import lifecycle
 from reactor.worker.entry import (
     HandlerImportError,
     Handoff,
-    decode_outcome,
     hand_over,
     load_handler,
 )
 from reactor.worker.inflight import DONE, START, InFlight
 from reactor.worker.own_routes import HandlerRefusedError, OwnRoutes
+from reactor.worker.report import ReportPipe
 from reactor.worker.startup import StartupChecks
 from reactor.worker.watchdog import SystemdNotify
 from reactor.worker.worker_key import KeyRenewal
@@ -159,8 +160,8 @@ class _Lifecycle(SystemdNotify, StartupChecks, KeyRenewal, BaseWorker):
         self._job: Job | None = None  # the running `perform` job, for the renewals
         self._running: Handoff | None = None
         self._started: lifecycle.Started | None = None  # the running attempt, once settled
-        #: The outcome pipe's ends in this process: (read, write; None once closed).
-        self._report_fds: tuple[int, int | None] | None = None
+        #: The pipe the running attempt's horse reports through (forking workers).
+        self._report: ReportPipe | None = None
         self._horse_status: int | None = None
 
     def handle_warm_shutdown_request(self) -> None:
@@ -251,8 +252,8 @@ class _Lifecycle(SystemdNotify, StartupChecks, KeyRenewal, BaseWorker):
         self._heartbeat.beat_for(ref, self._renew_rq_heartbeats, written_ago)
 
     def _send_done(self, ref: JobRef, outcome: lifecycle.Outcome) -> None:
-        """In-process, the moment the handler returned: send the `done` write, so that it runs
-        while RQ records the job's success in Redis."""
+        """The moment the handler returned (in-process) or its horse said so: send the `done`
+        write, so that it runs while RQ records the job's success in Redis."""
         if outcome.kind == "ok":
             self._heartbeat.pause()  # no beat may share the connection with it
             self._inflight.send(DONE, self._attempt_params(ref))
@@ -333,40 +334,33 @@ class _Lifecycle(SystemdNotify, StartupChecks, KeyRenewal, BaseWorker):
         on our connection while forking) and make the pipe the horse reports through."""
         handoff.wait()
         if handoff.action == "run":
-            self._report_fds = os.pipe()
-            handoff.report_fd = self._report_fds[1]
+            self._report = ReportPipe()
+            handoff.report_fd = self._report.write_fd
 
     def _after_fork(self, ref: JobRef) -> None:
         """In the parent, right after the fork: drop our copy of the pipe's write end (so the
         horse's exit is the end of it) and start heartbeating."""
-        if self._report_fds is not None:
-            read_fd, write_fd = self._report_fds
-            # Closed once: a descriptor number closed twice may by then be another's (a
-            # connection opened during the job), which the second close would cut.
-            self._report_fds = (read_fd, None)
+        if self._report is not None:
             if self._running is not None:
                 self._running.report_fd = None  # the horse's number now, not ours
-            if write_fd is not None:
-                with contextlib.suppress(OSError):
-                    os.close(write_fd)
+            self._report.forked()
             self._beat_for(ref)
+
+    def _await_report(self, horse_pid: int) -> None:
+        """While the horse runs: once it reports that the handler returned, send the `done`
+        write, so that its round trip overlaps the horse's own Redis work and exit."""
+        running, report = self._running, self._report
+        if running is None or report is None:
+            return
+        outcome = report.wait(horse_pid)
+        if outcome is not None:
+            self._send_done(running.ref, outcome)
 
     def _collect(self, handoff: Handoff) -> lifecycle.Outcome:
         outcome = handoff.outcome
-        if self._report_fds is not None:
-            read_fd, write_fd = self._report_fds
-            self._report_fds = None
-            if write_fd is not None:  # no fork took place
-                with contextlib.suppress(OSError):
-                    os.close(write_fd)
-            # Non-blocking: a process the handler forked may still hold the write end.
-            os.set_blocking(read_fd, False)
-            data = b""
-            with contextlib.suppress(BlockingIOError):
-                while chunk := os.read(read_fd, 65536):
-                    data += chunk
-            os.close(read_fd)
-            outcome = decode_outcome(data) if data else None
+        if self._report is not None:
+            report, self._report = self._report, None
+            outcome = report.collect()
         if outcome is None:
             why = _describe_status(self._horse_status) if self.forks else "RQ ended the job"
             outcome = lifecycle.Outcome("error", f"{HORSE_LOST} ({why})")
@@ -424,6 +418,10 @@ class Worker(_Lifecycle, rq.worker.Worker):
             super().fork_work_horse(job, queue)  # returns in the parent only
         if self._running is not None:
             self._after_fork(self._running.ref)
+
+    def wait_for_horse(self) -> tuple[int | None, int | None, Any]:
+        self._await_report(self.horse_pid)
+        return super().wait_for_horse()
 
     def perform_job(self, job: Job, queue: Queue, execution: Execution) -> bool:
         """In the work horse: RQ's, on exporter connections of the horse's own, then the export
