@@ -276,6 +276,19 @@ def test_a_handler_s_child_that_exits_ends_there_and_the_attempt_is_done(
         assert runs(conn, photo) == [(photo, 1, "ok")]
 
 
+def test_a_horse_that_exits_without_a_report_is_a_lost_attempt_that_says_how(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
+) -> None:
+    submit(conn, "p1", max_attempts=1)
+    sweep(env, "exits_quietly")
+    burst_ours(spawn, env, "fork")
+    assert row_of(conn, "p1")[:3] == (
+        "failed",
+        1,
+        "WorkHorseLost: the work horse ended before the handler returned (exit code 0)",
+    )
+
+
 @pytest.mark.slow  # a fault test: a process killed
 def test_a_horse_killed_while_its_child_holds_the_report_pipe_is_a_lost_attempt_at_once(
     env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
@@ -1178,6 +1191,13 @@ def _reactor_and_reactor_worker(
     """A reactor and a `reactor worker` (`kind`: fork or simple) of route `served`, both on
     the Redis at `redis_url`; the worker."""
     start_reactor(spawn, "--route", served, REDIS_URL=redis_url)
+    return _reactor_worker(spawn, served, kind, redis_url)
+
+
+def _reactor_worker(
+    spawn: Callable[..., Process], served: str, kind: str, redis_url: str
+) -> Process:
+    """A `reactor worker` (`kind`: fork or simple) of route `served` on the Redis at `redis_url`."""
     simple = ("--simple",) if kind == "simple" else ()
     return spawn(
         "-m",
@@ -1283,3 +1303,35 @@ def test_reactor_worker_refused_by_redis_exits_2_in_one_line(
         assert "wrong" not in lines[0]
     finally:
         server.close()
+
+
+@pytest.mark.slow  # waits out restarts of RQ's loop (1 + 2 + 4 s)
+def test_reactor_worker_restarts_a_loop_that_keeps_failing_less_and_less_often(
+    env: Env, conn: psycopg.Connection[Any], spawn: Callable[..., Process]
+) -> None:
+    """Every start of RQ's loop fails (the set of workers is a key of another type): the
+    worker tries again after 1, 2, 4... s, not every second forever, and serves once the key
+    is repaired."""
+    client = redis.Redis.from_url(env.redis_url)
+    env.cleanups.append(client.close)
+    client.set("rq:workers", "not a set")
+    worker = _reactor_and_reactor_worker(spawn, route("ok"), "simple", env.redis_url)
+
+    def pauses() -> list[str]:
+        return re.findall(r"worker_restarting in=(\d+)s \(Redis failed", worker.output())
+
+    wait_for(lambda: len(pauses()) >= 3, timeout=30, what="three restarts")
+    assert pauses()[:3] == ["1", "2", "4"], worker.output()
+    client.delete("rq:workers")
+    submit(conn, "p1")
+    wait_for(lambda: row_of(conn, "p1")[0] == "done", timeout=30, interval=0.05, what="done")
+    assert worker.proc.poll() is None, worker.output()
+    worker.proc.send_signal(signal.SIGTERM)
+    assert worker.exit_code(timeout=30) == 0, worker.output()
+    # A SIGTERM during a pause stops the worker at once, cleanly.
+    client.set("rq:workers", "not a set")
+    again = _reactor_worker(spawn, route("ok"), "simple", env.redis_url)
+    wait_for(lambda: "worker_restarting in=2s" in again.output(), timeout=30, what="a pause")
+    again.proc.send_signal(signal.SIGTERM)
+    assert again.exit_code(timeout=1.5) == 0, again.output()
+    assert "worker_stopped" in again.output()

@@ -22,6 +22,7 @@ from reactor.pg.registry import routes_in_use
 from reactor.redact import redact
 from reactor.routes import given_routes, parse_handler_prefixes
 from reactor.sdnotify import Notifier
+from reactor.signals import Stopper
 
 __all__ = ["worker_command"]
 
@@ -31,8 +32,11 @@ logger = logging.getLogger(__name__)
 
 #: Retries of one Redis command by `reactor worker` before it gives up (with backoff to 2 s).
 WORKER_REDIS_RETRIES = 20
-#: Pause before `reactor worker` starts RQ's work loop again after it quit on an error.
+#: Pause before `reactor worker` starts RQ's work loop again after it quit on an error,
+#: doubled at each quit in a row up to the maximum (a loop that ran that long starts it over):
+#: an error that every start meets (a Redis key of the wrong type) is not retried every second.
 WORKER_RESTART_SECONDS = 1.0
+WORKER_RESTART_MAX_SECONDS = 30.0
 #: Before its work loop, `reactor worker` checks that Redis answers within this many seconds,
 #: and while it does not, says so (at once, then at most every `WORKER_REDIS_WAIT_LOG_SECONDS`)
 #: and asks again with backoff up to `WORKER_REDIS_WAIT_MAX_SECONDS` apart: a worker started
@@ -116,7 +120,9 @@ def worker_command(**options: Any) -> None:
     # RQ sets its loggers to INFO unless told a level: its lines follow --log-level too.
     level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
     failed = False
+    pause = WORKER_RESTART_SECONDS
     while True:
+        started = time.monotonic()
         try:
             if failed:
                 # The failed loop's teardown may not have recorded the worker's death: RQ's
@@ -133,19 +139,32 @@ def worker_command(**options: Any) -> None:
             # Redis failed RQ's start or teardown too (down past the retries, refusing writes
             # when full): like a quit of its loop, ridden out by a long-running worker.
             failed = True
-            logger.warning(
-                "worker_restarting in=%.0fs (Redis failed RQ's work loop: %s)",
-                WORKER_RESTART_SECONDS,
-                redact(str(exc)),
-            )
-            time.sleep(WORKER_RESTART_SECONDS)
-            continue
-        if options["burst"] or options["max_jobs"] or instance.stop_requested:
+            why = f"Redis failed RQ's work loop: {redact(str(exc))}"
+        else:
+            if options["burst"] or options["max_jobs"] or instance.stop_requested:
+                return
+            # RQ's work loop quits on any error it does not expect (a Redis error that outlived
+            # the retries, a blocked read cut by a failover): a long-running worker starts it
+            # again.
+            why = "RQ's work loop quit"
+        if time.monotonic() - started >= WORKER_RESTART_MAX_SECONDS:
+            pause = WORKER_RESTART_SECONDS
+        if _stopped_during(pause, why):
+            logger.info("worker_stopped (asked to while RQ's work loop was down)")
             return
-        # RQ's work loop quits on any error it does not expect (a Redis error that outlived
-        # the retries, a blocked read cut by a failover): a long-running worker starts it again.
-        logger.warning("worker_restarting in=%.0fs (RQ's work loop quit)", WORKER_RESTART_SECONDS)
-        time.sleep(WORKER_RESTART_SECONDS)
+        pause = min(pause * 2, WORKER_RESTART_MAX_SECONDS)
+
+
+def _stopped_during(seconds: float, why: str) -> bool:
+    """Say why and wait before RQ's loop starts again; whether SIGTERM or SIGINT asked for a
+    stop meanwhile (from the line on: RQ's own handlers are set again by its next start)."""
+    stopper = Stopper()
+    stopper.install()
+    try:
+        logger.warning("worker_restarting in=%.0fs (%s)", seconds, why)
+        return stopper.sleep(seconds)
+    finally:
+        stopper.close()
 
 
 def _check_name_free(instance: Any) -> None:

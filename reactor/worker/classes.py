@@ -390,10 +390,6 @@ class _Lifecycle(SystemdNotify, StartupChecks, KeyRenewal, BaseWorker):
             return
         self.maintain_heartbeats(job, execution)
 
-    def handle_work_horse_killed(self, job: Job, retpid: Any, ret_val: Any, rusage: Any) -> None:
-        self._horse_status = ret_val
-        super().handle_work_horse_killed(job, retpid, ret_val, rusage)  # type: ignore[no-untyped-call]
-
     def handle_job_failure(
         self,
         job: Job,
@@ -421,7 +417,10 @@ class Worker(_Lifecycle, rq.worker.Worker):
 
     def wait_for_horse(self) -> tuple[int | None, int | None, Any]:
         self._await_report(self.horse_pid)
-        return super().wait_for_horse()
+        pid, status, rusage = super().wait_for_horse()
+        if pid:
+            self._horse_status = status  # how a horse that never reported ended
+        return pid, status, rusage
 
     def perform_job(self, job: Job, queue: Queue, execution: Execution) -> bool:
         """In the work horse: RQ's, on exporter connections of the horse's own, then the export
