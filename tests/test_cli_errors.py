@@ -90,6 +90,7 @@ def test_a_sweep_that_could_not_enqueue_exits_1(env: Env) -> None:
     assert "Connection refused" in line, line  # why, in the same line
     assert "reactor_started" not in result.stderr
     assert "Traceback" not in result.stderr
+    assert "retry" not in result.stderr  # a one-shot sweep retries nothing
     assert states(conn) == {"pending": 1}
 
 

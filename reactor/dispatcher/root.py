@@ -131,7 +131,9 @@ class Parts:
             enqueuer.prepare(settings.redis_url)
         except RedisUnavailableError as exc:
             # Not fatal: rows stay pending and drains retry until Redis answers.
-            logger.warning("redis_unavailable error=%s (will retry)", exc)
+            logger.warning(
+                "redis_unavailable error=%s (rows stay pending until Redis answers)", exc
+            )
         if settings.metrics_port is not None:
             try:
                 parts.http = serve(
